@@ -1,0 +1,122 @@
+"""The acceptance test of speculative decoding, as small pure functions.
+
+Convention, kept everywhere in specdec: **p is the target's distribution, q is the draft's.**
+The draft only proposes; every emitted token is judged by p:
+
+- greedy: a draft token survives when it equals the target's argmax;
+- sampling: a draft token x ~ q survives with probability min(1, p(x) / q(x)); the first one that
+  does not is replaced by a sample from norm(max(0, p - q)); when all survive, one bonus token is
+  sampled from p. Each emitted token is then distributed exactly as p (Leviathan et al., 2023;
+  Chen et al., 2023), which is why speculation does not change the output.
+
+A drafter that proposes deterministically (n-gram lookup) has a one-hot q; it is passed as
+``q=None`` rather than materialised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Temperature 0 means greedy; top-k 0 and top-p 1 mean no truncation."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def warpers(self) -> LogitsProcessorList:
+        # transformers' own warpers, in the order `generate` applies them, so that a sampled
+        # continuation here means the same as one from `generate(do_sample=True, ...)`.
+        warpers = LogitsProcessorList()
+        if self.temperature not in (0.0, 1.0):
+            warpers.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_k > 0:
+            warpers.append(TopKLogitsWarper(self.top_k))
+        if self.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(self.top_p))
+        return warpers
+
+
+def distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Rows of logits → rows of probabilities after temperature, top-k and top-p.
+
+    Applied identically to the target's and the draft's logits, before the acceptance test.
+    """
+    rows = logits.reshape(-1, logits.shape[-1]).float()
+    warped = params.warpers()(None, rows)
+    return torch.softmax(warped, dim=-1).reshape(logits.shape)
+
+
+def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+    """Longest prefix of ``draft`` that equals the target's argmax, and the target's next token.
+
+    ``target_logits`` has one row per draft token plus one: row i scores the position of draft[i].
+    """
+    choice = target_logits.argmax(dim=-1)
+    k = draft.shape[0]
+    n = int((draft == choice[:k]).to(torch.int64).cumprod(0).sum()) if k else 0
+    return n, int(choice[n])
+
+
+def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x) / q(x)); x was drawn from q, so q(x) > 0."""
+    return torch.clamp(p_x / q_x, max=1.0)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): what a rejected position is resampled from.
+
+    If p ≤ q everywhere the draft token could not have been rejected; p is returned then so
+    that float round-off never leaves an all-zero row to sample from.
+    """
+    residual = torch.clamp(p - q, min=0.0)
+    total = residual.sum()
+    return residual / total if total > 0 else p
+
+
+def speculative_accept(
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    p: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[int, int]:
+    """Sampling acceptance: how many draft tokens survive, and the token the target adds.
+
+    ``p`` has ``len(draft) + 1`` rows (the last one for the bonus token), ``q`` one row per draft
+    token, or None for a deterministic drafter (one-hot q).
+    """
+    k = draft.shape[0]
+    if k:
+        p_x = p[torch.arange(k, device=p.device), draft]
+        q_x = torch.ones_like(p_x) if q is None else q[torch.arange(k, device=q.device), draft].to(p_x)
+        u = torch.rand(k, generator=generator, device=p.device)
+        rejected = (u >= acceptance_probability(p_x, q_x)).nonzero()
+        if rejected.numel():
+            n = int(rejected[0, 0])
+            q_n = _one_hot(draft[n], p.shape[-1], p) if q is None else q[n].to(p)
+            return n, _sample(residual_distribution(p[n], q_n), generator)
+    return k, _sample(p[k], generator)
+
+
+def _one_hot(token: torch.Tensor, size: int, like: torch.Tensor) -> torch.Tensor:
+    row = torch.zeros(size, dtype=like.dtype, device=like.device)
+    row[token] = 1.0
+    return row
+
+
+def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))

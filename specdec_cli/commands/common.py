@@ -1,0 +1,70 @@
+"""What every subcommand shares: pair-selection options, K parsing, and turning user mistakes into
+one line on stderr with exit code 2 instead of a traceback."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from ..engine import MAX_K
+from ..errors import UserError
+from ..registry import PairSpec, load_registry
+from ..runtime import override
+
+PairOption = Annotated[Optional[str], typer.Option("--pair", "-p", help="Pair name from models.yaml (default: the file's `default`).")]
+ModelsOption = Annotated[
+    Optional[str],
+    typer.Option("--models", help="Pair registry file. Else $SPECDEC_MODELS, ./models.yaml, then the packaged copy.", envvar=None),
+]
+TargetOption = Annotated[Optional[str], typer.Option("--target", help="Override the pair's target: hf:ID, package:PKG/FILE, a directory or a .gguf.")]
+DraftOption = Annotated[Optional[str], typer.Option("--draft", help="Override the pair's draft: a model source as for --target, or 'ngram'.")]
+DrafterOption = Annotated[Optional[str], typer.Option("--drafter", help="Drafter kind: 'model' (the pair's draft model) or 'ngram' (prompt lookup).")]
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    stderr_console().print(f"[bold red]specdec: error:[/] {message}", markup=True, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def user_errors(command):
+    """Turn a UserError anywhere below a command into exit code 2 with a one-line message."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except UserError as exc:
+            raise fail(str(exc)) from None
+
+    return wrapper
+
+
+def resolve_pair(models: str | None, pair: str | None, target=None, draft=None, drafter=None) -> PairSpec:
+    return override(load_registry(models).pair(pair), target, draft, drafter)
+
+
+def parse_k(text: str | None, allow_auto: bool = False) -> int | str | None:
+    """An integer 0..MAX_K (0 = plain decoding), or 'auto' where adaptive K is offered."""
+    if text is None:
+        return None
+    if allow_auto and text == "auto":
+        return "auto"
+    try:
+        k = int(text)
+    except ValueError:
+        raise UserError(f"K must be an integer from 0 to {MAX_K}{' or auto' if allow_auto else ''}, got {text!r}") from None
+    if not 0 <= k <= MAX_K:
+        raise UserError(f"K must be from 0 to {MAX_K}, got {k}")
+    return k
+
+
+def stdin_is_interactive() -> bool:
+    return sys.stdin is None or (hasattr(sys.stdin, "isatty") and sys.stdin.isatty())

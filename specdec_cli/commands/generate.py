@@ -1,0 +1,135 @@
+"""`specdec generate`: speculative generation with a live acceptance view, text or JSON lines out."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import nullcontext
+from typing import Annotated, Iterable, Optional
+
+import typer
+
+from ..acceptance import SamplingParams
+from ..engine import MAX_K
+from ..errors import UserError
+from ..live import LiveView
+from ..prompts import Prompt, parse_lines
+from ..runtime import Runtime, prepare
+from ..stats import RunStats
+from ..tokenization import encode_prompt
+from .common import (
+    DrafterOption,
+    DraftOption,
+    ModelsOption,
+    PairOption,
+    TargetOption,
+    parse_k,
+    resolve_pair,
+    stderr_console,
+    stdin_is_interactive,
+    user_errors,
+)
+
+
+@user_errors
+def generate(
+    prompt: Annotated[
+        Optional[str],
+        typer.Argument(help="The prompt. '-', or nothing with a pipe, reads one prompt per line from stdin: text, or JSON with 'prompt' and optional 'id', 'scenario'."),
+    ] = None,
+    pair: PairOption = None,
+    k: Annotated[Optional[str], typer.Option("-k", "--k", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}. Default: the pair's K for the prompt's scenario.")] = None,
+    drafter: DrafterOption = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate per prompt.")] = 128,
+    temperature: Annotated[float, typer.Option(help="0 decodes greedily; above 0 samples (speculative sampling keeps the target's distribution).")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens only (0: all).")] = 0,
+    top_p: Annotated[float, typer.Option(help="Sample from the smallest set of tokens with this much probability (1: all).")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Random seed for sampling; each prompt starts from it.")] = 0,
+    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")] = False,
+    json_lines: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout: id, prompt, text, token_ids, stats.")] = False,
+    target: TargetOption = None,
+    draft: DraftOption = None,
+    models: ModelsOption = None,
+) -> None:
+    """Generate with speculative decoding, showing which draft tokens the target accepted.
+
+    On a terminal, stderr shows the answer as it is written: accepted draft tokens in green, rejected
+    ones struck out, tokens the target chose itself in bold, with the running acceptance rate and
+    speed. Results go to stdout, as text or (--json) as JSON lines.
+    """
+    sampling = _sampling(temperature, top_k, top_p)
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    fixed_k = parse_k(k)
+    prompts = _prompts(prompt)
+    spec = resolve_pair(models, pair, target, draft, drafter)
+    console = stderr_console()
+    live = not json_lines and console.is_terminal
+    with console.status(f"loading {spec.name}…") if live else nullcontext():
+        runtime = prepare(spec)
+
+    finished = 0
+    try:
+        for item in prompts:
+            result = _run_one(runtime, item, fixed_k, max_new_tokens, sampling, seed, raw, console if live else None)
+            if json_lines:
+                print(json.dumps(result, ensure_ascii=False), flush=True)
+            elif not (live and sys.stdout.isatty()):  # on one terminal the live view already shows it
+                print(result["text"], flush=True)
+            finished += 1
+    except KeyboardInterrupt:
+        console.print(f"specdec: interrupted after {finished} finished prompt(s)")
+        raise typer.Exit(130) from None
+
+
+def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console) -> dict:
+    tokenizer = runtime.tokenizer
+    ids = encode_prompt(tokenizer, item.text, raw)
+    k = runtime.pair.k_for(item.scenario) if fixed_k is None else fixed_k
+    stats = RunStats(k)
+    emitted: list[int] = []
+    events = runtime.engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+    if console is None:
+        for event in events:
+            stats.add(event)
+            emitted += event.emitted
+        stats.finish()
+    else:
+        title = f"{runtime.pair.name} · {runtime.drafter.name} drafter · prompt {item.id}"
+        with LiveView(console, tokenizer, title) as view:
+            for event in events:
+                stats.add(event)
+                emitted += event.emitted
+                view.update(event, stats)
+            stats.finish()
+    result = {
+        "id": item.id,
+        "prompt": item.text,
+        "text": tokenizer.decode(emitted, skip_special_tokens=True),
+        "token_ids": emitted,
+        "stats": stats.as_dict(),
+    }
+    if item.scenario is not None:
+        result["scenario"] = item.scenario
+    return result
+
+
+def _prompts(argument: str | None) -> Iterable[Prompt]:
+    if argument is not None and argument != "-":
+        if not argument.strip():
+            raise UserError("the prompt is empty")
+        return [Prompt(1, argument)]
+    if argument is None and stdin_is_interactive():
+        raise UserError("no prompt: give one as an argument, or pipe prompts on stdin (one per line)")
+    return parse_lines(sys.stdin, "stdin")
+
+
+def _sampling(temperature: float, top_k: int, top_p: float) -> SamplingParams:
+    if temperature < 0:
+        raise UserError(f"--temperature must be 0 or more, got {temperature}")
+    if top_k < 0:
+        raise UserError(f"--top-k must be 0 or more, got {top_k}")
+    if not 0 < top_p <= 1:
+        raise UserError(f"--top-p must be in (0, 1], got {top_p}")
+    return SamplingParams(temperature, top_k, top_p)
+

@@ -1,0 +1,133 @@
+"""Drafters: whatever proposes the next K tokens for the target to judge.
+
+One small interface (``propose`` and ``reset``), modelled on transformers' CandidateGenerator.
+A drafter may return fewer tokens than asked for (n-gram lookup finds no match, say); the engine
+then verifies what it got. Which tokens survive is never the drafter's business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .acceptance import SamplingParams, distribution
+from .kv import crop_cache, input_device
+
+
+@dataclass
+class Draft:
+    """Proposed token ids, and q: the draft distribution each was drawn from.
+
+    ``probs`` is None for a deterministic drafter (one-hot q); greedy decoding never reads it.
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+    @classmethod
+    def empty(cls) -> "Draft":
+        return cls(torch.empty(0, dtype=torch.long))
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class Drafter(Protocol):
+    name: str
+
+    def reset(self) -> None:
+        """Forget the previous prompt."""
+
+    def propose(
+        self, context: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        """Up to ``k`` tokens that might follow ``context`` (1-D token ids, CPU)."""
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the context's last n tokens and
+    propose what followed it. Free to run, and strong wherever output copies input (code edits,
+    summaries, quoting)."""
+
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError("n-gram drafter needs 1 <= min_ngram <= max_ngram")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, context, k, sampling, generator) -> Draft:
+        length = context.shape[0]
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            windows = context[: length - 1].unfold(0, n, 1)  # windows that have a successor
+            hits = (windows == context[length - n :]).all(dim=1).nonzero()
+            if hits.numel():
+                start = int(hits[-1, 0]) + n
+                return Draft(context[start : start + k].clone())
+        return Draft.empty()
+
+
+class ModelDrafter:
+    """A small causal LM drafting autoregressively with its own KV cache.
+
+    The cache is kept across rounds and cropped to the longest prefix it shares with the new
+    context, so accepted tokens are never recomputed.
+    """
+
+    name = "model"
+
+    def __init__(self, model: PreTrainedModel, vocab_size: int):
+        self.model = model
+        # The target's vocabulary size: draft logits are cut or padded to it so that p and q
+        # range over the same ids (checkpoints often pad their embedding matrices differently).
+        self.vocab_size = vocab_size
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.cached_tokens = torch.empty(0, dtype=torch.long)
+
+    @torch.inference_mode()
+    def propose(self, context, k, sampling, generator) -> Draft:
+        if k <= 0:
+            return Draft.empty()
+        keep = min(_common_prefix(self.cached_tokens, context), context.shape[0] - 1)
+        crop_cache(self.cache, keep)
+        logits = self._forward(context[keep:])
+        tokens, probs = [], []
+        for i in range(k):
+            if sampling.greedy:
+                token = logits.argmax()
+            else:
+                q = distribution(logits, sampling)
+                if generator is not None:
+                    q = q.to(generator.device)
+                token = torch.multinomial(q, 1, generator=generator)[0]
+                probs.append(q)
+            tokens.append(token)
+            if i + 1 < k:
+                logits = self._forward(token.view(1))
+        drafted = torch.stack(tokens).cpu()
+        self.cached_tokens = torch.cat([context, drafted[:-1]])
+        return Draft(drafted, torch.stack(probs) if probs else None)
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        device = input_device(self.model)
+        out = self.model(ids.view(1, -1).to(device), cache=self.cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[0, -1].float()
+        if logits.shape[0] >= self.vocab_size:
+            return logits[: self.vocab_size]
+        pad = logits.new_full((self.vocab_size - logits.shape[0],), float("-inf"))
+        return torch.cat([logits, pad])
+
+
+def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    n = min(a.shape[0], b.shape[0])
+    same = (a[:n] == b[:n]).to(torch.int64)
+    return int(same.cumprod(0).sum())

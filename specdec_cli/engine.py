@@ -1,0 +1,158 @@
+"""The speculative loop: draft → verify in one target forward → accept/reject → roll the cache back.
+
+It knows nothing of terminals or command lines. ``SpeculativeEngine.generate`` yields one
+``RoundEvent`` per verify round; the live view, JSON output and statistics all consume those.
+K = 0 is plain decoding through the very same loop, which is what makes the two comparable.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .acceptance import SamplingParams, distribution, greedy_accept, speculative_accept
+from .drafters import Draft, Drafter
+from .errors import UserError
+from .kv import crop_cache, input_device
+
+MAX_K = 32  # beyond this, a single verify forward costs more than any acceptance rate can repay
+
+
+@dataclass
+class RoundEvent:
+    """What one verify round did.
+
+    ``drafted`` are the proposed ids, of which the first ``accepted`` passed the target's test;
+    ``token`` is the one the target chose itself (correction after a rejection, or bonus after full
+    acceptance), None when EOS or the token budget ended the block before it. ``emitted`` is what
+    the round appended to the output.
+    """
+
+    k: int
+    drafted: list[int]
+    accepted: int
+    token: int | None
+    emitted: list[int]
+    draft_s: float
+    verify_s: float
+    finished: bool
+    logits: torch.Tensor | None = field(default=None, repr=False)  # raw target rows for `emitted`, on request
+
+    @property
+    def rejected(self) -> list[int]:
+        return self.drafted[self.accepted :]
+
+
+class KSchedule(Protocol):
+    """Chooses K before each round and sees how the round went (a fixed K, or an adaptive controller)."""
+
+    def choose(self) -> int: ...
+
+    def observe(self, event: RoundEvent) -> None: ...
+
+
+@dataclass
+class FixedK:
+    k: int
+
+    def choose(self) -> int:
+        return self.k
+
+    def observe(self, event: RoundEvent) -> None:
+        pass
+
+
+class SpeculativeEngine:
+    def __init__(self, target: PreTrainedModel, drafter: Drafter | None, eos_token_ids: set[int]):
+        self.target = target
+        self.drafter = drafter
+        self.eos_token_ids = set(eos_token_ids)
+        self.vocab_size = target.config.get_text_config().vocab_size
+        self.context_length = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        k: int | KSchedule,
+        max_new_tokens: int,
+        sampling: SamplingParams = SamplingParams(),
+        seed: int = 0,
+        record_logits: bool = False,
+    ) -> Iterator[RoundEvent]:
+        schedule = FixedK(k) if isinstance(k, int) else k
+        if not prompt_ids:
+            raise UserError("the prompt is empty")
+        budget = max_new_tokens
+        if self.context_length:
+            if len(prompt_ids) >= self.context_length:
+                raise UserError(
+                    f"the prompt is {len(prompt_ids)} tokens; the target's context holds {self.context_length}"
+                )
+            budget = min(budget, self.context_length - len(prompt_ids))
+
+        device = input_device(self.target)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        tokens = torch.tensor(prompt_ids, dtype=torch.long)
+        cache = DynamicCache(config=self.target.config)
+        if len(prompt_ids) > 1:  # the cache always holds every token but the last emitted one
+            self.target(tokens[None, :-1].to(device), cache=cache, use_cache=True, logits_to_keep=1)
+        if self.drafter is not None:
+            self.drafter.reset()
+
+        produced = 0
+        while produced < budget:
+            # A round emits at most k + 1 tokens; drafting past the budget is wasted work.
+            want = max(0, min(schedule.choose(), MAX_K, budget - produced - 1))
+            started = time.perf_counter()
+            draft = self._draft(tokens, want, sampling, generator)
+            drafted_at = time.perf_counter()
+
+            block = torch.cat([tokens[-1:], draft.tokens])
+            out = self.target(block[None].to(device), cache=cache, use_cache=True, logits_to_keep=block.shape[0])
+            logits = out.logits[0, :, : self.vocab_size].float()
+            if sampling.greedy:
+                accepted, token = greedy_accept(draft.tokens.to(logits.device), logits)
+            else:
+                accepted, token = speculative_accept(
+                    draft.tokens.to(logits.device), draft.probs, distribution(logits, sampling), generator
+                )
+            verified_at = time.perf_counter()
+
+            emitted, finished = self._cut(draft.tokens[:accepted].tolist() + [token], budget - produced)
+            produced += len(emitted)
+            tokens = torch.cat([tokens, torch.tensor(emitted, dtype=torch.long)])
+            crop_cache(cache, tokens.shape[0] - 1)
+            event = RoundEvent(
+                k=want,
+                drafted=draft.tokens.tolist(),
+                accepted=accepted,
+                token=token if len(emitted) == accepted + 1 else None,
+                emitted=emitted,
+                draft_s=drafted_at - started,
+                verify_s=verified_at - drafted_at,
+                finished=finished or produced >= budget,
+                logits=logits[: len(emitted)].cpu() if record_logits else None,
+            )
+            schedule.observe(event)
+            yield event
+            if event.finished:
+                return
+
+    def _draft(self, tokens, want, sampling, generator) -> Draft:
+        if want == 0 or self.drafter is None:
+            return Draft.empty()
+        draft = self.drafter.propose(tokens, want, sampling, generator)
+        return Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want])
+
+    def _cut(self, emitted: list[int], room: int) -> tuple[list[int], bool]:
+        """Honour EOS and the token budget inside a block."""
+        for i, token in enumerate(emitted[:room]):
+            if token in self.eos_token_ids:
+                return emitted[: i + 1], True
+        return emitted[:room], False

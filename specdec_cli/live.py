@@ -1,0 +1,79 @@
+"""The live acceptance view on stderr: every token marked by how it came to be, and running figures.
+
+Accepted draft tokens are green, rejected ones are shown struck out and dimmed where the target
+replaced them, and tokens the target chose itself (correction or bonus) are bold. Strike and bold
+survive NO_COLOR, so the marking stays readable without colour.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.text import Text
+
+from .engine import RoundEvent
+from .stats import RunStats
+from .tokenization import Detokenizer
+
+ACCEPTED = "green"
+REJECTED = "strike dim red"
+TARGET = "bold"
+
+
+class LiveView:
+    def __init__(self, console: Console, tokenizer, title: str):
+        self.console = console
+        self.detok = Detokenizer(tokenizer)
+        self.title = title
+        self.text = Text()
+        self.k: int | str = 0
+        self.stats: RunStats | None = None
+        self.live = Live(console=console, transient=True, auto_refresh=False, redirect_stdout=False)
+
+    def __enter__(self) -> "LiveView":
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.live.stop()
+        self.console.print(Panel(self.text, title=self.title, title_align="left", border_style="dim"))
+        if self.stats:
+            self.console.print(summary(self.stats), highlight=False)
+
+    def update(self, event: RoundEvent, stats: RunStats) -> None:
+        self.stats, self.k = stats, event.k
+        kept = event.emitted[: min(event.accepted, len(event.emitted))]
+        self.text.append(self.detok.push(kept), ACCEPTED)
+        if event.rejected and event.token is not None:
+            self.text.append(self.detok.peek(event.rejected), REJECTED)
+        if event.token is not None:
+            self.text.append(self.detok.push([event.token]), TARGET)
+        self.live.update(self._render(), refresh=True)
+
+    def _render(self) -> Group:
+        width = self.console.width - 4
+        lines = self.text.wrap(self.console, width)
+        room = max(3, self.console.height - 5)
+        tail = Text("\n").join(lines[-room:]) if len(lines) > room else self.text
+        return Group(Panel(tail, title=self.title, title_align="left", border_style="dim"), self._status())
+
+    def _status(self) -> Text:
+        s = self.stats
+        status = Text(f" K {self.k}  ", style="bold")
+        status.append(f"acceptance {s.acceptance_rate:6.1%}", ACCEPTED)
+        status.append(f"  {s.tokens_per_s:6.1f} tok/s  {s.mean_accepted_length:.2f} tok/round  {s.new_tokens} tokens")
+        status.append("   accepted", ACCEPTED).append(" · ").append("rejected", REJECTED).append(" · ")
+        status.append("target", TARGET)
+        return status
+
+
+def summary(stats: RunStats) -> Text:
+    """One line per prompt: the figures that only mean something together."""
+    line = Text(f"{stats.new_tokens} tokens in {stats.wall_s:.2f} s ({stats.tokens_per_s:.1f} tok/s) · ")
+    line.append(f"acceptance {stats.acceptance_rate:.1%}", ACCEPTED)
+    line.append(
+        f" ({stats.accepted}/{stats.drafted} drafts) · {stats.mean_accepted_length:.2f} tokens/round over "
+        f"{stats.rounds} rounds · K={stats.k} · draft {stats.draft_s:.2f} s, verify {stats.verify_s:.2f} s"
+    )
+    return line

@@ -1,0 +1,122 @@
+"""Loading models and tokenizers from a ``ModelSpec``, with converted GGUF files cached on disk.
+
+Converting a GGUF file takes tens of seconds (de-quantising every tensor); the converted model is
+saved once under the cache directory (``$SPECDEC_CACHE``, else ``$HF_HOME/specdec``) and reloads
+in a few seconds afterwards. Placement goes through accelerate's ``device_map``, so a target too
+large for one device can be spread or offloaded while the same code runs on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import tempfile
+from contextlib import redirect_stderr
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .errors import UserError
+from .registry import ModelSpec
+from .sources import ModelSource
+
+transformers.utils.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    source: ModelSource
+    files: Path | None  # the directory the weights were read from, when local
+
+
+def cache_root() -> Path:
+    if os.environ.get("SPECDEC_CACHE"):
+        return Path(os.environ["SPECDEC_CACHE"]).expanduser()
+    from huggingface_hub.constants import HF_HOME
+
+    return Path(HF_HOME) / "specdec"
+
+
+def load(spec: ModelSpec) -> LoadedModel:
+    directory, gguf_file = _resolve(spec.source)
+    if gguf_file:
+        directory, gguf_file = _converted(spec.source, directory, gguf_file), None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        model = AutoModelForCausalLM.from_pretrained(
+            directory,
+            dtype=_dtype(spec.dtype),
+            device_map=spec.device_map,
+        )
+    except (OSError, ValueError) as exc:
+        raise UserError(f"could not load {spec.source}: {_first_line(exc)}") from None
+    return LoadedModel(model.eval(), tokenizer, spec.source, Path(directory) if spec.source.kind != "hub" else None)
+
+
+def _resolve(source: ModelSource) -> tuple[str, str | None]:
+    """(directory or hub id, GGUF file name inside it or None)."""
+    path = source.local_path()
+    if path is None:
+        return source.location, source.gguf_file
+    if path.is_file():
+        if not source.is_gguf:
+            raise UserError(f"{path} is a file but not a .gguf; give a model directory or a GGUF file")
+        return str(path.parent), path.name
+    return str(path), None
+
+
+def _converted(source: ModelSource, directory: str, gguf_file: str) -> str:
+    """A transformers directory converted from the GGUF, made once and reused."""
+    target = cache_root() / _cache_key(source, directory, gguf_file)
+    if (target / "config.json").is_file():
+        return str(target)
+    try:
+        with redirect_stderr(io.StringIO()):  # the GGUF reader draws its own progress bar
+            tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+            model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"could not load GGUF {source}: {_first_line(exc)}") from None
+    # A GGUF-loaded model refuses save_pretrained while it remembers its quantizer; the weights
+    # are already de-quantised, so forgetting it is exact.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, target)  # atomic: a half-written conversion is never found
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
+def _cache_key(source: ModelSource, directory: str, gguf_file: str) -> str:
+    if source.kind == "hub":
+        identity = f"{source.location}#{gguf_file}"
+    else:
+        stat = (Path(directory) / gguf_file).stat()
+        identity = f"{Path(directory).resolve() / gguf_file}:{stat.st_size}:{stat.st_mtime_ns}"
+    digest = hashlib.sha256(f"{identity}|transformers {transformers.__version__}".encode()).hexdigest()[:12]
+    return f"{Path(gguf_file).stem}-{digest}"
+
+
+def _dtype(name: str):
+    return "auto" if name == "auto" else getattr(torch, name)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

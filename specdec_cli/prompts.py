@@ -1,0 +1,56 @@
+"""Prompts from the command line, a file or standard input.
+
+Each non-blank line is one prompt: plain text, or a JSON object with ``prompt`` and optional
+``id`` and ``scenario`` (a line whose first character is ``{`` is read as JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str | int
+    text: str
+    scenario: str | None = None
+
+
+def parse_lines(lines: Iterable[str], origin: str = "stdin") -> Iterator[Prompt]:
+    """Prompts one at a time, so a long-running pipe is served as it arrives."""
+    count = 0
+    for number, line in enumerate(lines, start=1):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        count += 1
+        if line.lstrip().startswith("{"):
+            yield _from_json(line, number, origin, count)
+        else:
+            yield Prompt(count, line)
+    if count == 0:
+        raise UserError(f"no prompts in {origin}")
+
+
+def read_file(path: str | Path) -> list[Prompt]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"prompt file not found: {path}")
+    with path.open(encoding="utf-8") as handle:
+        return list(parse_lines(handle, str(path)))
+
+
+def _from_json(line: str, number: int, origin: str, count: int) -> Prompt:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{origin} line {number}: malformed JSON ({exc.msg})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"].strip():
+        raise UserError(f"{origin} line {number}: a JSON prompt line needs a non-empty string field 'prompt'")
+    scenario = record.get("scenario")
+    return Prompt(record.get("id", count), record["prompt"], None if scenario is None else str(scenario))

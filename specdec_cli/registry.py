@@ -1,0 +1,139 @@
+"""Named target/draft pairs from ``models.yaml``.
+
+The file is looked up in this order: ``--models FILE``, ``$SPECDEC_MODELS``, ``./models.yaml``,
+then the copy shipped inside the package. A pair names its target, its drafter (a model, or
+``ngram`` for prompt lookup), the default K, optional per-scenario K and placement.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ruamel.yaml import YAML, YAMLError
+
+from .engine import MAX_K
+from .errors import UserError
+from .sources import ModelSource
+
+PACKAGED_REGISTRY = Path(__file__).with_name("models.yaml")
+NGRAM = "ngram"
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: ModelSource
+    dtype: str = "float32"
+    device_map: str | dict = "auto"  # handed to accelerate: a device, "auto", or a module → device map
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """Either a draft model or the n-gram drafter (``model`` is None then)."""
+
+    model: ModelSpec | None = None
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    @property
+    def kind(self) -> str:
+        return "model" if self.model else NGRAM
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    name: str
+    target: ModelSpec
+    drafter: DrafterSpec
+    k: int = 4
+    scenarios: dict[str, int] = field(default_factory=dict)
+    description: str = ""
+
+    def k_for(self, scenario: str | None) -> int:
+        return self.scenarios.get(scenario, self.k) if scenario else self.k
+
+
+@dataclass(frozen=True)
+class Registry:
+    path: Path
+    default: str
+    pairs: dict[str, PairSpec]
+
+    def pair(self, name: str | None) -> PairSpec:
+        name = name or self.default
+        if name not in self.pairs:
+            raise UserError(f"unknown pair {name!r}; known pairs: {', '.join(sorted(self.pairs))} (from {self.path})")
+        return self.pairs[name]
+
+
+def registry_path(explicit: str | Path | None = None) -> Path:
+    for candidate in (explicit, os.environ.get("SPECDEC_MODELS")):
+        if candidate:
+            path = Path(candidate)
+            if not path.is_file():
+                raise UserError(f"models file not found: {path}")
+            return path
+    local = Path("models.yaml")
+    return local if local.is_file() else PACKAGED_REGISTRY
+
+
+def load_registry(explicit: str | Path | None = None) -> Registry:
+    path = registry_path(explicit)
+    try:
+        data = YAML(typ="safe").load(path.read_text())
+    except YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("pairs"), dict) or not data["pairs"]:
+        raise UserError(f"{path}: expected a mapping with a non-empty 'pairs' section")
+    pairs = {name: _parse_pair(path, str(name), body) for name, body in data["pairs"].items()}
+    default = str(data.get("default") or next(iter(pairs)))
+    if default not in pairs:
+        raise UserError(f"{path}: default pair {default!r} is not among the pairs")
+    return Registry(path, default, pairs)
+
+
+def _parse_pair(path: Path, name: str, body) -> PairSpec:
+    where = f"{path}: pair {name!r}"
+    if not isinstance(body, dict) or "target" not in body or "draft" not in body:
+        raise UserError(f"{where} needs 'target' and 'draft'")
+    dtype = body.get("dtype", "float32")
+    scenarios = body.get("scenarios") or {}
+    if not isinstance(scenarios, dict):
+        raise UserError(f"{where}: 'scenarios' must map scenario names to K")
+    pair = PairSpec(
+        name=name,
+        target=parse_model(body["target"], dtype, where + " target"),
+        drafter=parse_drafter(body["draft"], dtype, where + " draft"),
+        k=_k(body.get("k", 4), where),
+        scenarios={str(s): _k(v, f"{where} scenario {s!r}") for s, v in scenarios.items()},
+        description=str(body.get("description", "")),
+    )
+    return pair
+
+
+def parse_model(value, dtype: str = "float32", where: str = "model") -> ModelSpec:
+    """A source string, or a mapping with ``source`` and optional ``dtype`` / ``device_map``."""
+    if isinstance(value, str):
+        value = {"source": value}
+    if not isinstance(value, dict) or "source" not in value:
+        raise UserError(f"{where}: expected a source string or a mapping with 'source'")
+    dtype = str(value.get("dtype", dtype))
+    if dtype not in DTYPES:
+        raise UserError(f"{where}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    return ModelSpec(ModelSource.parse(str(value["source"])), dtype, value.get("device_map", "auto"))
+
+
+def parse_drafter(value, dtype: str = "float32", where: str = "draft") -> DrafterSpec:
+    if value == NGRAM:
+        return DrafterSpec()
+    if isinstance(value, dict) and value.get("kind") == NGRAM:
+        return DrafterSpec(max_ngram=int(value.get("max_ngram", 3)), min_ngram=int(value.get("min_ngram", 1)))
+    return DrafterSpec(model=parse_model(value, dtype, where))
+
+
+def _k(value, where: str) -> int:
+    if not isinstance(value, int) or not 0 <= value <= MAX_K:
+        raise UserError(f"{where}: K must be an integer from 0 to {MAX_K}, got {value!r}")
+    return value

@@ -1,0 +1,63 @@
+"""A pair made ready to run: the target and its drafter loaded, checked against each other, and
+wired into an engine. Command-line overrides of the registry are applied here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .drafters import Drafter, ModelDrafter, NgramDrafter
+from .engine import SpeculativeEngine
+from .errors import UserError
+from .loading import LoadedModel, load
+from .registry import NGRAM, DrafterSpec, PairSpec, parse_drafter, parse_model
+from .tokenization import check_compatible, eos_ids
+
+DRAFTER_KINDS = ("model", NGRAM)
+
+
+@dataclass
+class Runtime:
+    pair: PairSpec
+    target: LoadedModel
+    drafter: Drafter
+    draft: LoadedModel | None  # the draft model, when the drafter is one
+
+    @property
+    def engine(self) -> SpeculativeEngine:
+        return SpeculativeEngine(self.target.model, self.drafter, self._eos)
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    @property
+    def _eos(self) -> set[int]:
+        return eos_ids(self.target.tokenizer, self.target.model.generation_config)
+
+
+def override(pair: PairSpec, target: str | None = None, draft: str | None = None, drafter: str | None = None) -> PairSpec:
+    """Apply --target / --draft / --drafter to a registry pair."""
+    if target:
+        pair = replace(pair, target=replace(pair.target, source=parse_model(target).source))
+    if draft:
+        dtype = pair.target.dtype
+        pair = replace(pair, drafter=parse_drafter(draft, dtype, "--draft"))
+    if drafter:
+        if drafter not in DRAFTER_KINDS:
+            raise UserError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
+        if drafter == NGRAM and pair.drafter.kind != NGRAM:
+            pair = replace(pair, drafter=DrafterSpec())
+        elif drafter == "model" and pair.drafter.kind != "model":
+            raise UserError(f"pair {pair.name!r} has no draft model; name one with --draft SOURCE")
+    return pair
+
+
+def prepare(pair: PairSpec) -> Runtime:
+    target = load(pair.target)
+    spec = pair.drafter
+    if spec.model is None:
+        return Runtime(pair, target, NgramDrafter(spec.max_ngram, spec.min_ngram), None)
+    draft = load(spec.model)
+    check_compatible(target.tokenizer, draft.tokenizer)
+    vocab = target.model.config.get_text_config().vocab_size
+    return Runtime(pair, target, ModelDrafter(draft.model, vocab), draft)

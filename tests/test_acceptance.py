@@ -1,0 +1,88 @@
+"""The acceptance math alone: exact answers on tiny distributions."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec_cli.acceptance import (
+    SamplingParams,
+    acceptance_probability,
+    distribution,
+    greedy_accept,
+    residual_distribution,
+    speculative_accept,
+)
+
+P = torch.tensor([0.5, 0.3, 0.15, 0.05])  # target
+Q = torch.tensor([0.1, 0.2, 0.3, 0.4])  # draft, disagreeing strongly
+
+
+def test_greedy_accepts_longest_matching_prefix_and_returns_target_choice():
+    logits = torch.tensor([[0.0, 9, 0], [0, 0, 9], [9, 0, 0], [0, 9, 0]])  # argmax 1, 2, 0, 1
+    assert greedy_accept(torch.tensor([1, 2, 2]), logits) == (2, 0)
+    assert greedy_accept(torch.tensor([0, 2, 0]), logits) == (0, 1)
+    assert greedy_accept(torch.tensor([1, 2, 0]), logits) == (3, 1)  # all accepted: bonus from the last row
+    assert greedy_accept(torch.tensor([], dtype=torch.long), logits[:1]) == (0, 1)  # K = 0: plain decoding
+
+
+def test_acceptance_probability_is_min_one_p_over_q():
+    assert acceptance_probability(torch.tensor(0.2), torch.tensor(0.4)).item() == pytest.approx(0.5)
+    assert acceptance_probability(torch.tensor(0.6), torch.tensor(0.3)).item() == 1.0
+
+
+def test_residual_is_normalised_positive_part_of_p_minus_q():
+    expected = torch.tensor([0.4, 0.1, 0.0, 0.0]) / 0.5
+    assert torch.allclose(residual_distribution(P, Q), expected)
+    assert torch.equal(residual_distribution(P, P), P)  # never an all-zero row
+
+
+def _first_tokens(accept, draft_q, n=20000, seed=0):
+    """Emitted first token over n rounds of K=1, the draft token drawn from draft_q."""
+    generator = torch.Generator().manual_seed(seed)
+    p = torch.stack([P, P])
+    counts = torch.zeros(4)
+    for _ in range(n):
+        x = torch.multinomial(draft_q, 1, generator=generator)
+        accepted, token = accept(x, None if draft_q is ONE_HOT else draft_q[None], p, generator)
+        counts[int(x) if accepted else token] += 1
+    return counts
+
+
+ONE_HOT = torch.tensor([0.0, 0.0, 1.0, 0.0])
+
+
+@pytest.mark.parametrize("draft_q", [Q, P, ONE_HOT], ids=["disagreeing", "identical", "deterministic"])
+def test_emitted_token_is_distributed_as_target(draft_q):
+    counts = _first_tokens(speculative_accept, draft_q)
+    assert chisquare(counts, P * counts.sum()).pvalue > 1e-3
+
+
+def test_distribution_test_catches_a_sampler_that_skips_the_acceptance_test():
+    def accept_everything(draft, q, p, generator):
+        return len(draft), 0
+
+    counts = _first_tokens(accept_everything, Q)
+    assert chisquare(counts, P * counts.sum()).pvalue < 1e-6
+
+
+def test_acceptance_rate_matches_theory():
+    """E[accept] = sum_x min(p(x), q(x)) = 1 - TV(p, q)."""
+    counts = torch.zeros(2)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(20000):
+        x = torch.multinomial(Q, 1, generator=generator)
+        accepted, _ = speculative_accept(x, Q[None], torch.stack([P, P]), generator)
+        counts[accepted] += 1
+    expected = torch.minimum(P, Q).sum()
+    assert counts[1] / counts.sum() == pytest.approx(float(expected), abs=0.01)
+
+
+def test_warping_applies_temperature_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.allclose(distribution(logits, SamplingParams(1.0)), P[None])
+    top2 = distribution(logits, SamplingParams(1.0, top_k=2))
+    assert torch.allclose(top2, torch.tensor([[0.625, 0.375, 0, 0]]))
+    nucleus = distribution(logits, SamplingParams(1.0, top_p=0.7))  # smallest set with mass >= 0.7: {0, 1}
+    assert torch.allclose(nucleus, torch.tensor([[0.625, 0.375, 0, 0]]))
+    hot = distribution(logits, SamplingParams(0.5))
+    assert torch.allclose(hot, (P**2 / (P**2).sum())[None])

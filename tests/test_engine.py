@@ -1,0 +1,175 @@
+"""The speculative loop on tiny random models: exact token identity with plain decoding."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import DynamicCache
+
+from conftest import tiny_llama
+from specdec_cli.acceptance import SamplingParams
+from specdec_cli.drafters import ModelDrafter, NgramDrafter
+from specdec_cli.engine import SpeculativeEngine
+from specdec_cli.kv import crop_cache
+
+PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]
+
+
+def run(target, drafter, k, prompt=PROMPT, eos=(1,), **kwargs):
+    engine = SpeculativeEngine(target, drafter, set(eos))
+    events = list(engine.generate(prompt, k=k, max_new_tokens=kwargs.pop("max_new_tokens", 40), **kwargs))
+    return [t for e in events for t in e.emitted], events
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return run(target, None, 0)[0]
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize("kind", ["random", "similar", "self", "ngram"])
+def test_greedy_speculation_is_token_identical_to_plain_decoding(target, draft, similar, plain, kind, k):
+    drafter = {
+        "random": lambda: ModelDrafter(draft, target.config.vocab_size),
+        "similar": lambda: ModelDrafter(similar, target.config.vocab_size),
+        "self": lambda: ModelDrafter(target, target.config.vocab_size),
+        "ngram": lambda: NgramDrafter(),
+    }[kind]()
+    tokens, events = run(target, drafter, k)
+    assert tokens == plain
+    drafted = sum(len(e.drafted) for e in events)
+    accepted = sum(e.accepted for e in events)
+    if kind == "self":  # draft = target: every draft is accepted
+        assert accepted == drafted > 0
+        assert len(events) < len(plain)
+
+
+def test_similar_draft_is_partly_accepted_so_rollback_is_exercised(target, similar):
+    _, events = run(target, ModelDrafter(similar, target.config.vocab_size), 4)
+    rate = sum(e.accepted for e in events) / sum(len(e.drafted) for e in events)
+    assert 0.2 < rate < 0.95
+    assert any(0 < e.accepted < len(e.drafted) for e in events)
+
+
+def test_k0_is_plain_decoding_one_token_per_round(target, plain):
+    tokens, events = run(target, NgramDrafter(), 0)
+    assert tokens == plain and len(events) == len(plain)
+    assert all(e.drafted == [] and len(e.emitted) == 1 for e in events)
+
+
+def test_max_new_tokens_inside_a_block(target, plain):
+    tokens, events = run(target, ModelDrafter(target, target.config.vocab_size), 8, max_new_tokens=5)
+    assert tokens == plain[:5]
+    assert events[-1].finished
+    assert len(events) == 1  # K is cut to the budget: one round of 4 drafts + 1 target token
+
+
+def test_eos_inside_a_block_ends_generation_at_eos(target, plain):
+    eos = plain[6]
+    first = plain.index(eos)
+    expected = plain[: first + 1]
+    tokens, events = run(target, ModelDrafter(target, target.config.vocab_size), 8, eos=(eos,))
+    assert tokens == expected
+    assert events[-1].finished and events[-1].emitted[-1] == eos
+    assert run(target, None, 0, eos=(eos,))[0] == expected
+
+
+def test_crop_cache_drops_only_the_rejected_positions():
+    cache = DynamicCache()
+    keys = torch.arange(2 * 7 * 3, dtype=torch.float).view(1, 2, 7, 3)
+    cache.update(keys, keys.clone(), 0)
+    crop_cache(cache, 4)
+    assert cache.get_seq_length() == 4
+    assert torch.equal(cache.layers[0].keys, keys[:, :, :4])
+    crop_cache(cache, 9)  # longer than the cache: nothing to drop
+    assert cache.get_seq_length() == 4
+
+
+def test_model_drafter_cache_follows_the_accepted_prefix(target):
+    drafter = ModelDrafter(target, target.config.vocab_size)
+    context = torch.tensor(PROMPT)
+    first = drafter.propose(context, 4, SamplingParams(), None)
+    # Two drafts accepted plus a correction that differs from the third draft.
+    correction = (int(first.tokens[2]) + 1) % 98
+    longer = torch.cat([context, first.tokens[:2], torch.tensor([correction])])
+    again = drafter.propose(longer, 3, SamplingParams(), None)
+    assert drafter.cache.get_seq_length() == len(longer) + 2
+    fresh = ModelDrafter(target, target.config.vocab_size).propose(longer, 3, SamplingParams(), None)
+    assert torch.equal(again.tokens, fresh.tokens)
+
+
+def test_ngram_drafter_proposes_what_followed_the_latest_match():
+    drafter = NgramDrafter(max_ngram=2)
+    context = torch.tensor([1, 2, 3, 9, 1, 2, 4, 5, 6, 1, 2])
+    assert drafter.propose(context, 3, SamplingParams(), None).tokens.tolist() == [4, 5, 6]
+    assert drafter.propose(context, 10, SamplingParams(), None).tokens.tolist() == [4, 5, 6, 1, 2]
+    assert drafter.propose(torch.tensor([7, 8, 9]), 3, SamplingParams(), None).tokens.tolist() == []
+    assert drafter.propose(torch.tensor([3, 7, 3]), 2, SamplingParams(), None).tokens.tolist() == [7, 3]
+
+
+def test_prompt_longer_than_context_is_a_user_error(target):
+    from specdec_cli.errors import UserError
+
+    with pytest.raises(UserError, match="context holds 256"):
+        run(target, None, 0, prompt=[5] * 256)
+
+
+# --- sampling: the speculative distribution equals the target's, exactly -------------------------
+
+VOCAB = 8
+
+
+@pytest.fixture(scope="module")
+def small():
+    target = tiny_llama(seed=11, vocab_size=VOCAB, hidden=16, layers=1)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.25)  # a spread-out distribution: every continuation occurs
+    disagreeing = tiny_llama(seed=11, vocab_size=VOCAB, hidden=16, layers=1)
+    with torch.no_grad():
+        disagreeing.lm_head.weight.mul_(-0.5)  # prefers what the target avoids
+    return target, disagreeing
+
+
+def exact_two_token_distribution(target, prompt, sampling):
+    """P(a, b | prompt) for every pair, by enumeration with the target alone."""
+    from specdec_cli.acceptance import distribution
+
+    with torch.no_grad():
+        first = distribution(target(torch.tensor([prompt])).logits[0, -1], sampling)
+        rows = torch.tensor([prompt + [a] for a in range(VOCAB)])
+        second = distribution(target(rows).logits[:, -1], sampling)
+    return (first[:, None] * second).flatten()
+
+
+def sampled_pairs(target, drafter, k, sampling, n=3000):
+    counts = torch.zeros(VOCAB * VOCAB)
+    for seed in range(n):
+        tokens, _ = run(target, drafter, k, prompt=[3, 4, 5], eos=(), max_new_tokens=2, sampling=sampling, seed=seed)
+        counts[tokens[0] * VOCAB + tokens[1]] += 1
+    return counts
+
+
+def assert_same_distribution(counts, probs):
+    counts, probs = counts.double(), probs.double()
+    assert counts[probs == 0].sum() == 0  # nothing outside the target's support (top-k, top-p)
+    counts, probs = counts[probs > 0], probs[probs > 0]
+    expected = probs / probs.sum() * counts.sum()
+    keep = expected >= 5  # pool the rare cells, as the chi-square test needs
+    observed, expected = counts[keep].tolist(), expected[keep].tolist()
+    if (~keep).any():
+        observed.append(float(counts[~keep].sum()))
+        expected.append(float(probs[~keep].sum() / probs.sum() * counts.sum()))
+    assert len(observed) >= 10
+    assert chisquare(observed, expected).pvalue > 1e-3
+
+
+@pytest.mark.parametrize(
+    "drafter_kind, sampling",
+    [("self", SamplingParams(1.0)), ("disagreeing", SamplingParams(1.0)), ("disagreeing", SamplingParams(0.7, top_k=5)),
+     ("ngram", SamplingParams(1.0))],
+)
+def test_speculative_sampling_matches_the_targets_exact_distribution(small, drafter_kind, sampling):
+    target, disagreeing = small
+    drafter = {"self": ModelDrafter(target, VOCAB), "disagreeing": ModelDrafter(disagreeing, VOCAB),
+               "ngram": NgramDrafter()}[drafter_kind]
+    counts = sampled_pairs(target, drafter, 2, sampling)
+    assert_same_distribution(counts, exact_two_token_distribution(target, [3, 4, 5], sampling))
