@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from .commands.bench import bench_command
 from .commands.generate import generate
 from .commands.models import models
 
@@ -19,6 +20,7 @@ app = typer.Typer(
 )
 app.command()(generate)
 app.command()(models)
+app.command("bench")(bench_command)
 
 
 def main() -> None:

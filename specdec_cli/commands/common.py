@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from ..acceptance import SamplingParams
 from ..engine import MAX_K
 from ..errors import UserError
 from ..registry import PairSpec, load_registry
@@ -68,3 +69,14 @@ def parse_k(text: str | None, allow_auto: bool = False) -> int | str | None:
 
 def stdin_is_interactive() -> bool:
     return sys.stdin is None or (hasattr(sys.stdin, "isatty") and sys.stdin.isatty())
+
+
+def sampling_params(temperature: float, top_k: int, top_p: float) -> SamplingParams:
+    if temperature < 0:
+        raise UserError(f"--temperature must be 0 or more, got {temperature}")
+    if top_k < 0:
+        raise UserError(f"--top-k must be 0 or more, got {top_k}")
+    if not 0 < top_p <= 1:
+        raise UserError(f"--top-p must be in (0, 1], got {top_p}")
+    return SamplingParams(temperature, top_k, top_p)
+

@@ -9,7 +9,6 @@ from typing import Annotated, Iterable, Optional
 
 import typer
 
-from ..acceptance import SamplingParams
 from ..engine import MAX_K
 from ..errors import UserError
 from ..live import LiveView
@@ -25,6 +24,7 @@ from .common import (
     TargetOption,
     parse_k,
     resolve_pair,
+    sampling_params,
     stderr_console,
     stdin_is_interactive,
     user_errors,
@@ -57,7 +57,7 @@ def generate(
     ones struck out, tokens the target chose itself in bold, with the running acceptance rate and
     speed. Results go to stdout, as text or (--json) as JSON lines.
     """
-    sampling = _sampling(temperature, top_k, top_p)
+    sampling = sampling_params(temperature, top_k, top_p)
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     fixed_k = parse_k(k)
@@ -122,14 +122,3 @@ def _prompts(argument: str | None) -> Iterable[Prompt]:
     if argument is None and stdin_is_interactive():
         raise UserError("no prompt: give one as an argument, or pipe prompts on stdin (one per line)")
     return parse_lines(sys.stdin, "stdin")
-
-
-def _sampling(temperature: float, top_k: int, top_p: float) -> SamplingParams:
-    if temperature < 0:
-        raise UserError(f"--temperature must be 0 or more, got {temperature}")
-    if top_k < 0:
-        raise UserError(f"--top-k must be 0 or more, got {top_k}")
-    if not 0 < top_p <= 1:
-        raise UserError(f"--top-p must be in (0, 1], got {top_p}")
-    return SamplingParams(temperature, top_k, top_p)
-

@@ -1,0 +1,255 @@
+"""Benchmark modes side by side: this loop plain and speculative, and transformers' own generate.
+
+Modes run interleaved prompt by prompt (with a rotated order) so that machine drift hits them all
+alike, after one excluded warm-up pass. Every speculative figure is reported next to plain decoding
+of the same target on the same prompts in the same run, and every mode's tokens are compared with
+plain's: a speed-up with different output is not a speed-up.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from .acceptance import SamplingParams
+from .drafters import ModelDrafter, NgramDrafter
+from .engine import MAX_K, SpeculativeEngine
+from .errors import UserError
+from .kv import input_device
+from .prompts import Prompt
+from .runtime import Runtime
+
+MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram")
+
+
+@dataclass(frozen=True)
+class Mode:
+    kind: str
+    k: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.k}" if self.kind not in ("plain", "hf-plain") else self.kind
+
+
+def parse_modes(text: str) -> list[Mode]:
+    modes = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        kind, _, k = item.partition(":")
+        if kind not in MODE_KINDS:
+            raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K")
+        if kind in ("plain", "hf-plain"):
+            if k:
+                raise UserError(f"mode {kind!r} takes no K")
+            modes.append(Mode(kind))
+            continue
+        if not k.isdigit() or not 1 <= int(k) <= MAX_K:
+            raise UserError(f"mode {item!r} needs a K from 1 to {MAX_K}, as in {kind}:4")
+        modes.append(Mode(kind, int(k)))
+    if not modes:
+        raise UserError("no modes given")
+    if Mode("plain") not in modes:
+        modes.insert(0, Mode("plain"))  # every figure is relative to it
+    return list(dict.fromkeys(modes))
+
+
+@dataclass
+class Sample:
+    """One prompt decoded in one mode."""
+
+    prompt: Prompt
+    tokens: list[int]
+    wall_s: float
+    ttft_s: float
+    latencies: list[float]  # seconds per token after the first emission
+    rounds: int
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+
+@dataclass
+class Bench:
+    runtime: Runtime
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int = 0
+
+    def runner(self, mode: Mode) -> Callable[[list[int], Prompt], Sample]:
+        if mode.kind in ("plain", "ngram", "spec"):
+            drafter = None
+            if mode.kind == "ngram":
+                drafter = NgramDrafter()
+            elif mode.kind == "spec":
+                drafter = ModelDrafter(self._draft_model(mode), self.runtime.engine.vocab_size)
+            engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.engine.eos_token_ids)
+            return lambda ids, prompt: self._run_engine(engine, mode.k, ids, prompt)
+        kwargs = {}
+        if mode.kind == "hf-assisted":
+            # A constant schedule and no confidence cut-off: K drafts every round, like spec:K.
+            kwargs = dict(assistant_model=self._draft_model(mode), num_assistant_tokens=mode.k,
+                          num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+        elif mode.kind == "hf-lookup":
+            kwargs = dict(prompt_lookup_num_tokens=mode.k, max_matching_ngram_size=NgramDrafter().max_ngram)
+        return lambda ids, prompt: self._run_hf(kwargs, ids, prompt)
+
+    def _draft_model(self, mode: Mode):
+        if self.runtime.draft is None:
+            raise UserError(f"mode {mode} needs a draft model, and pair {self.runtime.pair.name!r} has none (use --draft)")
+        return self.runtime.draft.model
+
+    def _run_engine(self, engine: SpeculativeEngine, k: int, ids: list[int], prompt: Prompt) -> Sample:
+        stamps, tokens, sample = [], [], Sample(prompt, [], 0.0, 0.0, [], 0)
+        started = time.perf_counter()
+        for event in engine.generate(ids, k=k, max_new_tokens=self.max_new_tokens, sampling=self.sampling, seed=self.seed):
+            stamps.append((time.perf_counter(), len(event.emitted)))
+            tokens += event.emitted
+            sample.drafted += len(event.drafted)
+            sample.accepted += event.accepted
+            sample.draft_s += event.draft_s
+            sample.verify_s += event.verify_s
+        return _timed(sample, tokens, started, stamps)
+
+    def _run_hf(self, kwargs: dict, ids: list[int], prompt: Prompt) -> Sample:
+        model = self.runtime.target.model
+        streamer = _StampStreamer()
+        sampling = self.sampling
+        options = dict(do_sample=False) if sampling.greedy else dict(
+            do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
+        torch.manual_seed(self.seed)
+        started = time.perf_counter()
+        model.generate(
+            torch.tensor([ids], device=input_device(model)), attention_mask=None, max_new_tokens=self.max_new_tokens,
+            eos_token_id=sorted(self.runtime.engine.eos_token_ids), pad_token_id=self.runtime.tokenizer.pad_token_id
+            or sorted(self.runtime.engine.eos_token_ids)[0], streamer=streamer, **options, **kwargs,
+        )
+        sample = Sample(prompt, [], 0.0, 0.0, [], 0)
+        stamps = [(at, len(chunk)) for at, chunk in streamer.chunks]
+        sample = _timed(sample, [t for _, chunk in streamer.chunks for t in chunk], started, stamps)
+        if "assistant_model" in kwargs or "prompt_lookup_num_tokens" in kwargs:
+            # Rounds after the first token (which prefill gives): each round emits accepted + 1.
+            sample.accepted = sum(len(chunk) - 1 for _, chunk in streamer.chunks[1:])
+            sample.drafted = (len(streamer.chunks) - 1) * kwargs.get("num_assistant_tokens", kwargs.get("prompt_lookup_num_tokens", 0))
+        return sample
+
+
+class _StampStreamer(BaseStreamer):
+    """Records when generate hands out each chunk of new tokens (the first put is the prompt)."""
+
+    def __init__(self):
+        self.prompt_seen = False
+        self.chunks: list[tuple[float, list[int]]] = []
+
+    def put(self, value):
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.chunks.append((time.perf_counter(), value.reshape(-1).tolist()))
+
+    def end(self):
+        pass
+
+
+def _timed(sample: Sample, tokens: list[int], started: float, stamps: list[tuple[float, int]]) -> Sample:
+    sample.tokens = tokens
+    sample.rounds = len(stamps)
+    sample.wall_s = (stamps[-1][0] if stamps else time.perf_counter()) - started
+    sample.ttft_s = stamps[0][0] - started if stamps else sample.wall_s
+    previous = stamps[0][0] if stamps else started
+    for at, count in stamps[1:]:
+        sample.latencies += [(at - previous) / count] * count if count else []
+        previous = at
+    return sample
+
+
+def run(bench: Bench, modes: list[Mode], prompts: list[Prompt], encode, progress=None) -> dict[Mode, list[Sample]]:
+    """Every mode on every prompt, interleaved with a rotating order; one warm-up pass excluded."""
+    runners = {mode: bench.runner(mode) for mode in modes}
+    encoded = [encode(p) for p in prompts]
+    for mode in modes:  # warm-up: first-call allocations and lazy inits are nobody's cost
+        runners[mode](encoded[0][:], prompts[0])
+    samples: dict[Mode, list[Sample]] = {mode: [] for mode in modes}
+    for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        order = modes[index % len(modes) :] + modes[: index % len(modes)]
+        for mode in order:
+            samples[mode].append(runners[mode](ids, prompt))
+            if progress:
+                progress()
+    return samples
+
+
+def figures(samples: list[Sample], plain: list[Sample]) -> dict:
+    """The figures of one mode over some prompts, each relative to plain decoding on the same prompts."""
+    tokens = sum(len(s.tokens) for s in samples)
+    wall = sum(s.wall_s for s in samples)
+    plain_tps = sum(len(s.tokens) for s in plain) / max(sum(s.wall_s for s in plain), 1e-9)
+    tps = tokens / max(wall, 1e-9)
+    drafted = sum(s.drafted for s in samples)
+    rounds = sum(s.rounds for s in samples)
+    latencies = sorted(t for s in samples for t in s.latencies)
+    return {
+        "tokens_per_s": round(tps, 2),
+        "speedup_vs_plain": round(tps / plain_tps, 3) if plain_tps else None,
+        "acceptance_rate": round(sum(s.accepted for s in samples) / drafted, 4) if drafted else None,
+        "mean_accepted_length": round(tokens / rounds, 3) if rounds else 0.0,
+        "rounds": rounds,
+        "completion_length": round(tokens / len(samples), 2),
+        "ttft_s": round(statistics.fmean(s.ttft_s for s in samples), 4),
+        **{f"p{q}_token_latency_s": round(_quantile(latencies, q / 100), 5) for q in (50, 90, 99)},
+        "identical_to_plain": all(s.tokens == p.tokens for s, p in zip(samples, plain)),
+        "wall_s": round(wall, 3),
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def predicted_speedup(alpha: float, k: float, verify_cost: float, draft_cost: float) -> float:
+    """Expected tokens per round over its cost, in one-token forwards (Leviathan et al., eq. 1 with
+    a measured verify cost): (1 - α^(k+1)) / ((1 - α)(verify_cost + k·c))."""
+    tokens = k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens / (verify_cost + k * draft_cost)
+
+
+def report(samples: dict[Mode, list[Sample]]) -> dict:
+    """Per mode and per scenario, with predicted next to measured speed-up for this loop's modes."""
+    plain = samples[Mode("plain")]
+    one_token_s = sum(s.verify_s for s in plain) / max(sum(s.rounds for s in plain), 1)
+    scenarios = sorted({s.prompt.scenario or "default" for s in plain})
+
+    def mode_figures(mode: Mode, keep) -> dict:
+        chosen = [s for s in samples[mode] if keep(s)]
+        base = [s for s in plain if keep(s)]
+        result = figures(chosen, base)
+        hf = samples.get(Mode("hf-plain"))
+        if hf:
+            hf_chosen = [s for s in hf if keep(s)]
+            hf_tps = sum(len(s.tokens) for s in hf_chosen) / max(sum(s.wall_s for s in hf_chosen), 1e-9)
+            result["speedup_vs_hf_plain"] = round(result["tokens_per_s"] / hf_tps, 3)
+        result["predicted_speedup"] = None
+        drafted, rounds = sum(s.drafted for s in chosen), sum(s.rounds for s in chosen)
+        if mode.kind in ("spec", "ngram") and drafted and one_token_s > 0:
+            alpha = sum(s.accepted for s in chosen) / drafted
+            verify_cost = sum(s.verify_s for s in chosen) / rounds / one_token_s
+            draft_cost = sum(s.draft_s for s in chosen) / drafted / one_token_s
+            predicted = predicted_speedup(alpha, drafted / rounds, verify_cost, draft_cost)
+            result.update(predicted_speedup=round(predicted, 3), verify_cost=round(verify_cost, 3),
+                          draft_cost=round(draft_cost, 4))
+        return result
+
+    return {
+        "modes": {str(mode): mode_figures(mode, lambda s: True) for mode in samples},
+        "scenarios": {
+            scenario: {str(mode): mode_figures(mode, lambda s, sc=scenario: (s.prompt.scenario or "default") == sc)
+                       for mode in samples}
+            for scenario in scenarios
+        },
+    }

@@ -1,0 +1,133 @@
+"""`specdec bench`: this loop and transformers' generate, side by side on the same prompts."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from .. import bench, manifest
+from ..errors import UserError
+from ..prompts import read_file
+from ..runtime import prepare
+from ..tokenization import encode_prompt
+from .common import (
+    DraftOption,
+    ModelsOption,
+    PairOption,
+    TargetOption,
+    resolve_pair,
+    sampling_params,
+    stderr_console,
+    user_errors,
+)
+
+COLUMNS = [
+    ("tok/s", "tokens_per_s"), ("× plain", "speedup_vs_plain"), ("× hf-plain", "speedup_vs_hf_plain"),
+    ("predicted", "predicted_speedup"), ("α", "acceptance_rate"), ("tok/round", "mean_accepted_length"),
+    ("rounds", "rounds"), ("length", "completion_length"), ("TTFT s", "ttft_s"), ("p50 ms", "p50_token_latency_s"),
+    ("p90 ms", "p90_token_latency_s"), ("p99 ms", "p99_token_latency_s"), ("= plain", "identical_to_plain"),
+]
+
+
+@user_errors
+def bench_command(
+    prompts: Annotated[Path, typer.Option("--prompts", help="Prompt file: one prompt per line, text or JSON with 'prompt', 'id', 'scenario'.")],
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model.")] = None,
+    pair: PairOption = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per prompt and mode.")] = 64,
+    temperature: Annotated[float, typer.Option(help="0: greedy (the default, so outputs can be compared token by token).")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed for sampling modes.")] = 0,
+    json_out: Annotated[bool, typer.Option("--json", help="The whole result as one JSON object on stdout.")] = False,
+    markdown: Annotated[Optional[Path], typer.Option(help="Also write the table, the command and the manifest as a Markdown page.")] = None,
+    target: TargetOption = None,
+    draft: DraftOption = None,
+    models: ModelsOption = None,
+) -> None:
+    """Measure speed, acceptance and latency per mode against plain decoding of the same target.
+
+    Modes run interleaved prompt by prompt after a warm-up; each mode's tokens are checked against
+    plain decoding's, and this loop's speculative modes show the speed-up predicted from the measured
+    acceptance, draft cost and verify cost next to the measured one.
+    """
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    sampling = sampling_params(temperature, 0, 1.0)
+    items = read_file(prompts)
+    spec = resolve_pair(models, pair, target, draft)
+    chosen = bench.parse_modes(modes or _default_modes(spec.drafter.kind == "model"))
+    runtime = prepare(spec)
+    console = stderr_console()
+    runner = bench.Bench(runtime, max_new_tokens, sampling, seed)
+    encode = lambda p: encode_prompt(runtime.tokenizer, p.text)  # noqa: E731
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task("benchmarking", total=len(items) * len(chosen))
+        samples = bench.run(runner, chosen, items, encode, lambda: progress.advance(task))
+    result = bench.report(samples)
+    result["manifest"] = {
+        "command": "specdec " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "specdec bench",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "pair": spec.name,
+        "target": manifest.model_entry(runtime.target),
+        "draft": manifest.model_entry(runtime.draft) if runtime.draft else "ngram",
+        "libraries": manifest.libraries(),
+        "machine": manifest.machine(),
+        "seed": seed, "temperature": temperature, "max_new_tokens": max_new_tokens, "prompts": len(items),
+    }
+    if json_out:
+        print(json.dumps(result, indent=2))
+    else:
+        Console().print(table(result["modes"], f"{spec.name}: {len(items)} prompts, {max_new_tokens} new tokens"))
+        for scenario, by_mode in result["scenarios"].items():
+            if len(result["scenarios"]) > 1:
+                Console().print(table(by_mode, f"scenario {scenario}"))
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(markdown_page(result))
+    differing = [mode for mode, f in result["modes"].items() if not f["identical_to_plain"]]
+    if differing and sampling.greedy:
+        console.print(f"[yellow]modes whose tokens differ from plain decoding: {', '.join(differing)}[/]")
+
+
+def _default_modes(has_draft_model: bool) -> str:
+    return "plain,hf-plain,ngram:4,hf-lookup:4" + (",spec:4,hf-assisted:4" if has_draft_model else "")
+
+
+def _cell(key: str, value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if key.endswith("latency_s"):
+        return f"{value * 1000:.1f}"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def table(by_mode: dict, title: str) -> Table:
+    grid = Table(title=title, title_justify="left")
+    grid.add_column("mode")
+    for header, _ in COLUMNS:
+        grid.add_column(header, justify="right")
+    for mode, figures in by_mode.items():
+        grid.add_row(mode, *(_cell(key, figures.get(key)) for _, key in COLUMNS))
+    return grid
+
+
+def markdown_page(result: dict) -> str:
+    meta = result["manifest"]
+    lines = ["# Benchmark", "", f"Made with `{meta['command']}` on {meta['date']}.", ""]
+    for scope, by_mode in [("all prompts", result["modes"])] + [(f"scenario `{s}`", m) for s, m in result["scenarios"].items()]:
+        lines += [f"## {scope}", "", "| mode | " + " | ".join(h for h, _ in COLUMNS) + " |",
+                  "|---" * (len(COLUMNS) + 1) + "|"]
+        lines += [f"| {mode} | " + " | ".join(_cell(k, f.get(k)) for _, k in COLUMNS) + " |" for mode, f in by_mode.items()]
+        lines.append("")
+    lines += ["## Manifest", "", "```json", json.dumps(meta, indent=2), "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""What a measurement was made with: model files, library versions, machine, threads, seeds.
+
+A speed figure without these cannot be compared with another one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+
+from .loading import LoadedModel
+
+LIBRARIES = ("specdec", "torch", "transformers", "accelerate", "tokenizers")
+
+
+def file_hashes(model: LoadedModel) -> dict[str, str]:
+    """sha256 of the weight files the model was read from (hub models: the source id only)."""
+    if model.files is None:
+        return {}
+    hashes = {}
+    for path in sorted(Path(model.files).glob("*.safetensors")) + sorted(Path(model.files).glob("*.bin")):
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+        hashes[path.name] = digest.hexdigest()
+    return hashes
+
+
+def model_entry(model: LoadedModel) -> dict:
+    return {"source": str(model.source), "files": file_hashes(model), "dtype": str(model.model.dtype)}
+
+
+def libraries() -> dict[str, str]:
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def machine() -> dict:
+    return {
+        "cpu": _cpu_name(),
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
