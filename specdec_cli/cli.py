@@ -9,6 +9,7 @@ import typer
 
 from .commands.generate import generate
 from .commands.models import models
+from .commands.verify import verify_equivalence
 
 app = typer.Typer(
     name="specdec",
@@ -19,6 +20,7 @@ app = typer.Typer(
 )
 app.command()(generate)
 app.command()(models)
+app.command("verify-equivalence")(verify_equivalence)
 
 
 def main() -> None:
