@@ -72,6 +72,18 @@ def test_table_and_verdict_on_stdout(pair_dir, prompt_file):
     assert "EQUIVALENT: 3/3 speculative runs token-identical" in result.stdout
 
 
+def test_progress_bar_only_on_a_terminal(pair_dir, prompt_file, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    screen = io.StringIO()
+    monkeypatch.setattr(verify_module, "stderr_console", lambda: Console(file=screen, force_terminal=True, width=100))
+    result = invoke(pair_dir, "--prompts", prompt_file, "--k", "1,2", "--max-new-tokens", 8, "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["equivalent"]
+    assert "6/6" in screen.getvalue()  # prompts × K steps, drawn on the (fake) terminal
+
+
 def over_accepting(draft, logits):
     """A broken greedy test: after a rejection it keeps one more (wrong) draft token."""
     n, token = greedy_accept(draft, logits)

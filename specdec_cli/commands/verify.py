@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from contextlib import nullcontext
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -76,9 +78,13 @@ def verify_equivalence(
 
     started = time.perf_counter()
     steps = len(encoded) * len(ks) + (min(PROMPTS, len(encoded)) * (len(ks) + 1) if sampling else 0)
-    with _progress(steps) as step:
-        greedy = check_greedy(runtime.engine, runtime.tokenizer, encoded, ks, max_new_tokens, tolerance, step)
-        sampled = check_sampling(runtime.engine, encoded, ks, sampling, temperature, seed, step) if sampling else None
+    try:
+        with _progress(steps) as step:
+            greedy = check_greedy(runtime.engine, runtime.tokenizer, encoded, ks, max_new_tokens, tolerance, step)
+            sampled = check_sampling(runtime.engine, encoded, ks, sampling, temperature, seed, step) if sampling else None
+    except KeyboardInterrupt:
+        stderr_console().print("specdec: interrupted; nothing was verified to the end")
+        raise typer.Exit(130) from None
     equivalent, verdict = decide(greedy, sampled, strict)
     result = dict(pair=spec.name, drafter=runtime.drafter.name, dtype=str(runtime.target.model.dtype).removeprefix("torch."),
                   prompts=len(encoded), strict=strict, equivalent=equivalent, verdict=verdict,
@@ -89,7 +95,7 @@ def verify_equivalence(
     if json_out:
         print(json.dumps(result, ensure_ascii=False), flush=True)
     else:
-        render(Console(highlight=False), greedy, sampled, equivalent, verdict, result["wall_s"])
+        render(Console(highlight=False, width=None if sys.stdout.isatty() else 120), greedy, sampled, equivalent, verdict, result["wall_s"])
     raise typer.Exit(0 if equivalent else 1)
 
 
@@ -161,23 +167,26 @@ def render(console: Console, greedy: GreedyResult, sampled: SamplingResult | Non
     totals = greedy.totals()
     flagged = {(d.prompt_id, d.k): d.kind for d in greedy.divergences}
     for k in greedy.ks:
-        table = Table(title=f"K = {k}", title_justify="left")
-        for column in ("prompt", "tokens plain/spec", "rounds plain/spec", "acceptance", "plain s", "spec s", "speedup", "= plain", "= transformers"):
-            table.add_column(column, justify="left" if column == "prompt" else "right")
+        table = Table(title=f"K = {k}", title_justify="left", box=box.SIMPLE_HEAD)
+        table.add_column("prompt", min_width=8, overflow="fold")
+        for column in ("tokens\nplain/spec", "rounds\nplain/spec", "accepted\ndrafts", "seconds\nplain/spec", "speedup",
+                       "same as\nplain", "same as\ntransformers"):
+            table.add_column(column, justify="right", no_wrap=True)
         for row in (r for r in greedy.rows if r.k == k):
             p, s = row.plain, row.speculative
             same = "[green]yes[/]" if row.identical else f"[red]{flagged.get((row.prompt_id, k), MISMATCH)}[/]"
-            table.add_row(Text(str(row.prompt_id)), f"{p.new_tokens}/{s.new_tokens}", f"{p.rounds}/{s.rounds}", f"{s.acceptance_rate:.0%}",
-                          f"{p.wall_s:.2f}", f"{s.wall_s:.2f}", _speedup(p.wall_s, s.wall_s), same,
-                          "yes" if row.identical_to_transformers else "[red]no[/]")
+            table.add_row(Text(str(row.prompt_id)), f"{p.new_tokens}/{s.new_tokens}", f"{p.rounds}/{s.rounds}",
+                          f"{s.acceptance_rate:.0%}", f"{p.wall_s:.2f}/{s.wall_s:.2f}", _speedup(p.wall_s, s.wall_s),
+                          same, "yes" if row.identical_to_transformers else "[red]no[/]")
         t = totals[k]
         table.add_section()
         table.add_row("total", f"{t['plain_tokens']}/{t['speculative_tokens']}", f"{t['plain_rounds']}/{t['speculative_rounds']}",
-                      f"{t['acceptance_rate']:.0%}", f"{t['plain_s']:.2f}", f"{t['speculative_s']:.2f}",
-                      _speedup(t["plain_s"], t["speculative_s"]), f"{t['identical']}/{t['prompts']}", "")
+                      f"{t['acceptance_rate']:.0%}", f"{t['plain_s']:.2f}/{t['speculative_s']:.2f}",
+                      _speedup(t["plain_s"], t["speculative_s"]), f"{t['identical']}/{t['prompts']}",
+                      f"{sum(r.identical_to_transformers for r in greedy.rows if r.k == k)}/{t['prompts']}")
         console.print(table)
     if greedy.divergences:
-        table = Table(title="divergences (margin = logit[plain token] − logit[other token])", title_justify="left")
+        table = Table(title="divergences (margin = logit[plain token] − logit[other token])", title_justify="left", box=box.SIMPLE_HEAD)
         for column in ("prompt", "against", "position", "plain token", "other token", "margin plain", "margin other", "class"):
             table.add_column(column)
         for d in greedy.divergences:
@@ -187,15 +196,15 @@ def render(console: Console, greedy: GreedyResult, sampled: SamplingResult | Non
                           _num(d.margin_plain), _num(d.margin_other), f"[{style}]{d.kind}[/]" + ("" if d.reproduced else " (rerun differed)"))
         console.print(table)
     if sampled is not None:
-        table = Table(title=f"sampling: {sampled.n} draws per side, temperature {sampled.temperature:g}, "
-                            f"{sampled.drafted} draft tokens proposed, {sampled.accepted} accepted", title_justify="left")
+        table = Table(title="sampling", title_justify="left", box=box.SIMPLE_HEAD)
         for column in ("prompt", "K", "outcome", "distinct", "p-value"):
             table.add_column(column)
         for t in sampled.tests:
             table.add_row(Text(str(t.prompt_id)), str(t.k), t.statistic, str(t.outcomes), f"{t.p_value:.4g}")
         console.print(table)
-        console.print(f"permutation test, {sampled.rounds} shufflings; threshold {sampled.threshold:.3g} "
-                      f"(alpha {sampled.alpha:g} over {len(sampled.tests)} tests)")
+        console.print(f"{sampled.n} draws of {TOKENS} tokens per side at temperature {sampled.temperature:g}; "
+                      f"{sampled.drafted} draft tokens proposed, {sampled.accepted} accepted; permutation test, "
+                      f"{sampled.rounds} shufflings; threshold {sampled.threshold:.3g} (alpha {sampled.alpha:g} over {len(sampled.tests)} tests)")
     style = "bold green" if equivalent else "bold red"
     console.print(Text(verdict, style=style).append(f" ({wall_s:.1f} s)", style="dim"), soft_wrap=True)
 
