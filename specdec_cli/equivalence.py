@@ -10,15 +10,17 @@ transformers' forward). That tells a bug from float round-off, since forwards of
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from .engine import SpeculativeEngine
 from .kv import input_device
 from .stats import RunStats
+
+if TYPE_CHECKING:
+    from .sampling_check import SamplingResult
 
 NEAR_TIE = "numerical near-tie"
 MISMATCH = "mismatch"
@@ -268,3 +270,20 @@ def check_greedy(
                                    speculative.tokens == plain.tokens, speculative.tokens == reference.tokens))
             step(f"prompt {prompt_id} · K={k}")
     return result
+
+
+def decide(greedy: GreedyResult, sampled: SamplingResult | None, strict: bool) -> tuple[bool, str]:
+    """Equivalent unless a mismatch, a failed sampling test, or (strict) any divergence was found."""
+    mismatches, near_ties = greedy.count(MISMATCH), greedy.count(NEAR_TIE)
+    failed = mismatches > 0 or (strict and near_ties > 0) or (sampled is not None and not sampled.passed)
+    runs = len(greedy.rows)
+    identical = sum(r.identical for r in greedy.rows)
+    reference = sum(r.identical for r in greedy.references)
+    parts = [f"{identical}/{runs} speculative runs token-identical to plain decoding",
+             f"{reference}/{len(greedy.references)} plain runs identical to transformers' generate",
+             f"{mismatches} mismatch(es)", f"{near_ties} numerical near-tie(s) (tolerance {greedy.tolerance:g})"]
+    if strict and near_ties:
+        parts.append("--strict counts near-ties as failures")
+    if sampled is not None:
+        parts.append(f"sampling: {sampled.verdict()}")
+    return not failed, ("EQUIVALENT: " if not failed else "NOT EQUIVALENT: ") + "; ".join(parts)

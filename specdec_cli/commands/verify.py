@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..engine import MAX_K
-from ..equivalence import MISMATCH, NEAR_TIE, TOLERANCE, GreedyResult, check_greedy, default_tolerance
+from ..equivalence import MISMATCH, NEAR_TIE, TOLERANCE, GreedyResult, check_greedy, decide, default_tolerance
 from ..errors import UserError
 from ..prompts import read_file
 from ..runtime import prepare
@@ -110,23 +110,6 @@ def parse_k_list(text: str) -> list[int]:
         except UserError as exc:
             raise UserError(f"--k {text!r}: {exc}") from None
     return list(dict.fromkeys(ks))
-
-
-def decide(greedy: GreedyResult, sampled: SamplingResult | None, strict: bool) -> tuple[bool, str]:
-    """Equivalent unless a mismatch, a failed sampling test, or (strict) any divergence was found."""
-    mismatches, near_ties = greedy.count(MISMATCH), greedy.count(NEAR_TIE)
-    failed = mismatches > 0 or (strict and near_ties > 0) or (sampled is not None and not sampled.passed)
-    runs = len(greedy.rows)
-    identical = sum(r.identical for r in greedy.rows)
-    reference = sum(r.identical for r in greedy.references)
-    parts = [f"{identical}/{runs} speculative runs token-identical to plain decoding",
-             f"{reference}/{len(greedy.references)} plain runs identical to transformers' generate",
-             f"{mismatches} mismatch(es)", f"{near_ties} numerical near-tie(s) (tolerance {greedy.tolerance:g})"]
-    if strict and near_ties:
-        parts.append("--strict counts near-ties as failures")
-    if sampled is not None:
-        parts.append(f"sampling: {sampled.verdict()}")
-    return not failed, ("EQUIVALENT: " if not failed else "NOT EQUIVALENT: ") + "; ".join(parts)
 
 
 def write_atomically(path: Path, text: str) -> None:
