@@ -159,6 +159,58 @@ def test_constructed_near_tie_is_reported_not_failed_unless_strict(pair_dir, tmp
     assert strict.exit_code == 1 and data["divergences"][0]["kind"] == NEAR_TIE
 
 
+def wrap_prepare(monkeypatch, change):
+    real_prepare = verify_module.prepare
+
+    def prepare_and_change(spec):
+        runtime = real_prepare(spec)
+        change(runtime)
+        return runtime
+
+    monkeypatch.setattr(verify_module, "prepare", prepare_and_change)
+
+
+def test_transformers_reference_ignores_the_generation_configs_penalties(pair_dir, prompt_file, monkeypatch):
+    def penalise(runtime):
+        runtime.target.model.generation_config.repetition_penalty = 3.0
+        runtime.target.model.generation_config.no_repeat_ngram_size = 2
+
+    wrap_prepare(monkeypatch, penalise)
+    result, data = run_json(pair_dir, "--prompts", prompt_file, "--k", "2", "--max-new-tokens", 24)
+    assert result.exit_code == 0 and all(r["identical"] for r in data["transformers"])
+
+
+def test_a_wrong_transformers_path_is_located_and_classified_too(pair_dir, tmp_path, monkeypatch):
+    """transformers made to skip its argmax at step 4: a mismatch against the reference, at position 4."""
+    from transformers import LogitsProcessorList
+
+    text = "some plain text here"
+    (tmp_path / "one.txt").write_text(text + "\n")
+    state = {}
+
+    def ban_at_step_4(runtime):
+        ids = encode_prompt(runtime.tokenizer, text)
+        state["plain"] = plain = decode(runtime.engine, ids, 0, 20).tokens
+        model, generate = runtime.target.model, runtime.target.model.generate
+
+        def ban(input_ids, scores):
+            if input_ids.shape[1] == len(ids) + 4:
+                scores = scores.clone()
+                scores[:, plain[4]] = -float("inf")
+            return scores
+
+        model.generate = lambda *a, **kw: generate(*a, logits_processor=LogitsProcessorList([ban]), **kw)
+
+    wrap_prepare(monkeypatch, ban_at_step_4)
+    result, data = run_json(pair_dir, "--prompts", tmp_path / "one.txt", "--k", "2", "--max-new-tokens", 20)
+    assert result.exit_code == 1
+    [divergence] = data["divergences"]
+    assert divergence["against"] == "transformers" and divergence["k"] is None and divergence["position"] == 4
+    assert divergence["plain_token"] == state["plain"][4] and divergence["kind"] == MISMATCH
+    assert divergence["margin_plain"] > 0 and divergence["margin_other"] > 0  # raw logits: transformers preferred it too
+    assert data["runs"][0]["identical"] and not data["runs"][0]["identical_to_transformers"]
+
+
 @pytest.mark.parametrize(
     "plain, other, kind",
     [(2e-7, -2e-7, NEAR_TIE), (0.0, 0.0, NEAR_TIE), (3e-4, 0.0, NEAR_TIE), (0.0, -5e-4, NEAR_TIE),
