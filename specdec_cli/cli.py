@@ -10,6 +10,7 @@ import typer
 from .commands.bench import bench_command
 from .commands.generate import generate
 from .commands.models import models
+from .commands.verify import verify_equivalence
 
 app = typer.Typer(
     name="specdec",
@@ -20,6 +21,7 @@ app = typer.Typer(
 )
 app.command()(generate)
 app.command()(models)
+app.command("verify-equivalence")(verify_equivalence)
 app.command("bench")(bench_command)
 
 

@@ -1,0 +1,200 @@
+"""`specdec verify-equivalence`: show, prompt by prompt and K by K, that speculation changed nothing.
+
+Exit code 0 when equivalent, 1 when a divergence that round-off cannot explain (a `mismatch`), or
+with --strict any divergence, or a failed sampling test was found; 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from ..engine import MAX_K
+from ..equivalence import MISMATCH, NEAR_TIE, TOLERANCE, GreedyResult, check_greedy, decide, default_tolerance
+from ..errors import UserError
+from ..prompts import read_file
+from ..runtime import prepare
+from ..sampling_check import PROMPTS, TOKENS, SamplingResult, check_sampling
+from ..tokenization import encode_prompt
+from .common import DrafterOption, DraftOption, ModelsOption, PairOption, TargetOption, parse_k, resolve_pair, stderr_console, user_errors
+
+TOLERANCE_HELP = ", ".join(f"{str(d).removeprefix('torch.')} {t:g}" for d, t in TOLERANCE.items())
+
+
+@user_errors
+def verify_equivalence(
+    prompts: Annotated[str, typer.Option("--prompts", help="Prompt file: one prompt per line, text or JSON with 'prompt' and optional 'id'.")],
+    pair: PairOption = None,
+    k: Annotated[str, typer.Option("-k", "--k", help=f"Comma-separated K values to check, each 0 to {MAX_K}.")] = "1,4,8",
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate per prompt.")] = 128,
+    tolerance: Annotated[Optional[float], typer.Option(help=f"Largest logit margin a near-tie may have. Default by the target's dtype: {TOLERANCE_HELP}.")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Fail on any divergence, near-ties included.")] = False,
+    sampling: Annotated[int, typer.Option("--sampling", help=f"Also draw N sampled continuations ({TOKENS} tokens) per side for the first {PROMPTS} prompts and test that speculative and plain sampling agree (0: skip).")] = 0,
+    temperature: Annotated[float, typer.Option(help="Temperature for --sampling.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="First seed for --sampling.")] = 0,
+    raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the model's chat template.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="The whole result as one JSON object on stdout.")] = False,
+    report: Annotated[Optional[str], typer.Option("--report", help="Also write the JSON result to this file (atomically).")] = None,
+    target: TargetOption = None,
+    draft: DraftOption = None,
+    drafter: DrafterOption = None,
+    models: ModelsOption = None,
+) -> None:
+    """Prove that speculative decoding gives the target's own output, token for token.
+
+    Every prompt is decoded plainly, by transformers' generate, and with speculation at each K.
+    Each divergence is located and classified by the target's logit margin: a `numerical
+    near-tie` (round-off between a 1-token and a (K+1)-token forward) or a `mismatch` (a bug).
+    """
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if tolerance is not None and tolerance <= 0:
+        raise UserError(f"--tolerance must be above 0, got {tolerance}")
+    if sampling < 0:
+        raise UserError(f"--sampling must be 0 (off) or a number of draws, got {sampling}")
+    if sampling and temperature <= 0:
+        raise UserError(f"--temperature must be above 0 for --sampling, got {temperature}")
+    if report and not Path(report).parent.is_dir():
+        raise UserError(f"--report: directory not found: {Path(report).parent}")
+    ks = parse_k_list(k)
+    items = read_file(prompts)
+    spec = resolve_pair(models, pair, target, draft, drafter)
+    runtime = prepare(spec)
+    encoded = [(item.id, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
+    tolerance = tolerance or default_tolerance(runtime.target.model.dtype)
+
+    started = time.perf_counter()
+    steps = len(encoded) * len(ks) + (min(PROMPTS, len(encoded)) * (len(ks) + 1) if sampling else 0)
+    try:
+        with _progress(steps) as step:
+            greedy = check_greedy(runtime.engine, runtime.tokenizer, encoded, ks, max_new_tokens, tolerance, step)
+            sampled = check_sampling(runtime.engine, encoded, ks, sampling, temperature, seed, step) if sampling else None
+    except KeyboardInterrupt:
+        stderr_console().print("specdec: interrupted; nothing was verified to the end")
+        raise typer.Exit(130) from None
+    equivalent, verdict = decide(greedy, sampled, strict)
+    result = dict(pair=spec.name, drafter=runtime.drafter.name, dtype=str(runtime.target.model.dtype).removeprefix("torch."),
+                  prompts=len(encoded), strict=strict, equivalent=equivalent, verdict=verdict,
+                  wall_s=round(time.perf_counter() - started, 3), **greedy.as_dict(),
+                  sampling=sampled.as_dict() if sampled else None)
+    if report:
+        write_atomically(Path(report), json.dumps(result, ensure_ascii=False, indent=2) + "\n")
+    if json_out:
+        print(json.dumps(result, ensure_ascii=False), flush=True)
+    else:
+        render(Console(highlight=False, width=None if sys.stdout.isatty() else 120), greedy, sampled, equivalent, verdict, result["wall_s"])
+    raise typer.Exit(0 if equivalent else 1)
+
+
+def parse_k_list(text: str) -> list[int]:
+    """'1,4,8' → [1, 4, 8], each checked by parse_k; duplicates dropped, order kept."""
+    ks = []
+    for part in text.split(","):
+        if not part.strip():
+            raise UserError(f"--k {text!r}: expected comma-separated integers from 0 to {MAX_K}")
+        try:
+            ks.append(parse_k(part.strip()))
+        except UserError as exc:
+            raise UserError(f"--k {text!r}: {exc}") from None
+    return list(dict.fromkeys(ks))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A temp file in the same directory, then os.replace: a reader never sees half a report."""
+    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False)
+    try:
+        with handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+
+
+def _progress(total: int):
+    """A progress bar over prompts × K on stderr, only when stderr is a terminal; yields a step callback."""
+    console = stderr_console()
+    if not console.is_terminal:
+        return nullcontext(lambda _: None)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console, transient=True)
+
+    class _Bar:
+        def __enter__(self):
+            bar.start()
+            task = bar.add_task("verifying", total=total)
+            return lambda description: bar.update(task, advance=1, description=description)
+
+        def __exit__(self, *exc):
+            bar.stop()
+
+    return _Bar()
+
+
+def render(console: Console, greedy: GreedyResult, sampled: SamplingResult | None, equivalent: bool, verdict: str, wall_s: float) -> None:
+    totals = greedy.totals()
+    flagged = {(d.prompt_id, d.k): d.kind for d in greedy.divergences}
+    for k in greedy.ks:
+        table = Table(title=f"K = {k}", title_justify="left", box=box.SIMPLE_HEAD)
+        table.add_column("prompt", min_width=8, overflow="fold")
+        for column in ("tokens\nplain/spec", "rounds\nplain/spec", "accepted\ndrafts", "seconds\nplain/spec", "speedup",
+                       "same as\nplain", "same as\ntransformers"):
+            table.add_column(column, justify="right", no_wrap=True)
+        for row in (r for r in greedy.rows if r.k == k):
+            p, s = row.plain, row.speculative
+            same = "[green]yes[/]" if row.identical else f"[red]{flagged.get((row.prompt_id, k), MISMATCH)}[/]"
+            table.add_row(Text(str(row.prompt_id)), f"{p.new_tokens}/{s.new_tokens}", f"{p.rounds}/{s.rounds}",
+                          f"{s.acceptance_rate:.0%}", f"{p.wall_s:.2f}/{s.wall_s:.2f}", _speedup(p.wall_s, s.wall_s),
+                          same, "yes" if row.identical_to_transformers else "[red]no[/]")
+        t = totals[k]
+        table.add_section()
+        table.add_row("total", f"{t['plain_tokens']}/{t['speculative_tokens']}", f"{t['plain_rounds']}/{t['speculative_rounds']}",
+                      f"{t['acceptance_rate']:.0%}", f"{t['plain_s']:.2f}/{t['speculative_s']:.2f}",
+                      _speedup(t["plain_s"], t["speculative_s"]), f"{t['identical']}/{t['prompts']}",
+                      f"{sum(r.identical_to_transformers for r in greedy.rows if r.k == k)}/{t['prompts']}")
+        console.print(table)
+    if greedy.divergences:
+        table = Table(title="divergences (margin = logit[plain token] − logit[other token])", title_justify="left", box=box.SIMPLE_HEAD)
+        for column in ("prompt", "against", "position", "plain token", "other token", "margin plain", "margin other", "class"):
+            table.add_column(column)
+        for d in greedy.divergences:
+            against = f"K={d.k}" if d.k is not None else d.against
+            style = "yellow" if d.kind == NEAR_TIE else "red"
+            table.add_row(Text(str(d.prompt_id)), against, str(d.position), Text(f"{d.plain_token} {d.plain_text!r}"), Text(f"{d.other_token} {d.other_text!r}"),
+                          _num(d.margin_plain), _num(d.margin_other), f"[{style}]{d.kind}[/]" + ("" if d.reproduced else " (rerun differed)"))
+        console.print(table)
+    if sampled is not None:
+        table = Table(title="sampling", title_justify="left", box=box.SIMPLE_HEAD)
+        for column in ("prompt", "K", "outcome", "distinct", "p-value"):
+            table.add_column(column)
+        for t in sampled.tests:
+            table.add_row(Text(str(t.prompt_id)), str(t.k), t.statistic, str(t.outcomes), f"{t.p_value:.4g}")
+        console.print(table)
+        console.print(f"{sampled.n} draws of {TOKENS} tokens per side at temperature {sampled.temperature:g}; "
+                      f"{sampled.drafted} draft tokens proposed, {sampled.accepted} accepted; permutation test, "
+                      f"{sampled.rounds} shufflings; threshold {sampled.threshold:.3g} (alpha {sampled.alpha:g} over {len(sampled.tests)} tests)")
+    style = "bold green" if equivalent else "bold red"
+    console.print(Text(verdict, style=style).append(f" ({wall_s:.1f} s)", style="dim"), soft_wrap=True)
+
+
+def _speedup(plain_s: float, spec_s: float) -> str:
+    return f"{plain_s / spec_s:.2f}×" if spec_s > 0 else "-"
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.3g}"

@@ -1,0 +1,289 @@
+"""Proving that greedy speculation changes nothing, token for token.
+
+Every prompt is decoded plainly (K = 0 through the same engine), by transformers' own ``generate``
+as an independent reference, and speculatively for each K. Where two outputs differ, the first
+differing position is located and the target's logits there are recomputed by a rerun with
+``record_logits``: the plain run's one-token forward against the verification forward (or
+transformers' forward). That tells a bug from float round-off, since forwards of different shape
+(1 token vs K + 1) may order two near-equal logits differently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from .engine import SpeculativeEngine
+from .kv import input_device
+from .stats import RunStats
+
+if TYPE_CHECKING:
+    from .sampling_check import SamplingResult
+
+NEAR_TIE = "numerical near-tie"
+MISMATCH = "mismatch"
+TRANSFORMERS = "transformers"
+SPECULATIVE = "speculative"
+
+# How far apart two logits may be and still be ordered either way by round-off. Forwards of
+# different shape differ by ~1e-5 in float32; bf16/fp16 round the logits themselves to ~2^-8 /
+# 2^-11 relative (±0.06-0.125 at |logit| ≈ 20), and a flip can cost a few such steps.
+TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 0.05, torch.bfloat16: 0.5}
+
+
+def default_tolerance(dtype: torch.dtype) -> float:
+    return TOLERANCE.get(dtype, TOLERANCE[torch.bfloat16])
+
+
+def classify(margin_plain: float | None, margin_other: float | None, tolerance: float) -> str:
+    """Margins are logit[plain token] − logit[other token], once in each of the two forwards.
+
+    A near-tie: both margins are within ``tolerance``, and each forward ranked the token it chose at
+    least as high as the other one (the order flipped, or the logits are equal). Anything else means
+    a token was emitted that its own forward did not rank first, or no logits exist to compare: a bug.
+    """
+    if margin_plain is None or margin_other is None:
+        return MISMATCH
+    small = abs(margin_plain) < tolerance and abs(margin_other) < tolerance
+    return NEAR_TIE if small and margin_plain >= 0 >= margin_other else MISMATCH
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token; the shorter length if one is a prefix of the other."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass
+class Decoded:
+    tokens: list[int]
+    stats: RunStats
+
+
+@dataclass
+class Divergence:
+    """The first token where ``against`` (a speculative run, or transformers) left the plain run."""
+
+    prompt_id: str | int
+    against: str
+    k: int | None  # the speculative run's K; None against transformers
+    position: int  # index into the completion
+    plain_token: int | None  # None: that run had already ended
+    other_token: int | None
+    plain_text: str
+    other_text: str
+    margin_plain: float | None  # logit[plain] − logit[other] in the plain run's one-token forward
+    margin_other: float | None  # the same in the verification forward, or transformers' forward
+    kind: str
+    reproduced: bool  # the reruns gave the same tokens up to the position (False: nondeterminism)
+
+
+@dataclass
+class Row:
+    """One prompt at one K."""
+
+    prompt_id: str | int
+    k: int
+    plain: RunStats
+    speculative: RunStats
+    identical: bool
+    identical_to_transformers: bool
+
+    def as_dict(self) -> dict:
+        return dict(id=self.prompt_id, k=self.k, identical=self.identical,
+                    identical_to_transformers=self.identical_to_transformers,
+                    plain=self.plain.as_dict(), speculative=self.speculative.as_dict())
+
+
+@dataclass
+class Reference:
+    """transformers' greedy ``generate`` for one prompt, against the plain run."""
+
+    prompt_id: str | int
+    stats: RunStats
+    identical: bool
+
+    def as_dict(self) -> dict:
+        return dict(id=self.prompt_id, identical=self.identical, new_tokens=self.stats.new_tokens,
+                    wall_s=round(self.stats.wall_s, 4))
+
+
+@dataclass
+class GreedyResult:
+    ks: list[int]
+    max_new_tokens: int
+    tolerance: float
+    rows: list[Row] = field(default_factory=list)
+    references: list[Reference] = field(default_factory=list)
+    divergences: list[Divergence] = field(default_factory=list)
+
+    def count(self, kind: str) -> int:
+        return sum(d.kind == kind for d in self.divergences)
+
+    def totals(self) -> dict[int, dict]:
+        """Per K, summed over prompts: lengths, rounds and wall time with and without speculation."""
+        totals = {}
+        for k in self.ks:
+            rows = [r for r in self.rows if r.k == k]
+            plain_s = sum(r.plain.wall_s for r in rows)
+            spec_s = sum(r.speculative.wall_s for r in rows)
+            drafted = sum(r.speculative.drafted for r in rows)
+            accepted = sum(r.speculative.accepted for r in rows)
+            totals[k] = dict(
+                prompts=len(rows), identical=sum(r.identical for r in rows),
+                plain_tokens=sum(r.plain.new_tokens for r in rows),
+                speculative_tokens=sum(r.speculative.new_tokens for r in rows),
+                plain_rounds=sum(r.plain.rounds for r in rows),
+                speculative_rounds=sum(r.speculative.rounds for r in rows),
+                drafted=drafted, accepted=accepted,
+                acceptance_rate=round(accepted / drafted, 4) if drafted else 0.0,
+                plain_s=round(plain_s, 4), speculative_s=round(spec_s, 4),
+                speedup=round(plain_s / spec_s, 3) if spec_s > 0 else None,
+            )
+        return totals
+
+    def as_dict(self) -> dict:
+        return dict(
+            ks=self.ks, max_new_tokens=self.max_new_tokens, tolerance=self.tolerance,
+            divergences=[asdict(d) for d in self.divergences],
+            counts={MISMATCH: self.count(MISMATCH), NEAR_TIE: self.count(NEAR_TIE)},
+            totals={str(k): v for k, v in self.totals().items()},
+            transformers=[r.as_dict() for r in self.references],
+            runs=[r.as_dict() for r in self.rows],
+        )
+
+
+def decode(engine: SpeculativeEngine, ids: list[int], k: int, max_new_tokens: int) -> Decoded:
+    stats, tokens = RunStats(k), []
+    for event in engine.generate(ids, k=k, max_new_tokens=max_new_tokens):
+        stats.add(event)
+        tokens += event.emitted
+    return Decoded(tokens, stats.finish())
+
+
+def reference_decode(engine: SpeculativeEngine, ids: list[int], max_new_tokens: int, logits: bool = False):
+    """transformers' greedy search over the same target, with the same EOS set and budget.
+
+    Processors a generation_config may switch on (repetition penalty, n-gram bans) are turned off
+    explicitly: the reference must be plain argmax decoding, as the engine's is.
+    """
+    model, eos = engine.target, sorted(engine.eos_token_ids)
+    budget = max_new_tokens
+    if engine.context_length:
+        budget = min(budget, engine.context_length - len(ids))
+    inputs = torch.tensor([ids], device=input_device(model))
+    stats = RunStats(TRANSFORMERS)
+    with torch.inference_mode():
+        out = model.generate(
+            inputs, attention_mask=torch.ones_like(inputs), do_sample=False, num_beams=1, max_new_tokens=budget,
+            eos_token_id=eos or None, pad_token_id=eos[0] if eos else None, repetition_penalty=1.0,
+            no_repeat_ngram_size=0, min_new_tokens=0, output_logits=logits, return_dict_in_generate=True,
+        )
+    tokens = out.sequences[0, len(ids):].tolist()
+    stats.new_tokens = stats.rounds = len(tokens)
+    stats.finish()
+    return Decoded(tokens, stats), (out.logits if logits else None)
+
+
+class _Locator:
+    """Recomputes the target's logits at a divergence, by rerunning the prompt with record_logits."""
+
+    def __init__(self, engine, tokenizer, prompt_id, ids, plain: Decoded, max_new_tokens, tolerance):
+        self.engine, self.tokenizer, self.prompt_id, self.ids = engine, tokenizer, prompt_id, ids
+        self.plain, self.max_new_tokens, self.tolerance = plain, max_new_tokens, tolerance
+        self._plain_rows: dict[int, tuple[torch.Tensor | None, bool]] = {}
+
+    def against(self, other: Decoded, k: int | None) -> Divergence:
+        position = first_difference(self.plain.tokens, other.tokens)
+        plain_row, plain_same = self._plain_row(position)
+        if k is None:
+            rerun, logits = reference_decode(self.engine, self.ids, position + 1, logits=True)
+            other_row, rerun_tokens = (logits[position][0] if len(logits) > position else None), rerun.tokens
+        else:
+            other_row, rerun_tokens = self._engine_row(k, position)
+        other_same = rerun_tokens == other.tokens[: position + 1]
+        a, b = _at(self.plain.tokens, position), _at(other.tokens, position)
+        m_plain, m_other = _margin(plain_row, a, b), _margin(other_row, a, b)
+        return Divergence(
+            self.prompt_id, TRANSFORMERS if k is None else SPECULATIVE, k, position, a, b,
+            self._text(a), self._text(b), m_plain, m_other, classify(m_plain, m_other, self.tolerance),
+            plain_same and other_same,
+        )
+
+    def _plain_row(self, position: int):
+        if position not in self._plain_rows:
+            row, tokens = self._engine_row(0, position)
+            self._plain_rows[position] = (row, tokens == self.plain.tokens[: position + 1])
+        return self._plain_rows[position]
+
+    def _engine_row(self, k: int, position: int):
+        """The target's logits row scoring ``position``, and the tokens the rerun emitted up to it."""
+        tokens, rows = [], []
+        for event in self.engine.generate(self.ids, k=k, max_new_tokens=self.max_new_tokens, record_logits=True):
+            tokens += event.emitted
+            rows.append(event.logits)
+            if len(tokens) > position:
+                return torch.cat(rows)[position], tokens[: position + 1]
+        return None, tokens
+
+    def _text(self, token: int | None) -> str:
+        return "(ended)" if token is None else self.tokenizer.decode([token])
+
+
+def _at(tokens: list[int], i: int) -> int | None:
+    return tokens[i] if i < len(tokens) else None
+
+
+def _margin(row: torch.Tensor | None, a: int | None, b: int | None) -> float | None:
+    if row is None or a is None or b is None:
+        return None
+    return float(row[a].double() - row[b].double())
+
+
+def check_greedy(
+    engine: SpeculativeEngine,
+    tokenizer,
+    prompts: list[tuple[str | int, list[int]]],
+    ks: list[int],
+    max_new_tokens: int,
+    tolerance: float,
+    step: Callable[[str], None] = lambda _: None,
+) -> GreedyResult:
+    """Decode every prompt plainly, with transformers, and at every K; locate each divergence."""
+    result = GreedyResult(list(ks), max_new_tokens, tolerance)
+    for prompt_id, ids in prompts:
+        plain = decode(engine, ids, 0, max_new_tokens)
+        reference, _ = reference_decode(engine, ids, max_new_tokens)
+        locator = _Locator(engine, tokenizer, prompt_id, ids, plain, max_new_tokens, tolerance)
+        result.references.append(Reference(prompt_id, reference.stats, reference.tokens == plain.tokens))
+        if reference.tokens != plain.tokens:
+            result.divergences.append(locator.against(reference, None))
+        for k in ks:
+            speculative = decode(engine, ids, k, max_new_tokens)
+            if speculative.tokens != plain.tokens:
+                result.divergences.append(locator.against(speculative, k))
+            result.rows.append(Row(prompt_id, k, plain.stats, speculative.stats,
+                                   speculative.tokens == plain.tokens, speculative.tokens == reference.tokens))
+            step(f"prompt {prompt_id} · K={k}")
+    return result
+
+
+def decide(greedy: GreedyResult, sampled: SamplingResult | None, strict: bool) -> tuple[bool, str]:
+    """Equivalent unless a mismatch, a failed sampling test, or (strict) any divergence was found."""
+    mismatches, near_ties = greedy.count(MISMATCH), greedy.count(NEAR_TIE)
+    failed = mismatches > 0 or (strict and near_ties > 0) or (sampled is not None and not sampled.passed)
+    runs = len(greedy.rows)
+    identical = sum(r.identical for r in greedy.rows)
+    reference = sum(r.identical for r in greedy.references)
+    parts = [f"{identical}/{runs} speculative runs token-identical to plain decoding",
+             f"{reference}/{len(greedy.references)} plain runs identical to transformers' generate",
+             f"{mismatches} mismatch(es)", f"{near_ties} numerical near-tie(s) (tolerance {greedy.tolerance:g})"]
+    if strict and near_ties:
+        parts.append("--strict counts near-ties as failures")
+    if sampled is not None:
+        parts.append(f"sampling: {sampled.verdict()}")
+    return not failed, ("EQUIVALENT: " if not failed else "NOT EQUIVALENT: ") + "; ".join(parts)

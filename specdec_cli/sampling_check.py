@@ -1,0 +1,157 @@
+"""The sampling half of verify-equivalence: speculative and plain draws must share one distribution.
+
+Lossless speculative sampling is a statement about distributions, so it is tested as one: N short
+continuations with speculation and N plainly (disjoint seeds), compared on the first token and on
+the first two tokens by a two-sample permutation test of the chi-square statistic. A permutation
+test needs no minimum expected count, so the long tail of a real model's distribution stays in the
+test instead of being pooled away, and it needs nothing beyond numpy at run time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
+from typing import Callable, Hashable, Sequence
+
+import numpy as np
+
+from .acceptance import SamplingParams
+from .engine import SpeculativeEngine
+
+ALPHA = 0.01  # family-wise: split evenly over all tests (Bonferroni)
+PROMPTS = 3  # how many of the prompts are sampled
+TOKENS = 3  # tokens per continuation: enough for a draft block to be accepted inside it
+PLAIN_SEEDS = 1_000_003  # plain draws use seeds from here, so no draw shares a seed with a speculative one
+STATISTICS = {"first token": 1, "first 2 tokens": 2}
+
+
+def chi2_statistics(first_group: np.ndarray, totals: np.ndarray, n1: int, n: int) -> np.ndarray:
+    """Chi-square of 2 × C tables with fixed margins, one per row of ``first_group`` counts."""
+    expected1 = totals * (n1 / n)
+    expected0 = totals - expected1
+    return ((first_group - expected1) ** 2 * (1 / expected1 + 1 / expected0)).sum(axis=-1)
+
+
+def permutation_test(a: Sequence[Hashable], b: Sequence[Hashable], rounds: int, seed: int = 0) -> float:
+    """p-value for "a and b come from the same distribution": the share of label shufflings whose
+    chi-square statistic is at least the observed one (counting the observed one, so p > 0)."""
+    labels = {value: i for i, value in enumerate(dict.fromkeys([*a, *b]))}
+    if len(labels) < 2:
+        return 1.0  # a single outcome on both sides: nothing can differ
+    codes = np.array([labels[v] for v in (*a, *b)])
+    n1, n, c = len(a), len(codes), len(labels)
+    totals = np.bincount(codes, minlength=c).astype(float)
+    observed = chi2_statistics(np.bincount(codes[:n1], minlength=c), totals, n1, n)
+    rng = np.random.default_rng(seed)
+    hits, done = 0, 0
+    while done < rounds:
+        chunk = min(rounds - done, max(1, 2_000_000 // n))
+        shuffled = rng.permuted(np.broadcast_to(codes, (chunk, n)), axis=1)[:, :n1]
+        counts = np.bincount((shuffled + c * np.arange(chunk)[:, None]).ravel(), minlength=chunk * c)
+        hits += int((chi2_statistics(counts.reshape(chunk, c), totals, n1, n) >= observed * (1 - 1e-12)).sum())
+        done += chunk
+    return (hits + 1) / (rounds + 1)
+
+
+def detectable_shift(n: int, threshold: float, power: float = 0.8) -> float:
+    """Roughly the smallest change in one outcome's probability that N draws per side detect with
+    this power at this threshold (two-proportion z-test, worst case p = 1/2)."""
+    z = NormalDist().inv_cdf
+    return (z(1 - threshold / 2) + z(power)) * math.sqrt(0.5 / n)
+
+
+@dataclass
+class SampleTest:
+    prompt_id: str | int
+    k: int
+    statistic: str
+    outcomes: int  # distinct outcomes seen over both samples
+    p_value: float
+
+
+@dataclass
+class SamplingResult:
+    n: int
+    temperature: float
+    tests: list[SampleTest] = field(default_factory=list)
+    drafted: int = 0  # draft tokens proposed over all speculative draws: 0 would test nothing
+    accepted: int = 0
+    alpha: float = ALPHA
+
+    @property
+    def threshold(self) -> float:
+        return self.alpha / max(1, len(self.tests))
+
+    @property
+    def rounds(self) -> int:
+        """Permutations per test: enough that p can fall well below the threshold."""
+        return max(9_999, math.ceil(20 / self.threshold))
+
+    @property
+    def min_p(self) -> float:
+        return min((t.p_value for t in self.tests), default=1.0)
+
+    @property
+    def passed(self) -> bool:
+        return self.min_p >= self.threshold
+
+    def verdict(self) -> str:
+        p, threshold = f"{self.min_p:.3g}", f"{self.threshold:.3g}"
+        if self.drafted == 0:  # plain against plain: the test could not have failed
+            return "inconclusive: no draft token was proposed while sampling, so nothing speculative was tested"
+        if not self.passed:
+            return f"the distributions differ: strong evidence (smallest p = {p} < threshold {threshold})"
+        shift = detectable_shift(self.n, self.threshold)
+        power = f"with {self.n} draws per side, a shift of about {shift:.0%} in one outcome's probability would be detected 80% of the time"
+        if self.min_p < 0.05:
+            return f"weak evidence of a difference (smallest p = {p}), not significant at threshold {threshold}; rerun with a larger --sampling N ({power})"
+        return f"no evidence of a difference (smallest p = {p} ≥ threshold {threshold}); {power}"
+
+    def as_dict(self) -> dict:
+        return dict(n=self.n, temperature=self.temperature, tokens=TOKENS, alpha=self.alpha,
+                    threshold=self.threshold, permutations=self.rounds, min_p=self.min_p, passed=self.passed,
+                    drafted=self.drafted, accepted=self.accepted, verdict=self.verdict(),
+                    tests=[asdict(t) for t in self.tests])
+
+
+def draw(engine: SpeculativeEngine, ids: list[int], k: int, n: int, first_seed: int, sampling: SamplingParams):
+    """N continuations of TOKENS tokens, and the draft tokens proposed / accepted while drawing them."""
+    samples, drafted, accepted = [], 0, 0
+    for seed in range(first_seed, first_seed + n):
+        tokens = []
+        for event in engine.generate(ids, k=k, max_new_tokens=TOKENS, sampling=sampling, seed=seed):
+            tokens += event.emitted
+            drafted += len(event.drafted)
+            accepted += event.accepted
+        samples.append(tuple(tokens))
+    return samples, drafted, accepted
+
+
+def check_sampling(
+    engine: SpeculativeEngine,
+    prompts: list[tuple[str | int, list[int]]],
+    ks: list[int],
+    n: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+    step: Callable[[str], None] = lambda _: None,
+) -> SamplingResult:
+    sampling = SamplingParams(temperature)
+    result = SamplingResult(n, temperature)
+    pending = []
+    for prompt_id, ids in prompts[:PROMPTS]:
+        plain, _, _ = draw(engine, ids, 0, n, seed + PLAIN_SEEDS, sampling)
+        step(f"sampling prompt {prompt_id} plainly")
+        for k in ks:
+            speculative, drafted, accepted = draw(engine, ids, k, n, seed, sampling)
+            result.drafted += drafted
+            result.accepted += accepted
+            pending += [(prompt_id, k, name, [s[:m] for s in speculative], [s[:m] for s in plain])
+                        for name, m in STATISTICS.items()]
+            step(f"sampling prompt {prompt_id} · K={k}")
+    result.tests = [SampleTest(pid, k, name, len(set(a) | set(b)), 0.0) for pid, k, name, a, b in pending]
+    rounds = result.rounds  # depends on how many tests there are
+    for test, (_, _, _, a, b) in zip(result.tests, pending):
+        test.p_value = permutation_test(a, b, rounds, seed)
+    return result
