@@ -11,12 +11,16 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Callable
 
 from .acceptance import SamplingParams
 from .engine import RoundEvent, SpeculativeEngine
 from .errors import UserError
+from .profile import PairProfile, ScenarioProfile, drafter_name
+from .registry import PairSpec
 from .speedup import Verdict, break_even_alpha, choose, fill_verify_costs, predicted_speedup
+from .versions import library_versions, source_version
 
 DEFAULT_SCENARIO = "default"  # prompts without a `scenario` field
 
@@ -181,8 +185,8 @@ class ScenarioResult:
 
 def summarise(name: str, per_k: dict[int, Tally], blocks: dict[int, list[float]], ks: list[int]) -> ScenarioResult:
     """Turn one scenario's tallies into figures, predictions and a verdict."""
-    one = _mean(blocks.get(1, [])) or _mean_verify(per_k.get(0))
-    observed = {size - 1: _mean(times) / one for size, times in blocks.items() if times and one}
+    one = _median(blocks.get(1, [])) or _mean_verify(per_k.get(0))
+    observed = {size - 1: _median(times) / one for size, times in blocks.items() if times and one}
     costs = fill_verify_costs(observed, ks)
     pooled = Tally()
     for k, tally in per_k.items():
@@ -199,7 +203,7 @@ def summarise(name: str, per_k: dict[int, Tally], blocks: dict[int, list[float]]
             k=k,
             alpha=tally.alpha if k else None,
             acceptance_rate=(tally.accepted / tally.drafted if tally.drafted else 0.0) if k else None,
-            per_position=[kept / offered for kept, offered in zip(tally.kept + [0] * len(tally.offered), tally.offered)],
+            per_position=[(tally.kept[i] if i < len(tally.kept) else 0) / n for i, n in enumerate(tally.offered)],
             accepted_per_round=tally.accepted / tally.rounds if tally.rounds else 0.0,
             tokens_per_round=tally.new_tokens / tally.rounds if tally.rounds else 0.0,
             rounds=tally.rounds,
@@ -225,9 +229,37 @@ def summarise_all(measured: Measurements) -> tuple[dict[str, ScenarioResult], Sc
     return scenarios, overall
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
+def _median(values: list[float]) -> float:
+    """Verify times by block size: the median, since a busy machine adds rare long outliers."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
 
 
 def _mean_verify(tally: Tally | None) -> float:
     return tally.verify_s / tally.rounds if tally and tally.rounds else 0.0
+
+
+def to_profile(pair: PairSpec, scenarios: dict[str, ScenarioResult], overall: ScenarioResult, settings: dict) -> PairProfile:
+    """What `--write` keeps of a calibration: per scenario the K to start from and the estimates
+    the adaptive controller starts with, plus when, with what models and which library versions."""
+    versions = {"target": source_version(pair.target.source)}
+    if pair.drafter.model:
+        versions["draft"] = source_version(pair.drafter.model.source)
+    versions.update(library_versions())
+    return PairProfile(
+        pair=pair.name,
+        calibrated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        target=str(pair.target.source),
+        draft=drafter_name(pair),
+        scenarios={name: _section(result) for name, result in scenarios.items()},
+        overall=_section(overall),
+        versions=versions,
+        settings=settings,
+    )
+
+
+def _section(result: ScenarioResult) -> ScenarioProfile:
+    v = result.verdict
+    return ScenarioProfile(k=v.k, verdict=v.verdict, best_k=v.best_k, speedup=round(v.speedup, 4),
+                           alpha=round(result.alpha, 4), c=round(result.c, 5),
+                           verify_cost={k: round(cost, 4) for k, cost in result.verify_cost.items()})

@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from .commands.calibrate import calibrate_k
 from .commands.generate import generate
 from .commands.models import models
 
@@ -19,6 +20,7 @@ app = typer.Typer(
 )
 app.command()(generate)
 app.command()(models)
+app.command("calibrate-k")(calibrate_k)
 
 
 def main() -> None:
