@@ -164,7 +164,9 @@ def write_profile(path: Path, profile: PairProfile) -> None:
     if data is None:
         data = CommentedMap()
         data.yaml_set_start_comment(HEADER)
-    if not isinstance(data, dict) or not isinstance(data.setdefault("pairs", CommentedMap()), dict):
+    if isinstance(data, dict) and data.get("pairs") is None:
+        data["pairs"] = CommentedMap()
+    if not isinstance(data, dict) or not isinstance(data["pairs"], dict):
         raise UserError(f"{path}: not a specdec profile; refusing to overwrite it")
     data["pairs"][profile.pair] = _section(profile)
     path.parent.mkdir(parents=True, exist_ok=True)

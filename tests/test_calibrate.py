@@ -268,6 +268,25 @@ def test_a_profile_rewritten_between_prompts_changes_the_k_of_the_next(models_fi
     assert first["token_ids"] == greedy_ids(models_file, "abc", 6)
 
 
+def test_a_profile_that_appears_while_running_turns_on_adaptive_k(models_file, tmp_path, monkeypatch, capsys):
+    from specdec_cli.commands.generate import generate
+
+    pair = load_registry(models_file).pair("self")
+    monkeypatch.setenv("SPECDEC_PROFILE", str(tmp_path / "later.yaml"))  # the default location, empty so far
+
+    def lines():
+        yield '{"id": 1, "scenario": "code", "prompt": "abc"}\n'
+        write_profile(tmp_path / "later.yaml", sample_profile("self", code_k=5, target=str(pair.target.source),
+                                                              draft=str(pair.target.source)))
+        yield '{"id": 2, "scenario": "code", "prompt": "abd"}\n'
+
+    monkeypatch.setattr(sys, "stdin", lines())
+    generate(prompt="-", models=str(models_file), max_new_tokens=4, raw=True, json_lines=True)
+    first, second = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert first["stats"]["k"] == 3 and "rounds_off" not in first["stats"]  # no profile yet: the pair's K
+    assert second["stats"]["k"] == "auto" and second["stats"]["k_start"] == 5
+
+
 def greedy_ids(models_file, text, n):
     from specdec_cli.runtime import prepare
 

@@ -67,7 +67,8 @@ def generate(
     prompts = _prompts(prompt)
     spec = resolve_pair(models, pair, target, draft, drafter)
     console = stderr_console()
-    controller, watcher = _auto_k(spec, fixed_k, profile, console)
+    watcher = _profile_watcher(spec, fixed_k, profile, console)
+    controller = _controller(spec, fixed_k, watcher)
     live = not json_lines and console.is_terminal
     with console.status(f"loading {spec.name}…") if live else nullcontext():
         runtime = prepare(spec)
@@ -75,8 +76,8 @@ def generate(
     finished = 0
     try:
         for item in prompts:
-            if controller and watcher.changed():  # hot reload: a recalibration applies from the next prompt
-                controller.reseed(watcher.profile)
+            if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
+                controller = _controller(spec, fixed_k, watcher)
             k_for_item = controller.schedule(item.scenario) if controller else fixed_k
             result = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None)
             if json_lines:
@@ -122,18 +123,21 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
     return result
 
 
-def _auto_k(spec, fixed_k, explicit, console) -> tuple[AdaptiveController | None, ProfileWatcher | None]:
-    """Adaptive K for `-k auto`, and by default when the pair has a calibration profile."""
+def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
+    """The pair's calibration profile, watched for changes; none is needed for a fixed K."""
     if isinstance(fixed_k, int):
-        return None, None
+        return None
     path = profile_path(explicit, spec)
     if explicit and not path.is_file():
         raise UserError(f"profile file not found: {path}")
-    watcher = ProfileWatcher(path, spec, warn=lambda message: console.print(f"specdec: {message}"))
-    if fixed_k is None and watcher.profile is None:
-        return None, None
-    model_drafter = spec.drafter.model is not None
-    return AdaptiveController(spec.k_for, model_drafter, watcher.profile), watcher
+    return ProfileWatcher(path, spec, warn=lambda message: console.print(f"specdec: {message}"))
+
+
+def _controller(spec, fixed_k, watcher: ProfileWatcher | None) -> AdaptiveController | None:
+    """Adaptive K for `-k auto`, and by default whenever the pair has a profile."""
+    if watcher is None or (fixed_k is None and watcher.profile is None):
+        return None
+    return AdaptiveController(spec.k_for, spec.drafter.model is not None, watcher.profile)
 
 
 def _prompts(argument: str | None) -> Iterable[Prompt]:
