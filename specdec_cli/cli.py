@@ -8,6 +8,7 @@ import sys
 import typer
 
 from .commands.bench import bench_command
+from .commands.calibrate import calibrate_k
 from .commands.generate import generate
 from .commands.models import models
 from .commands.verify import verify_equivalence
@@ -23,6 +24,7 @@ app.command()(generate)
 app.command()(models)
 app.command("verify-equivalence")(verify_equivalence)
 app.command("bench")(bench_command)
+app.command("calibrate-k")(calibrate_k)
 
 
 def main() -> None:

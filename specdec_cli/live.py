@@ -2,10 +2,13 @@
 
 Accepted draft tokens are green, rejected ones are shown struck out and dimmed where the target
 replaced them, and tokens the target chose itself (correction or bonus) are bold. Strike and bold
-survive NO_COLOR, so the marking stays readable without colour.
+survive NO_COLOR, so the marking stays readable without colour. Two sparklines of the recent
+rounds, acceptance above speed, make a collapse of acceptance (and what it costs) visible.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -19,6 +22,8 @@ from .tokenization import Detokenizer
 ACCEPTED = "green"
 REJECTED = "strike dim red"
 TARGET = "bold"
+BARS = "▁▂▃▄▅▆▇█"
+HISTORY = 40  # rounds in the sparklines
 
 
 class LiveView:
@@ -29,6 +34,9 @@ class LiveView:
         self.text = Text()
         self.k: int | str = 0
         self.stats: RunStats | None = None
+        self.note: str | None = None  # the adaptive controller's state, under `-k auto`
+        self.acceptance: deque[float | None] = deque(maxlen=HISTORY)  # per round; None when nothing was drafted
+        self.speed: deque[float] = deque(maxlen=HISTORY)  # tokens per second of each round
         self.live = Live(console=console, transient=True, auto_refresh=False, redirect_stdout=False)
 
     def __enter__(self) -> "LiveView":
@@ -41,8 +49,11 @@ class LiveView:
         if self.stats:
             self.console.print(summary(self.stats), highlight=False)
 
-    def update(self, event: RoundEvent, stats: RunStats) -> None:
-        self.stats, self.k = stats, event.k
+    def update(self, event: RoundEvent, stats: RunStats, note: str | None = None) -> None:
+        self.stats, self.k, self.note = stats, event.k, note
+        self.acceptance.append(event.accepted / len(event.drafted) if event.drafted else None)
+        seconds = event.draft_s + event.verify_s
+        self.speed.append(len(event.emitted) / seconds if seconds > 0 else 0.0)
         kept = event.emitted[: min(event.accepted, len(event.emitted))]
         self.text.append(self.detok.push(kept), ACCEPTED)
         if event.rejected and event.token is not None:
@@ -55,9 +66,18 @@ class LiveView:
     def _render(self) -> Group:
         width = self.console.width - 4
         lines = self.text.wrap(self.console, width)
-        room = max(3, self.console.height - 5)
+        room = max(3, self.console.height - 6)
         tail = Text("\n").join(lines[-room:]) if len(lines) > room else self.text
-        return Group(Panel(tail, title=self.title, title_align="left", border_style="dim"), self._status())
+        panel = Panel(tail, title=self.title, title_align="left", border_style="dim")
+        return Group(panel, self._status(), self._history())
+
+    def _history(self) -> Text:
+        line = Text(" acceptance ", style="dim").append(sparkline(self.acceptance, 1.0), ACCEPTED)
+        top = max(self.speed, default=0.0)
+        line.append("   tok/s ", style="dim").append(sparkline(self.speed, top))
+        if self.note:
+            line.append(f"   {self.note}", style="bold")
+        return line
 
     def _status(self) -> Text:
         s = self.stats
@@ -67,6 +87,18 @@ class LiveView:
         status.append("   accepted", ACCEPTED).append(" · ").append("rejected", REJECTED).append(" · ")
         status.append("target", TARGET)
         return status
+
+
+def sparkline(values, top: float) -> str:
+    """One bar per value scaled to ``top``; a blank for a round with nothing to show (no draft)."""
+    bars = []
+    for value in values:
+        if value is None:
+            bars.append(" ")
+        else:
+            share = min(max(value / top, 0.0), 1.0) if top > 0 else 0.0
+            bars.append(BARS[round(share * (len(BARS) - 1))])
+    return "".join(bars)
 
 
 def summary(stats: RunStats) -> Text:

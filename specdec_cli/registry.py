@@ -2,7 +2,8 @@
 
 The file is looked up in this order: ``--models FILE``, ``$SPECDEC_MODELS``, ``./models.yaml``,
 then the copy shipped inside the package. A pair names its target, its drafter (a model, or
-``ngram`` for prompt lookup), the default K, optional per-scenario K and placement.
+``ngram`` for prompt lookup), the default K, optional per-scenario K and placement, and optionally
+the calibration profile file (``profile:``, see profile.py).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class PairSpec:
     k: int = 4
     scenarios: dict[str, int] = field(default_factory=dict)
     description: str = ""
+    profile: Path | None = None  # calibration profile file (`profile:` key, relative to models.yaml)
 
     def k_for(self, scenario: str | None) -> int:
         return self.scenarios.get(scenario, self.k) if scenario else self.k
@@ -109,6 +111,7 @@ def _parse_pair(path: Path, name: str, body) -> PairSpec:
         k=_k(body.get("k", 4), where),
         scenarios={str(s): _k(v, f"{where} scenario {s!r}") for s, v in scenarios.items()},
         description=str(body.get("description", "")),
+        profile=path.parent / str(body["profile"]) if body.get("profile") else None,
     )
     return pair
 

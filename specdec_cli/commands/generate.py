@@ -9,9 +9,11 @@ from typing import Annotated, Iterable, Optional
 
 import typer
 
+from ..adaptive import AdaptiveController
 from ..engine import MAX_K
 from ..errors import UserError
 from ..live import LiveView
+from ..profile import ProfileWatcher, profile_path
 from ..prompts import Prompt, parse_lines
 from ..runtime import Runtime, prepare
 from ..stats import RunStats
@@ -38,7 +40,7 @@ def generate(
         typer.Argument(help="The prompt. '-', or nothing with a pipe, reads one prompt per line from stdin: text, or JSON with 'prompt' and optional 'id', 'scenario'."),
     ] = None,
     pair: PairOption = None,
-    k: Annotated[Optional[str], typer.Option("-k", "--k", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}. Default: the pair's K for the prompt's scenario.")] = None,
+    k: Annotated[Optional[str], typer.Option("-k", "--k", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}, or auto (adapt online, starting from the calibration profile). Default: auto when the pair has a profile, else the pair's K for the prompt's scenario.")] = None,
     drafter: DrafterOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate per prompt.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 decodes greedily; above 0 samples (speculative sampling keeps the target's distribution).")] = 0.0,
@@ -50,6 +52,7 @@ def generate(
     target: TargetOption = None,
     draft: DraftOption = None,
     models: ModelsOption = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Calibration profile (from calibrate-k --write). Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")] = None,
 ) -> None:
     """Generate with speculative decoding, showing which draft tokens the target accepted.
 
@@ -60,10 +63,12 @@ def generate(
     sampling = sampling_params(temperature, top_k, top_p)
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    fixed_k = parse_k(k)
+    fixed_k = parse_k(k, allow_auto=True)
     prompts = _prompts(prompt)
     spec = resolve_pair(models, pair, target, draft, drafter)
     console = stderr_console()
+    watcher = _profile_watcher(spec, fixed_k, profile, console)
+    controller = _controller(spec, fixed_k, watcher)
     live = not json_lines and console.is_terminal
     with console.status(f"loading {spec.name}…") if live else nullcontext():
         runtime = prepare(spec)
@@ -71,7 +76,10 @@ def generate(
     finished = 0
     try:
         for item in prompts:
-            result = _run_one(runtime, item, fixed_k, max_new_tokens, sampling, seed, raw, console if live else None)
+            if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
+                controller = _controller(spec, fixed_k, watcher)
+            k_for_item = controller.schedule(item.scenario) if controller else fixed_k
+            result = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None)
             if json_lines:
                 print(json.dumps(result, ensure_ascii=False), flush=True)
             elif not (live and sys.stdout.isatty()):  # on one terminal the live view already shows it
@@ -86,7 +94,8 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
     tokenizer = runtime.tokenizer
     ids = encode_prompt(tokenizer, item.text, raw)
     k = runtime.pair.k_for(item.scenario) if fixed_k is None else fixed_k
-    stats = RunStats(k)
+    adaptive = not isinstance(k, int)
+    stats = RunStats("auto" if adaptive else k)
     emitted: list[int] = []
     events = runtime.engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
     if console is None:
@@ -100,18 +109,35 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
             for event in events:
                 stats.add(event)
                 emitted += event.emitted
-                view.update(event, stats)
+                view.update(event, stats, k.describe() if adaptive else None)
             stats.finish()
     result = {
         "id": item.id,
         "prompt": item.text,
         "text": tokenizer.decode(emitted, skip_special_tokens=True),
         "token_ids": emitted,
-        "stats": stats.as_dict(),
+        "stats": stats.as_dict() | (k.report() if adaptive else {}),
     }
     if item.scenario is not None:
         result["scenario"] = item.scenario
     return result
+
+
+def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
+    """The pair's calibration profile, watched for changes; none is needed for a fixed K."""
+    if isinstance(fixed_k, int):
+        return None
+    path = profile_path(explicit, spec)
+    if explicit and not path.is_file():
+        raise UserError(f"profile file not found: {path}")
+    return ProfileWatcher(path, spec, warn=lambda message: console.print(f"specdec: {message}"))
+
+
+def _controller(spec, fixed_k, watcher: ProfileWatcher | None) -> AdaptiveController | None:
+    """Adaptive K for `-k auto`, and by default whenever the pair has a profile."""
+    if watcher is None or (fixed_k is None and watcher.profile is None):
+        return None
+    return AdaptiveController(spec.k_for, spec.drafter.model is not None, watcher.profile)
 
 
 def _prompts(argument: str | None) -> Iterable[Prompt]:

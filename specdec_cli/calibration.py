@@ -1,0 +1,265 @@
+"""Measuring K: every prompt run at every K, folded per scenario into the figures that decide K.
+
+Runs are interleaved (for each prompt, every K in an order rotated by the prompt's index), so
+drift of a shared machine hits all K alike; one warm-up run is excluded. The figures come from
+round events only, so the engine needs no timing hooks. The decision itself (best K, verdict,
+break-even) is the pure math of ``speedup.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable
+
+from .acceptance import SamplingParams
+from .engine import RoundEvent, SpeculativeEngine
+from .errors import UserError
+from .profile import PairProfile, ScenarioProfile, drafter_name
+from .registry import PairSpec
+from .speedup import Verdict, break_even_alpha, choose, fill_verify_costs, predicted_speedup
+from .versions import library_versions, source_version
+
+DEFAULT_SCENARIO = "default"  # prompts without a `scenario` field
+
+
+@dataclass
+class Tally:
+    """Sums over the rounds of one scenario at one K (or, for block timings, over all K)."""
+
+    runs: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0  # rounds where a draft token was turned down
+    new_tokens: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    wall_s: float = 0.0
+    offered: list[int] = field(default_factory=list)  # rounds that drafted position i
+    kept: list[int] = field(default_factory=list)  # rounds where draft position i survived
+
+    def add(self, event: RoundEvent) -> None:
+        n = len(event.drafted)
+        self.rounds += 1
+        self.drafted += n
+        self.accepted += event.accepted
+        self.rejections += event.accepted < n
+        self.new_tokens += len(event.emitted)
+        self.draft_s += event.draft_s
+        self.verify_s += event.verify_s
+        for counts, upto in ((self.offered, n), (self.kept, event.accepted)):
+            counts.extend([0] * (upto - len(counts)))
+            for i in range(upto):
+                counts[i] += 1
+
+    def merge(self, other: "Tally") -> None:
+        for name in ("runs", "rounds", "drafted", "accepted", "rejections", "new_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("draft_s", "verify_s", "wall_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in ((self.offered, other.offered), (self.kept, other.kept)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, count in enumerate(theirs):
+                mine[i] += count
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance: kept drafts over drafts the target actually judged.
+
+        Drafts after the first rejection in a round are never judged; counting them (as the
+        plain acceptance rate does) would understate α in the speed-up formula.
+        """
+        judged = self.accepted + self.rejections
+        return self.accepted / judged if judged else 0.0
+
+
+@dataclass
+class Measurements:
+    """Raw tallies of one calibration: per scenario, per K, and verify time per block size."""
+
+    ks: list[int]
+    per_k: dict[str, dict[int, Tally]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(Tally)))
+    blocks: dict[str, dict[int, list[float]]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(list)))
+
+    def record(self, scenario: str, k: int, events: list[RoundEvent], wall_s: float) -> None:
+        tally = self.per_k[scenario][k]
+        tally.runs += 1
+        tally.wall_s += wall_s
+        for event in events:
+            tally.add(event)
+            self.blocks[scenario][len(event.drafted) + 1].append(event.verify_s)
+
+    def overall(self) -> tuple[dict[int, Tally], dict[int, list[float]]]:
+        per_k: dict[int, Tally] = defaultdict(Tally)
+        blocks: dict[int, list[float]] = defaultdict(list)
+        for scenario in self.per_k:
+            for k, tally in self.per_k[scenario].items():
+                per_k[k].merge(tally)
+            for size, times in self.blocks[scenario].items():
+                blocks[size] += times
+        return per_k, blocks
+
+
+def parse_ks(text: str, max_k: int) -> list[int]:
+    """'0..8', '0,2,4' or '5' → sorted K values; 0 (the plain-decoding baseline) is always added."""
+    ks: set[int] = set()
+    for part in text.split(","):
+        low, dots, high = part.strip().partition("..")
+        try:
+            values = range(int(low), int(high) + 1) if dots else [int(low)]
+        except ValueError:
+            raise UserError(f"--k takes a range like 0..8 or a list like 0,2,4; got {text!r}") from None
+        if dots and int(high) < int(low):
+            raise UserError(f"--k range {part.strip()!r} is empty")
+        ks.update(values)
+    if any(not 0 <= k <= max_k for k in ks):
+        raise UserError(f"--k values must be from 0 to {max_k}; got {text!r}")
+    return sorted(ks | {0})
+
+
+def measure(
+    engine: SpeculativeEngine,
+    prompts: list[tuple[str, list[int]]],
+    ks: list[int],
+    max_new_tokens: int,
+    sampling: SamplingParams = SamplingParams(),
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> Measurements:
+    """Run every (scenario, prompt ids) at every K, rotating the K order per prompt."""
+    if not prompts:
+        raise UserError("no prompts to calibrate on")
+    for k in (max(ks), 0):  # warm-up: first-call costs (allocations, caches) stay out of the figures
+        _run(engine, prompts[0][1], k, min(max_new_tokens, 16), sampling, seed)
+    result = Measurements(ks)
+    total, done = len(prompts) * len(ks), 0
+    for index, (scenario, ids) in enumerate(prompts):
+        shift = index % len(ks)
+        for k in ks[shift:] + ks[:shift]:
+            events, wall_s = _run(engine, ids, k, max_new_tokens, sampling, seed)
+            result.record(scenario, k, events, wall_s)
+            done += 1
+            if progress:
+                progress(done, total)
+    return result
+
+
+def _run(engine, ids, k, max_new_tokens, sampling, seed) -> tuple[list[RoundEvent], float]:
+    started = time.perf_counter()
+    events = list(engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed))
+    return events, time.perf_counter() - started
+
+
+@dataclass
+class KFigures:
+    k: int
+    alpha: float | None
+    acceptance_rate: float | None
+    per_position: list[float]
+    accepted_per_round: float
+    tokens_per_round: float
+    rounds: int
+    new_tokens: int
+    draft_s_per_token: float | None
+    c: float | None
+    verify_cost: float
+    tokens_per_s: float
+    speedup: float
+    predicted_speedup: float | None
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    prompts: int
+    per_k: list[KFigures]
+    verdict: Verdict
+    break_even_alpha: float | None
+    alpha: float  # pooled over every K > 0
+    c: float
+    verify_cost: dict[int, float]
+
+
+def summarise(name: str, per_k: dict[int, Tally], blocks: dict[int, list[float]], ks: list[int]) -> ScenarioResult:
+    """Turn one scenario's tallies into figures, predictions and a verdict."""
+    one = _median(blocks.get(1, [])) or _mean_verify(per_k.get(0))
+    observed = {size - 1: _median(times) / one for size, times in blocks.items() if times and one}
+    costs = fill_verify_costs(observed, ks)
+    pooled = Tally()
+    for k, tally in per_k.items():
+        if k > 0:
+            pooled.merge(tally)
+    c = (pooled.draft_s / pooled.drafted / one) if pooled.drafted and one else 0.0
+    base = per_k[0].new_tokens / per_k[0].wall_s if 0 in per_k and per_k[0].wall_s else 0.0
+    figures = []
+    for k in ks:
+        tally = per_k.get(k, Tally())
+        tps = tally.new_tokens / tally.wall_s if tally.wall_s else 0.0
+        k_c = (tally.draft_s / tally.drafted / one) if tally.drafted and one else (c if k else None)
+        figures.append(KFigures(
+            k=k,
+            alpha=tally.alpha if k else None,
+            acceptance_rate=(tally.accepted / tally.drafted if tally.drafted else 0.0) if k else None,
+            per_position=[(tally.kept[i] if i < len(tally.kept) else 0) / n for i, n in enumerate(tally.offered)],
+            accepted_per_round=tally.accepted / tally.rounds if tally.rounds else 0.0,
+            tokens_per_round=tally.new_tokens / tally.rounds if tally.rounds else 0.0,
+            rounds=tally.rounds,
+            new_tokens=tally.new_tokens,
+            draft_s_per_token=tally.draft_s / tally.drafted if tally.drafted else None,
+            c=k_c,
+            verify_cost=costs[k],
+            tokens_per_s=tps,
+            speedup=tps / base if base else 0.0,
+            predicted_speedup=predicted_speedup(tally.alpha, k, k_c or 0.0, costs[k]) if k else 1.0,
+        ))
+    verdict = choose({f.k: f.speedup for f in figures})
+    best = next((f for f in figures if f.k == verdict.best_k), None)
+    even = break_even_alpha(best.k, best.c or 0.0, best.verify_cost) if best and best.k else None
+    prompts = per_k[0].runs if 0 in per_k else 0
+    return ScenarioResult(name, prompts, figures, verdict, even, pooled.alpha, c, {k: costs[k] for k in ks if k})
+
+
+def summarise_all(measured: Measurements) -> tuple[dict[str, ScenarioResult], ScenarioResult]:
+    """Per-scenario results in first-seen order, and the overall one."""
+    scenarios = {name: summarise(name, measured.per_k[name], measured.blocks[name], measured.ks) for name in measured.per_k}
+    overall = summarise("overall", *measured.overall(), measured.ks)
+    return scenarios, overall
+
+
+def _median(values: list[float]) -> float:
+    """Verify times by block size: the median, since a busy machine adds rare long outliers."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
+
+
+def _mean_verify(tally: Tally | None) -> float:
+    return tally.verify_s / tally.rounds if tally and tally.rounds else 0.0
+
+
+def to_profile(pair: PairSpec, scenarios: dict[str, ScenarioResult], overall: ScenarioResult, settings: dict) -> PairProfile:
+    """What `--write` keeps of a calibration: per scenario the K to start from and the estimates
+    the adaptive controller starts with, plus when, with what models and which library versions."""
+    versions = {"target": source_version(pair.target.source)}
+    if pair.drafter.model:
+        versions["draft"] = source_version(pair.drafter.model.source)
+    versions.update(library_versions())
+    return PairProfile(
+        pair=pair.name,
+        calibrated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        target=str(pair.target.source),
+        draft=drafter_name(pair),
+        scenarios={name: _section(result) for name, result in scenarios.items()},
+        overall=_section(overall),
+        versions=versions,
+        settings=settings,
+    )
+
+
+def _section(result: ScenarioResult) -> ScenarioProfile:
+    v = result.verdict
+    return ScenarioProfile(k=v.k, verdict=v.verdict, best_k=v.best_k, speedup=round(v.speedup, 4),
+                           alpha=round(result.alpha, 4), c=round(result.c, 5),
+                           verify_cost={k: round(cost, 4) for k, cost in result.verify_cost.items()})

@@ -1,0 +1,40 @@
+"""The calibration curve as a PNG: speed-up (measured and predicted) and acceptance against K.
+
+matplotlib is imported here only, with a file-only backend, so that nothing else pays its start-up.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .calibration import ScenarioResult
+
+
+def plot_calibration(scenarios: dict[str, ScenarioResult], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (speed, accept) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for index, (name, result) in enumerate(scenarios.items()):
+        colour = f"C{index}"
+        ks = [f.k for f in result.per_k]
+        speed.plot(ks, [f.speedup for f in result.per_k], "o-", color=colour, label=f"{name} (measured)")
+        speed.plot(ks, [f.predicted_speedup for f in result.per_k], "--", color=colour, alpha=0.6,
+                   label=f"{name} (predicted)")
+        drafted = [f for f in result.per_k if f.k > 0]
+        accept.plot([f.k for f in drafted], [f.alpha for f in drafted], "o-", color=colour, label=f"{name} α")
+        accept.plot([f.k for f in drafted], [f.acceptance_rate for f in drafted], ":", color=colour,
+                    label=f"{name} accepted/drafted")
+    speed.axhline(1.0, color="grey", linewidth=0.8)
+    speed.set(xlabel="K (draft tokens per round)", ylabel="speed-up over K=0", title="speed-up")
+    accept.set(xlabel="K (draft tokens per round)", ylabel="acceptance", ylim=(0, 1.05), title="acceptance")
+    for axes in (speed, accept):
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7)
+    figure.suptitle(f"specdec calibrate-k · {title}")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,244 @@
+"""Calibration profiles: what `calibrate-k` measured, per pair and scenario, kept in a YAML file.
+
+Measured timings belong to one machine and change whenever it is recalibrated, so they live apart
+from the hand-written ``models.yaml``. Where the file is: ``--profile``/``--write PATH``, else the
+pair's ``profile:`` key (relative to its models.yaml), else ``$SPECDEC_PROFILE``, else
+``$XDG_CONFIG_HOME/specdec/profile.yaml`` (``~/.config/specdec/profile.yaml``). Writing replaces
+only one pair's section (round-trip YAML keeps comments and the other pairs) and goes through a
+temporary file and a rename, so an interrupted write never leaves a damaged profile.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ruamel.yaml import YAML, YAMLError
+from ruamel.yaml.comments import CommentedMap
+
+from .engine import MAX_K
+from .errors import UserError
+from .registry import PairSpec
+
+HEADER = (
+    "specdec calibration profiles, written by `specdec calibrate-k --write` (one section per pair).\n"
+    "Measured on this machine; recalibrate after changing hardware, models or libraries.\n"
+)
+VERDICTS = ("speculate", "off")
+
+
+def default_path() -> Path:
+    if os.environ.get("SPECDEC_PROFILE"):
+        return Path(os.environ["SPECDEC_PROFILE"]).expanduser()
+    config = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(config) / "specdec" / "profile.yaml"
+
+
+def profile_path(explicit: str | Path | None, pair: PairSpec) -> Path:
+    if explicit:
+        return Path(explicit).expanduser()
+    return pair.profile or default_path()
+
+
+@dataclass(frozen=True)
+class ScenarioProfile:
+    k: int  # the K to start from: best_k when speculation pays, else 0
+    verdict: str
+    best_k: int
+    speedup: float  # measured at best_k, over plain decoding
+    alpha: float  # per-token acceptance
+    c: float  # draft cost per drafted token, in one-token target forwards
+    verify_cost: dict[int, float] = field(default_factory=dict)  # K → (K+1)-token forward / 1-token forward
+
+
+@dataclass(frozen=True)
+class PairProfile:
+    pair: str
+    calibrated: str  # ISO date and time
+    target: str
+    draft: str
+    scenarios: dict[str, ScenarioProfile]
+    overall: ScenarioProfile | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, object] = field(default_factory=dict)
+
+    def for_scenario(self, scenario: str | None) -> ScenarioProfile | None:
+        """The scenario's section; prompts without one use `default`, unknown scenarios `overall`."""
+        return self.scenarios.get(scenario or "default") or self.overall
+
+    def matches(self, pair: PairSpec) -> bool:
+        """True when calibrated with the models the pair now names."""
+        return self.target == str(pair.target.source) and self.draft == drafter_name(pair)
+
+
+def drafter_name(pair: PairSpec) -> str:
+    return str(pair.drafter.model.source) if pair.drafter.model else "ngram"
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+def read_profiles(path: Path) -> dict[str, PairProfile]:
+    """Every pair's profile in the file; {} when there is no file. A malformed file is a UserError."""
+    if not path.is_file():
+        return {}
+    data = _load(path)
+    pairs = data.get("pairs") if isinstance(data, dict) else None
+    if data is None:
+        return {}
+    if not isinstance(pairs, dict):
+        raise UserError(f"{path}: not a specdec profile (expected a mapping with a 'pairs' section)")
+    return {str(name): _pair(path, str(name), body) for name, body in pairs.items()}
+
+
+def _load(path: Path):
+    try:
+        return YAML(typ="rt").load(path.read_text(encoding="utf-8"))
+    except (YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+
+
+def _pair(path: Path, name: str, body) -> PairProfile:
+    where = f"{path}: profile of pair {name!r}"
+    if not isinstance(body, dict) or not isinstance(body.get("scenarios"), dict):
+        raise UserError(f"{where} needs a 'scenarios' mapping")
+    scenarios = {str(s): _scenario(f"{where} scenario {s!r}", v) for s, v in body["scenarios"].items()}
+    overall = _scenario(f"{where} overall", body["overall"]) if body.get("overall") is not None else None
+    return PairProfile(
+        pair=name,
+        calibrated=str(body.get("calibrated", "")),
+        target=str(body.get("target", "")),
+        draft=str(body.get("draft", "")),
+        scenarios=scenarios,
+        overall=overall,
+        versions={str(k): str(v) for k, v in (body.get("versions") or {}).items()},
+        settings={str(k): _plain(v) for k, v in (body.get("settings") or {}).items()},
+    )
+
+
+def _scenario(where: str, body) -> ScenarioProfile:
+    if not isinstance(body, dict):
+        raise UserError(f"{where}: expected a mapping with k, alpha, c, verify_cost")
+    try:
+        section = ScenarioProfile(
+            k=int(body["k"]),
+            verdict=str(body.get("verdict", "speculate" if int(body["k"]) else "off")),
+            best_k=int(body.get("best_k", body["k"])),
+            speedup=float(body.get("speedup", 1.0)),
+            alpha=float(body["alpha"]),
+            c=float(body.get("c", 0.0)),
+            verify_cost={int(k): float(v) for k, v in (body.get("verify_cost") or {}).items()},
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{where}: missing or malformed field ({exc})") from None
+    if not 0 <= section.k <= MAX_K or not 0 <= section.best_k <= MAX_K:
+        raise UserError(f"{where}: K must be from 0 to {MAX_K}")
+    if not 0.0 <= section.alpha <= 1.0 or section.c < 0 or any(v <= 0 for v in section.verify_cost.values()):
+        raise UserError(f"{where}: alpha must be in [0, 1], c at least 0 and verify costs positive")
+    if section.verdict not in VERDICTS:
+        raise UserError(f"{where}: verdict must be one of {', '.join(VERDICTS)}")
+    return section
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+
+def write_profile(path: Path, profile: PairProfile) -> None:
+    """Put ``profile`` into the file at ``path``, replacing only that pair's section.
+
+    Refuses (UserError) to touch a file it cannot parse rather than overwrite it.
+    """
+    yaml = YAML(typ="rt")
+    yaml.default_flow_style = False
+    data = _load(path) if path.is_file() else None
+    if data is None:
+        data = CommentedMap()
+        data.yaml_set_start_comment(HEADER)
+    if isinstance(data, dict) and data.get("pairs") is None:
+        data["pairs"] = CommentedMap()
+    if not isinstance(data, dict) or not isinstance(data["pairs"], dict):
+        raise UserError(f"{path}: not a specdec profile; refusing to overwrite it")
+    data["pairs"][profile.pair] = _section(profile)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False)
+    try:
+        with handle:
+            yaml.dump(data, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+
+
+def _section(profile: PairProfile) -> CommentedMap:
+    body = CommentedMap(calibrated=profile.calibrated, target=profile.target, draft=profile.draft)
+    body["versions"] = CommentedMap(profile.versions)
+    body["settings"] = CommentedMap(profile.settings)
+    body["scenarios"] = CommentedMap((name, _scenario_map(s)) for name, s in profile.scenarios.items())
+    if profile.overall is not None:
+        body["overall"] = _scenario_map(profile.overall)
+    return body
+
+
+def _scenario_map(section: ScenarioProfile) -> CommentedMap:
+    body = CommentedMap(k=section.k, verdict=section.verdict, best_k=section.best_k, speedup=section.speedup,
+                        alpha=section.alpha, c=section.c)
+    costs = CommentedMap(section.verify_cost)
+    costs.fa.set_flow_style()
+    body["verify_cost"] = costs
+    return body
+
+
+# --- hot reload ----------------------------------------------------------------------------------
+
+
+class ProfileWatcher:
+    """One pair's profile, re-read when the file changes (checked before each prompt).
+
+    A rewrite goes through a rename, so (inode, mtime, size) changes even within one clock tick.
+    A profile that turns unreadable while running keeps the last good one and says so once.
+    """
+
+    def __init__(self, path: Path, pair: PairSpec, warn=lambda message: None):
+        self.path, self.pair, self.warn = path, pair, warn
+        self.stamp: tuple | None = None
+        self.profile: PairProfile | None = None
+        self.changed()
+
+    def changed(self) -> bool:
+        """Reload if the file changed; True when the profile in use is now a different one."""
+        stamp = self._stamp()
+        if stamp == self.stamp:
+            return False
+        first, self.stamp = self.stamp is None, stamp
+        try:
+            profile = read_profiles(self.path).get(self.pair.name) if stamp else None
+        except UserError as exc:
+            if first:
+                raise
+            self.warn(f"{exc}; keeping the profile read before")
+            return False
+        if profile is not None and not profile.matches(self.pair):
+            self.warn(f"{self.path}: the profile of {self.pair.name!r} was calibrated with other models; ignoring it")
+            profile = None
+        before, self.profile = self.profile, profile
+        return profile != before
+
+    def _stamp(self) -> tuple | None:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return None
+        return stat.st_ino, stat.st_mtime_ns, stat.st_size

@@ -1,0 +1,133 @@
+"""The adaptive K controller, driven by synthetic round events: no models, no clocks."""
+
+import random
+
+import pytest
+
+from specdec_cli.adaptive import AdaptiveController, AdaptiveK, Prior
+from specdec_cli.engine import RoundEvent
+from specdec_cli.profile import PairProfile, ScenarioProfile
+from specdec_cli.speedup import OFF, SPECULATE, break_even_alpha, choose, expected_tokens, fill_verify_costs, predicted_speedup
+
+ONE = 0.05  # seconds of a one-token target forward in these synthetic rounds
+COSTS = {k: 1.0 + 0.08 * k for k in range(1, 9)}
+
+
+def event(k: int, accepted: int, c: float = 0.01) -> RoundEvent:
+    drafted = list(range(10, 10 + k))
+    emitted = drafted[:accepted] + [99]
+    return RoundEvent(k=k, drafted=drafted, accepted=accepted, token=99, emitted=emitted,
+                      draft_s=k * c * ONE, verify_s=ONE * COSTS.get(k, 1.0), finished=False)
+
+
+def drive(schedule: AdaptiveK, alpha: float, rounds: int, rng: random.Random) -> list[int]:
+    """Run rounds where each draft token survives with probability alpha; the K chosen per round."""
+    chosen = []
+    for _ in range(rounds):
+        k = schedule.choose()
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        schedule.observe(event(k, accepted))
+        chosen.append(k)
+    return chosen
+
+
+def test_k_moves_up_to_the_largest_when_every_draft_is_accepted():
+    schedule = AdaptiveK(Prior(2, 0.5, 0.01, COSTS))
+    chosen = drive(schedule, 1.0, 60, random.Random(0))
+    assert chosen[0] == 2  # starts from the profile's K
+    assert chosen[-10:] == [8] * 10
+    assert schedule.rounds_off == 0
+
+
+def test_speculation_switches_off_when_acceptance_collapses_and_comes_back_after_recovery():
+    rng = random.Random(1)
+    schedule = AdaptiveK(Prior(6, 0.8, 0.01, COSTS), probe_every=10)
+    high = drive(schedule, 0.9, 40, rng)
+    assert min(high[-10:]) >= 4 and not schedule.off
+
+    collapsed = drive(schedule, 0.0, 200, rng)
+    assert schedule.off
+    tail = collapsed[-100:]
+    assert tail.count(0) >= 85  # mostly plain decoding ...
+    assert set(tail) == {0, schedule.probe_k}  # ... with a short probe every so many rounds
+    assert schedule.rounds_off >= 150 and schedule.probes >= 10
+
+    recovered = drive(schedule, 0.95, 200, rng)
+    assert not schedule.off
+    first_back = next(i for i, k in enumerate(recovered) if k > schedule.probe_k)
+    assert first_back <= 60
+    assert min(recovered[-20:]) >= 4
+
+
+def test_profile_off_starts_off_and_counts_rounds_off_per_prompt():
+    schedule = AdaptiveK(Prior(0, 0.05, 0.0, COSTS), probe_every=8)
+    assert schedule.off and schedule.choose() == 0
+    schedule.begin()
+    drive(schedule, 0.0, 40, random.Random(2))
+    report = schedule.report()
+    assert report["k_start"] == 0 and report["rounds_off"] + report["probes"] == 40
+    assert report["probes"] == 5
+    schedule.begin()
+    assert schedule.report()["rounds_off"] == 0
+
+
+def test_slow_drafting_turns_speculation_off_even_at_high_acceptance():
+    schedule = AdaptiveK(Prior(3, 0.6, 0.01, COSTS))
+    for _ in range(40):
+        k = schedule.choose()
+        schedule.observe(event(k, k // 2, c=2.0))  # each draft token costs two target forwards
+    assert schedule.off
+
+
+def test_controller_keeps_one_schedule_per_scenario_and_reseeds_from_a_new_profile():
+    def profile(code_k):
+        section = ScenarioProfile(k=code_k, verdict=SPECULATE, best_k=code_k, speedup=1.5, alpha=0.8, c=0.0,
+                                  verify_cost=COSTS)
+        off = ScenarioProfile(k=0, verdict=OFF, best_k=3, speedup=0.9, alpha=0.05, c=0.0, verify_cost=COSTS)
+        return PairProfile("p", "now", "t", "ngram", {"code": section, "creative": off}, overall=section)
+
+    controller = AdaptiveController(lambda scenario: 4, model_drafter=False, profile=profile(3))
+    assert controller.schedule("code").choose() == 3
+    assert controller.schedule("creative").off
+    assert controller.schedule("elsewhere").choose() == 3  # unknown scenario: the overall section
+    assert controller.schedule("code") is controller.schedule("code")
+    controller.reseed(profile(6))
+    assert controller.schedule("code").choose() == 6
+    assert AdaptiveController(lambda s: 5, model_drafter=True).schedule(None).choose() == 5  # no profile
+
+
+# --- the pure speed-up math -----------------------------------------------------------------------
+
+
+def test_expected_tokens_and_predicted_speedup():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert predicted_speedup(0.5, 2, 0.1, 1.2) == pytest.approx(1.75 / 1.4)
+    assert predicted_speedup(0.3, 0, 5.0, 9.0) == 1.0
+
+
+def test_break_even_alpha_solves_the_formula():
+    alpha = break_even_alpha(3, 0.05, 1.3)
+    assert predicted_speedup(alpha, 3, 0.05, 1.3) == pytest.approx(1.0, abs=1e-4)
+    assert 0.2 < alpha < 0.4
+    assert break_even_alpha(2, 0.0, 0.9) == 0.0  # verifying more is cheaper than one token: always pays
+    assert break_even_alpha(4, 1.0, 2.0) is None  # 5 tokens at best for a cost of 6: never pays
+    assert break_even_alpha(0, 0.0, 1.0) is None
+
+
+def test_choose_picks_the_best_measured_k_and_says_off_below_one():
+    speculate = choose({0: 1.0, 1: 1.2, 2: 1.5, 3: 1.4})
+    assert (speculate.best_k, speculate.verdict, speculate.k) == (2, SPECULATE, 2)
+    off = choose({0: 1.0, 1: 0.93, 2: 0.97, 3: 0.81})
+    assert (off.best_k, off.verdict, off.k) == (2, OFF, 0)
+    assert choose({0: 1.0, 3: 2.0, 5: 2.0}).best_k == 5
+
+
+def test_fill_verify_costs_interpolates_and_extrapolates_unseen_blocks():
+    filled = fill_verify_costs({1: 1.1, 3: 1.5}, [0, 1, 2, 3, 4, 5])
+    assert filled[0] == 1.0 and filled[2] == pytest.approx(1.3)
+    assert filled[4] == pytest.approx(1.7) and filled[5] == pytest.approx(1.9)
+    assert fill_verify_costs({}, [0, 2]) == {0: 1.0, 2: 1.0}
