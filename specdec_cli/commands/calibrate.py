@@ -21,8 +21,17 @@ from ..prompts import read_file
 from ..runtime import prepare
 from ..speedup import SPECULATE
 from ..tokenization import encode_prompt
-from .common import DrafterOption, DraftOption, ModelsOption, PairOption, TargetOption, resolve_pair, stderr_console, user_errors
-from .generate import _sampling
+from .common import (
+    DrafterOption,
+    DraftOption,
+    ModelsOption,
+    PairOption,
+    TargetOption,
+    resolve_pair,
+    sampling_params,
+    stderr_console,
+    user_errors,
+)
 
 
 @user_errors
@@ -49,7 +58,7 @@ def calibrate_k(
     all K alike. Per scenario it reports acceptance, per-position acceptance, costs, measured and
     predicted speed-up, the best K, its break-even acceptance rate, and a verdict: speculate or off.
     """
-    sampling = _sampling(temperature, 0, 1.0)
+    sampling = sampling_params(temperature, 0, 1.0)
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     ks = parse_ks(k, MAX_K)
