@@ -23,6 +23,7 @@ from .errors import UserError
 from .kv import input_device
 from .prompts import Prompt
 from .runtime import Runtime
+from .speedup import predicted_speedup
 
 MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram")
 
@@ -212,13 +213,6 @@ def _quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def predicted_speedup(alpha: float, k: float, verify_cost: float, draft_cost: float) -> float:
-    """Expected tokens per round over its cost, in one-token forwards (Leviathan et al., eq. 1 with
-    a measured verify cost): (1 - α^(k+1)) / ((1 - α)(verify_cost + k·c))."""
-    tokens = k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-    return tokens / (verify_cost + k * draft_cost)
-
-
 def report(samples: dict[Mode, list[Sample]]) -> dict:
     """Per mode and per scenario, with predicted next to measured speed-up for this loop's modes."""
     plain = samples[Mode("plain")]
@@ -240,7 +234,7 @@ def report(samples: dict[Mode, list[Sample]]) -> dict:
             alpha = sum(s.accepted for s in chosen) / drafted
             verify_cost = sum(s.verify_s for s in chosen) / rounds / one_token_s
             draft_cost = sum(s.draft_s for s in chosen) / drafted / one_token_s
-            predicted = predicted_speedup(alpha, drafted / rounds, verify_cost, draft_cost)
+            predicted = predicted_speedup(alpha, drafted / rounds, draft_cost, verify_cost)
             result.update(predicted_speedup=round(predicted, 3), verify_cost=round(verify_cost, 3),
                           draft_cost=round(draft_cost, 4))
         return result

@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli.bench import Mode, parse_modes, predicted_speedup
+from specdec_cli.bench import Mode, parse_modes
 from specdec_cli.cli import app
 from specdec_cli.errors import UserError
 
@@ -74,9 +74,3 @@ def test_mode_parsing():
 def test_spec_mode_without_a_draft_model_is_a_user_error(pair_dir, prompt_file):
     result = bench(pair_dir, prompt_file, "--pair", "tiny-ngram", "--modes", "spec:2")
     assert result.exit_code == 2 and "needs a draft model" in result.stderr
-
-
-def test_predicted_speedup_formula():
-    assert predicted_speedup(1.0, 4, 1.0, 0.0) == 5.0  # all accepted, free verify and draft
-    assert predicted_speedup(0.0, 4, 1.6, 0.0) == pytest.approx(1 / 1.6)  # nothing accepted: pure loss
-    assert predicted_speedup(0.5, 2, 1.0, 0.0) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
