@@ -10,6 +10,7 @@ import typer
 from .commands.bench import bench_command
 from .commands.generate import generate
 from .commands.models import models
+from .commands.train_draft import train_draft
 
 app = typer.Typer(
     name="specdec",
@@ -21,6 +22,7 @@ app = typer.Typer(
 app.command()(generate)
 app.command()(models)
 app.command("bench")(bench_command)
+app.command("train-draft")(train_draft)
 
 
 def main() -> None:
