@@ -81,25 +81,13 @@ def run(settings: JobSettings, reporter: Reporter) -> dict:
     identity = target_identity(target.model, target.source)
     eos = eos_ids(target.tokenizer, target.model.generation_config)
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
-    data = _resumed_data(checkpoint, settings, identity) if settings.resume else _make_data(settings, target, eos, pad, reporter)
-    if not settings.resume:
+    if settings.resume:
+        data = _resumed_data(checkpoint, settings, identity)
+    else:
+        data = _make_data(settings, target, identity, eos, pad, reporter)
         checkpoint.mkdir(parents=True, exist_ok=True)
         save_atomically(data, checkpoint / "data.pt")
-
-    examples = [Example(**e) for e in data["examples"]]
-    allowed = None if data["top_vocab"] is None else torch.tensor(data["top_vocab"], dtype=torch.long)
-    vocab = target.model.config.get_text_config().vocab_size
-    slots = None
-    if allowed is not None:
-        slots = torch.full((vocab,), -1, dtype=torch.long)
-        slots[allowed] = torch.arange(allowed.shape[0])
-    if data["kind"] == "model":
-        student = ModelStudent(draft_from_target(target.model), allowed)
-    else:
-        student = HeadStudent(new_head(target.model, settings.seed), target.model, allowed)
-    trainer = Trainer(student, [e for e in examples if not e.heldout], [e for e in examples if e.heldout], slots, pad,
-                      settings.lr or DEFAULT_LR[data["kind"]], settings.batch_size, settings.seed,
-                      ce_weight=0.1 if data["kind"] == "head" else 1.0)
+    trainer = _trainer(data, target, settings, pad)
     if (checkpoint / "state.pt").is_file():
         trainer.restore(torch.load(checkpoint / "state.pt", weights_only=False))
 
@@ -120,13 +108,29 @@ def run(settings: JobSettings, reporter: Reporter) -> dict:
                      "steps": trainer.step, "top_k": data["top_k"], "examples": len(trainer.train),
                      "heldout_agreement": agreement, "final_loss": trainer.history[-1]["loss"] if trainer.history else None},
     }
-    _save(settings.out, data["kind"], student, target, meta)
+    _save(settings.out, data["kind"], trainer.student, target, meta)
     (settings.out / "heldout.jsonl").write_text("".join(json.dumps(p) + "\n" for p in data["heldout"]))
     return {"out": str(settings.out), "kind": data["kind"], "steps": trainer.step, "heldout_agreement": agreement,
-            "final_loss": meta["training"]["final_loss"], "top_vocab": None if allowed is None else int(allowed.shape[0])}
+            "final_loss": meta["training"]["final_loss"], "top_vocab": None if data["top_vocab"] is None else len(data["top_vocab"])}
 
 
-def _make_data(settings: JobSettings, target: LoadedModel, eos: set[int], pad: int, reporter: Reporter) -> dict:
+def _trainer(data: dict, target: LoadedModel, settings: JobSettings, pad: int) -> Trainer:
+    examples = [Example(**e) for e in data["examples"]]
+    allowed = None if data["top_vocab"] is None else torch.tensor(data["top_vocab"], dtype=torch.long)
+    slots = None  # vocabulary id -> column of the restricted output layer
+    if allowed is not None:
+        slots = torch.full((target.model.config.get_text_config().vocab_size,), -1, dtype=torch.long)
+        slots[allowed] = torch.arange(allowed.shape[0])
+    if data["kind"] == "model":
+        student = ModelStudent(draft_from_target(target.model), allowed)
+    else:
+        student = HeadStudent(new_head(target.model, settings.seed), target.model, allowed)
+    return Trainer(student, [e for e in examples if not e.heldout], [e for e in examples if e.heldout], slots, pad,
+                   settings.lr or DEFAULT_LR[data["kind"]], settings.batch_size, settings.seed,
+                   ce_weight=0.1 if data["kind"] == "head" else 1.0)
+
+
+def _make_data(settings: JobSettings, target: LoadedModel, identity: dict, eos: set[int], pad: int, reporter: Reporter) -> dict:
     prompts = read_file(settings.prompts)
     train, held = split(prompts, settings.holdout, settings.seed)
     ordered = train + held
@@ -137,6 +141,8 @@ def _make_data(settings: JobSettings, target: LoadedModel, eos: set[int], pad: i
         reporter.phase(f"target answers ({'sampled' if sampled else 'greedy'})", len(encoded))
         answers += answer(target.model, encoded, eos, pad, sampled, settings.answers, reporter.advance)
     sequences = [(ids + reply, len(ids)) for ids, reply in zip(encoded + encoded, answers) if reply]
+    if not sequences:
+        raise UserError("the target answered every prompt with nothing; there is nothing to learn from")
     heldout_flags = [i % len(encoded) >= len(train) for i, reply in enumerate(answers) if reply]
     reporter.phase("teacher pass", len(sequences))
     examples = teacher(target.model, sequences, settings.top_k, settings.kind == "head", settings.batch_size, pad,
@@ -145,7 +151,7 @@ def _make_data(settings: JobSettings, target: LoadedModel, eos: set[int], pad: i
         example.heldout = held_out
     vocab = target.model.config.get_text_config().vocab_size
     return {
-        "kind": settings.kind, "target": target_identity(target.model, target.source), "seed": settings.seed,
+        "kind": settings.kind, "target": identity, "seed": settings.seed,
         "top_k": settings.top_k, "prompts": str(settings.prompts),
         "heldout": [{"id": p.id, "prompt": p.text, **({"scenario": p.scenario} if p.scenario else {})} for p in held],
         "top_vocab": top_vocab(examples, settings.top_vocab, eos, vocab),
