@@ -4,7 +4,6 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import tiny_llama
 from exactness import VOCAB, assert_lossless, small_models
 from specdec_cli.acceptance import SamplingParams
 from specdec_cli.drafters import ModelDrafter, NgramDrafter

@@ -21,8 +21,8 @@ class ProgressReporter:
         self.progress, self.task, self.total = progress, None, None
 
     def phase(self, description: str, total: int | None) -> None:
-        if self.task is not None and self.total is not None:
-            self.progress.update(self.task, completed=self.total)
+        if self.task is not None:  # the previous phase is over: show it full
+            self.progress.update(self.task, total=self.total or 1, completed=self.total or 1)
         self.task, self.total = self.progress.add_task(description, total=total, loss="", agreement=""), total
 
     def advance(self, count: int = 1, loss: float | None = None, agreement: float | None = None) -> None:
