@@ -17,15 +17,17 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from .acceptance import SamplingParams
-from .drafters import ModelDrafter, NgramDrafter
+from .drafters import NgramDrafter
 from .engine import MAX_K, SpeculativeEngine
 from .errors import UserError
+from .head import HeadDrafter
 from .kv import input_device
 from .prompts import Prompt
 from .runtime import Runtime
 from .speedup import predicted_speedup
 
-MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram")
+MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head")
+ENGINE_KINDS = ("plain", "spec", "ngram", "head")  # run by this loop; the others by transformers' generate
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ def parse_modes(text: str) -> list[Mode]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         kind, _, k = item.partition(":")
         if kind not in MODE_KINDS:
-            raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K")
+            raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K")
         if kind in ("plain", "hf-plain"):
             if k:
                 raise UserError(f"mode {kind!r} takes no K")
@@ -82,12 +84,15 @@ class Bench:
     seed: int = 0
 
     def runner(self, mode: Mode) -> Callable[[list[int], Prompt], Sample]:
-        if mode.kind in ("plain", "ngram", "spec"):
+        if mode.kind in ENGINE_KINDS:
             drafter = None
             if mode.kind == "ngram":
                 drafter = NgramDrafter()
             elif mode.kind == "spec":
-                drafter = ModelDrafter(self._draft_model(mode), self.runtime.engine.vocab_size)
+                self._draft_model(mode)  # refuses a pair without one
+                drafter = self.runtime.drafter  # the pair's ModelDrafter, with its output layer
+            elif mode.kind == "head":
+                drafter = self._head(mode)
             engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.engine.eos_token_ids)
             return lambda ids, prompt: self._run_engine(engine, mode.k, ids, prompt)
         kwargs = {}
@@ -98,6 +103,11 @@ class Bench:
         elif mode.kind == "hf-lookup":
             kwargs = dict(prompt_lookup_num_tokens=mode.k, max_matching_ngram_size=NgramDrafter().max_ngram)
         return lambda ids, prompt: self._run_hf(kwargs, ids, prompt)
+
+    def _head(self, mode: Mode) -> HeadDrafter:
+        if not isinstance(self.runtime.drafter, HeadDrafter):
+            raise UserError(f"mode {mode} needs a draft head, and pair {self.runtime.pair.name!r} has none (use --draft DIR)")
+        return self.runtime.drafter
 
     def _draft_model(self, mode: Mode):
         if self.runtime.draft is None:
@@ -230,7 +240,7 @@ def report(samples: dict[Mode, list[Sample]]) -> dict:
             result["speedup_vs_hf_plain"] = round(result["tokens_per_s"] / hf_tps, 3)
         result["predicted_speedup"] = None
         drafted, rounds = sum(s.drafted for s in chosen), sum(s.rounds for s in chosen)
-        if mode.kind in ("spec", "ngram") and drafted and one_token_s > 0:
+        if mode.kind in ENGINE_KINDS and drafted and one_token_s > 0:
             alpha = sum(s.accepted for s in chosen) / drafted
             verify_cost = sum(s.verify_s for s in chosen) / rounds / one_token_s
             draft_cost = sum(s.draft_s for s in chosen) / drafted / one_token_s

@@ -12,6 +12,7 @@ from .commands.calibrate import calibrate_k
 from .commands.generate import generate
 from .commands.models import models
 from .commands.verify import verify_equivalence
+from .commands.train_draft import train_draft
 
 app = typer.Typer(
     name="specdec",
@@ -25,6 +26,7 @@ app.command()(models)
 app.command("verify-equivalence")(verify_equivalence)
 app.command("bench")(bench_command)
 app.command("calibrate-k")(calibrate_k)
+app.command("train-draft")(train_draft)
 
 
 def main() -> None:

@@ -36,6 +36,11 @@ class Draft:
 
 
 class Drafter(Protocol):
+    """``propose`` and ``reset``; a drafter that reads the target's features (a draft head) also sets
+    ``uses_target_features = True`` and has ``add_features(rows)``: the engine then hands it the
+    target's post-norm last hidden states of every position that became confirmed, in cache order.
+    """
+
     name: str
 
     def reset(self) -> None:
@@ -82,11 +87,12 @@ class ModelDrafter:
 
     name = "model"
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int):
+    def __init__(self, model: PreTrainedModel, vocab_size: int, allowed: torch.Tensor | None = None):
         self.model = model
         # The target's vocabulary size: draft logits are cut or padded to it so that p and q
         # range over the same ids (checkpoints often pad their embedding matrices differently).
         self.vocab_size = vocab_size
+        self.outside = None if allowed is None else ~vocab_mask(allowed, vocab_size)
         self.reset()
 
     def reset(self) -> None:
@@ -97,37 +103,57 @@ class ModelDrafter:
     def propose(self, context, k, sampling, generator) -> Draft:
         if k <= 0:
             return Draft.empty()
-        keep = min(_common_prefix(self.cached_tokens, context), context.shape[0] - 1)
+        keep = min(common_prefix(self.cached_tokens, context), context.shape[0] - 1)
         crop_cache(self.cache, keep)
-        logits = self._forward(context[keep:])
-        tokens, probs = [], []
-        for i in range(k):
-            if sampling.greedy:
-                token = logits.argmax()
-            else:
-                q = distribution(logits, sampling)
-                if generator is not None:
-                    q = q.to(generator.device)
-                token = torch.multinomial(q, 1, generator=generator)[0]
-                probs.append(q)
-            tokens.append(token)
-            if i + 1 < k:
-                logits = self._forward(token.view(1))
-        drafted = torch.stack(tokens).cpu()
-        self.cached_tokens = torch.cat([context, drafted[:-1]])
-        return Draft(drafted, torch.stack(probs) if probs else None)
+        draft = autoregress(self._forward(context[keep:]), lambda token: self._forward(token.view(1)), k, sampling, generator)
+        self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
+        return draft
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         device = input_device(self.model)
         out = self.model(ids.view(1, -1).to(device), cache=self.cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[0, -1].float()
         if logits.shape[0] >= self.vocab_size:
-            return logits[: self.vocab_size]
-        pad = logits.new_full((self.vocab_size - logits.shape[0],), float("-inf"))
-        return torch.cat([logits, pad])
+            logits = logits[: self.vocab_size]
+        else:
+            logits = torch.cat([logits, logits.new_full((self.vocab_size - logits.shape[0],), float("-inf"))])
+        return logits if self.outside is None else logits.masked_fill(self.outside.to(logits.device), float("-inf"))
 
 
-def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+def autoregress(logits: torch.Tensor, step, k: int, sampling: SamplingParams, generator) -> Draft:
+    """Draft ``k`` tokens from the first row of logits, calling ``step(token)`` for the next row.
+
+    Greedy takes the argmax; sampling draws from q = distribution(logits) and keeps q for the
+    acceptance test. Shared by every drafter that has logits of its own.
+    """
+    tokens, probs = [], []
+    for i in range(k):
+        if sampling.greedy:
+            token = logits.argmax()
+        else:
+            q = distribution(logits, sampling)
+            if generator is not None:
+                q = q.to(generator.device)
+            token = torch.multinomial(q, 1, generator=generator)[0]
+            probs.append(q)
+        tokens.append(token)
+        if i + 1 < k:
+            logits = step(token)
+    return Draft(torch.stack(tokens).cpu(), torch.stack(probs) if probs else None)
+
+
+def vocab_mask(allowed: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Boolean mask of the ids a restricted output layer (--top-vocab) can propose.
+
+    Outside it the draft's logits are -inf, so q is zero there; sampling stays lossless because the
+    residual norm(max(0, p - q)) then equals p outside the set: the target alone decides there.
+    """
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[allowed[allowed < vocab_size].long()] = True
+    return mask
+
+
+def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
     n = min(a.shape[0], b.shape[0])
     same = (a[:n] == b[:n]).to(torch.int64)
     return int(same.cumprod(0).sum())

@@ -73,6 +73,10 @@ class SpeculativeEngine:
         self.eos_token_ids = set(eos_token_ids)
         self.vocab_size = target.config.get_text_config().vocab_size
         self.context_length = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+        # Only a drafter that reads the target's features gets them (the last hidden state, post-norm):
+        # plain decoding and the other drafters pay nothing.
+        self.wants_features = bool(getattr(drafter, "uses_target_features", False))
+        self._extra = {"output_hidden_states": -1} if self.wants_features else {}
 
     @torch.inference_mode()
     def generate(
@@ -100,10 +104,11 @@ class SpeculativeEngine:
         generator = torch.Generator(device=device).manual_seed(seed)
         tokens = torch.tensor(prompt_ids, dtype=torch.long)
         cache = DynamicCache(config=self.target.config)
-        if len(prompt_ids) > 1:  # the cache always holds every token but the last emitted one
-            self.target(tokens[None, :-1].to(device), cache=cache, use_cache=True, logits_to_keep=1)
         if self.drafter is not None:
             self.drafter.reset()
+        if len(prompt_ids) > 1:  # the cache always holds every token but the last emitted one
+            out = self.target(tokens[None, :-1].to(device), cache=cache, use_cache=True, logits_to_keep=1, **self._extra)
+            self._hand_features(out, len(prompt_ids) - 1)
 
         produced = 0
         while produced < budget:
@@ -114,7 +119,7 @@ class SpeculativeEngine:
             drafted_at = time.perf_counter()
 
             block = torch.cat([tokens[-1:], draft.tokens])
-            out = self.target(block[None].to(device), cache=cache, use_cache=True, logits_to_keep=block.shape[0])
+            out = self.target(block[None].to(device), cache=cache, use_cache=True, logits_to_keep=block.shape[0], **self._extra)
             logits = out.logits[0, :, : self.vocab_size].float()
             if sampling.greedy:
                 accepted, token = greedy_accept(draft.tokens.to(logits.device), logits)
@@ -128,6 +133,7 @@ class SpeculativeEngine:
             produced += len(emitted)
             tokens = torch.cat([tokens, torch.tensor(emitted, dtype=torch.long)])
             crop_cache(cache, tokens.shape[0] - 1)
+            self._hand_features(out, len(emitted))  # the block's first len(emitted) positions stay cached
             event = RoundEvent(
                 k=want,
                 drafted=draft.tokens.tolist(),
@@ -143,6 +149,10 @@ class SpeculativeEngine:
             yield event
             if event.finished:
                 return
+
+    def _hand_features(self, out, rows: int) -> None:
+        if self.wants_features:
+            self.drafter.add_features(out.hidden_states[-1][0, :rows])
 
     def _draft(self, tokens, want, sampling, generator) -> Draft:
         if want == 0 or self.drafter is None:

@@ -6,6 +6,7 @@ A speed figure without these cannot be compared with another one.
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -21,18 +22,27 @@ def file_hashes(model: LoadedModel) -> dict[str, str]:
     """sha256 of the weight files the model was read from (hub models: the source id only)."""
     if model.files is None:
         return {}
-    hashes = {}
-    for path in sorted(Path(model.files).glob("*.safetensors")) + sorted(Path(model.files).glob("*.bin")):
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 22), b""):
-                digest.update(block)
-        hashes[path.name] = digest.hexdigest()
-    return hashes
+    paths = sorted(Path(model.files).glob("*.safetensors")) + sorted(Path(model.files).glob("*.bin"))
+    return {path.name: _sha256(path) for path in paths}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def model_entry(model: LoadedModel) -> dict:
     return {"source": str(model.source), "files": file_hashes(model), "dtype": str(model.model.dtype)}
+
+
+def head_entry(directory: Path) -> dict:
+    """A draft head: where it is, the hash of its weights, and the target it was trained for."""
+    weights = Path(directory) / "head.safetensors"
+    meta = json.loads((Path(directory) / "specdec-draft.json").read_text())
+    return {"head": str(directory), "files": {weights.name: _sha256(weights)}, "target": meta.get("target")}
 
 
 def libraries() -> dict[str, str]:

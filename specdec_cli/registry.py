@@ -2,8 +2,8 @@
 
 The file is looked up in this order: ``--models FILE``, ``$SPECDEC_MODELS``, ``./models.yaml``,
 then the copy shipped inside the package. A pair names its target, its drafter (a model, or
-``ngram`` for prompt lookup), the default K, optional per-scenario K and placement, and optionally
-the calibration profile file (``profile:``, see profile.py).
+``ngram`` for prompt lookup, or a draft head made by ``specdec train-draft``), the default K, optional
+per-scenario K and placement, and optionally the calibration profile file (``profile:``, see profile.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from ruamel.yaml import YAML, YAMLError
 
 from .engine import MAX_K
 from .errors import UserError
+from .head import read_meta
 from .sources import ModelSource
 
 PACKAGED_REGISTRY = Path(__file__).with_name("models.yaml")
 NGRAM = "ngram"
+HEAD = "head"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -32,15 +34,17 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """Either a draft model or the n-gram drafter (``model`` is None then)."""
+    """A draft model, a draft head (a directory; it runs on its target's features), or the n-gram
+    drafter (both None then)."""
 
     model: ModelSpec | None = None
     max_ngram: int = 3
     min_ngram: int = 1
+    head: Path | None = None
 
     @property
     def kind(self) -> str:
-        return "model" if self.model else NGRAM
+        return HEAD if self.head else "model" if self.model else NGRAM
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,19 @@ def parse_drafter(value, dtype: str = "float32", where: str = "draft") -> Drafte
         return DrafterSpec()
     if isinstance(value, dict) and value.get("kind") == NGRAM:
         return DrafterSpec(max_ngram=int(value.get("max_ngram", 3)), min_ngram=int(value.get("min_ngram", 1)))
+    if isinstance(value, dict) and value.get("kind") == HEAD:
+        if not isinstance(value.get("source"), str):
+            raise UserError(f"{where}: a head needs 'source', the directory `specdec train-draft --kind head` wrote")
+        return DrafterSpec(head=Path(value["source"]).expanduser())
+    if isinstance(value, str) and _is_head(value):
+        return DrafterSpec(head=Path(value).expanduser())
     return DrafterSpec(model=parse_model(value, dtype, where))
+
+
+def _is_head(text: str) -> bool:
+    """A directory written by `train-draft --kind head`: its metadata file says so."""
+    path = Path(text).expanduser()
+    return path.is_dir() and (read_meta(path) or {}).get("kind") == HEAD
 
 
 def _k(value, where: str) -> int:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
+
 from .drafters import Drafter, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
 from .errors import UserError
+from .head import load_head, read_meta
 from .loading import LoadedModel, load
-from .registry import NGRAM, DrafterSpec, PairSpec, parse_drafter, parse_model
+from .registry import HEAD, NGRAM, DrafterSpec, PairSpec, parse_drafter, parse_model
 from .tokenization import check_compatible, eos_ids
 
-DRAFTER_KINDS = ("model", NGRAM)
+DRAFTER_KINDS = ("model", NGRAM, HEAD)
 
 
 @dataclass
@@ -49,15 +52,21 @@ def override(pair: PairSpec, target: str | None = None, draft: str | None = None
             pair = replace(pair, drafter=DrafterSpec())
         elif drafter == "model" and pair.drafter.kind != "model":
             raise UserError(f"pair {pair.name!r} has no draft model; name one with --draft SOURCE")
+        elif drafter == HEAD and pair.drafter.kind != HEAD:
+            raise UserError(f"pair {pair.name!r} has no draft head; name one with --draft DIR (made by `specdec train-draft --kind head`)")
     return pair
 
 
 def prepare(pair: PairSpec) -> Runtime:
     target = load(pair.target)
     spec = pair.drafter
+    if spec.head is not None:
+        return Runtime(pair, target, load_head(spec.head, target.model, target.source), None)
     if spec.model is None:
         return Runtime(pair, target, NgramDrafter(spec.max_ngram, spec.min_ngram), None)
     draft = load(spec.model)
     check_compatible(target.tokenizer, draft.tokenizer)
     vocab = target.model.config.get_text_config().vocab_size
-    return Runtime(pair, target, ModelDrafter(draft.model, vocab), draft)
+    top = (read_meta(draft.files) or {}).get("top_vocab") if draft.files else None  # a trained draft's output layer
+    allowed = None if top is None else torch.tensor(top, dtype=torch.long)
+    return Runtime(pair, target, ModelDrafter(draft.model, vocab, allowed), draft)

@@ -2,10 +2,9 @@
 
 import pytest
 import torch
-from scipy.stats import chisquare
 from transformers import DynamicCache
 
-from conftest import tiny_llama
+from exactness import VOCAB, assert_lossless, small_models
 from specdec_cli.acceptance import SamplingParams
 from specdec_cli.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.engine import SpeculativeEngine
@@ -115,51 +114,9 @@ def test_prompt_longer_than_context_is_a_user_error(target):
 
 # --- sampling: the speculative distribution equals the target's, exactly -------------------------
 
-VOCAB = 8
-
-
 @pytest.fixture(scope="module")
 def small():
-    target = tiny_llama(seed=11, vocab_size=VOCAB, hidden=16, layers=1)
-    with torch.no_grad():
-        target.lm_head.weight.mul_(0.25)  # a spread-out distribution: every continuation occurs
-    disagreeing = tiny_llama(seed=11, vocab_size=VOCAB, hidden=16, layers=1)
-    with torch.no_grad():
-        disagreeing.lm_head.weight.mul_(-0.5)  # prefers what the target avoids
-    return target, disagreeing
-
-
-def exact_two_token_distribution(target, prompt, sampling):
-    """P(a, b | prompt) for every pair, by enumeration with the target alone."""
-    from specdec_cli.acceptance import distribution
-
-    with torch.no_grad():
-        first = distribution(target(torch.tensor([prompt])).logits[0, -1], sampling)
-        rows = torch.tensor([prompt + [a] for a in range(VOCAB)])
-        second = distribution(target(rows).logits[:, -1], sampling)
-    return (first[:, None] * second).flatten()
-
-
-def sampled_pairs(target, drafter, k, sampling, n=3000):
-    counts = torch.zeros(VOCAB * VOCAB)
-    for seed in range(n):
-        tokens, _ = run(target, drafter, k, prompt=[3, 4, 5], eos=(), max_new_tokens=2, sampling=sampling, seed=seed)
-        counts[tokens[0] * VOCAB + tokens[1]] += 1
-    return counts
-
-
-def assert_same_distribution(counts, probs):
-    counts, probs = counts.double(), probs.double()
-    assert counts[probs == 0].sum() == 0  # nothing outside the target's support (top-k, top-p)
-    counts, probs = counts[probs > 0], probs[probs > 0]
-    expected = probs / probs.sum() * counts.sum()
-    keep = expected >= 5  # pool the rare cells, as the chi-square test needs
-    observed, expected = counts[keep].tolist(), expected[keep].tolist()
-    if (~keep).any():
-        observed.append(float(counts[~keep].sum()))
-        expected.append(float(probs[~keep].sum() / probs.sum() * counts.sum()))
-    assert len(observed) >= 10
-    assert chisquare(observed, expected).pvalue > 1e-3
+    return small_models()
 
 
 @pytest.mark.parametrize(
@@ -171,5 +128,4 @@ def test_speculative_sampling_matches_the_targets_exact_distribution(small, draf
     target, disagreeing = small
     drafter = {"self": ModelDrafter(target, VOCAB), "disagreeing": ModelDrafter(disagreeing, VOCAB),
                "ngram": NgramDrafter()}[drafter_kind]
-    counts = sampled_pairs(target, drafter, 2, sampling)
-    assert_same_distribution(counts, exact_two_token_distribution(target, [3, 4, 5], sampling))
+    assert_lossless(target, drafter, sampling)

@@ -41,7 +41,7 @@ COLUMNS = [
 @user_errors
 def bench_command(
     prompts: Annotated[Path, typer.Option("--prompts", help="Prompt file: one prompt per line, text or JSON with 'prompt', 'id', 'scenario'.")],
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head.")] = None,
     pair: PairOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per prompt and mode.")] = 64,
     temperature: Annotated[float, typer.Option(help="0: greedy (the default, so outputs can be compared token by token).")] = 0.0,
@@ -63,7 +63,7 @@ def bench_command(
     sampling = sampling_params(temperature, 0, 1.0)
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
-    chosen = bench.parse_modes(modes or _default_modes(spec.drafter.kind == "model"))
+    chosen = bench.parse_modes(modes or _default_modes(spec.drafter.kind))
     runtime = prepare(spec)
     console = stderr_console()
     runner = bench.Bench(runtime, max_new_tokens, sampling, seed)
@@ -77,7 +77,7 @@ def bench_command(
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "pair": spec.name,
         "target": manifest.model_entry(runtime.target),
-        "draft": manifest.model_entry(runtime.draft) if runtime.draft else "ngram",
+        "draft": manifest.model_entry(runtime.draft) if runtime.draft else manifest.head_entry(spec.drafter.head) if spec.drafter.head else "ngram",
         "libraries": manifest.libraries(),
         "machine": manifest.machine(),
         "seed": seed, "temperature": temperature, "max_new_tokens": max_new_tokens, "prompts": len(items),
@@ -97,8 +97,9 @@ def bench_command(
         console.print(f"[yellow]modes whose tokens differ from plain decoding: {', '.join(differing)}[/]")
 
 
-def _default_modes(has_draft_model: bool) -> str:
-    return "plain,hf-plain,ngram:4,hf-lookup:4" + (",spec:4,hf-assisted:4" if has_draft_model else "")
+def _default_modes(drafter_kind: str) -> str:
+    extra = {"model": ",spec:4,hf-assisted:4", "head": ",head:4"}.get(drafter_kind, "")
+    return "plain,hf-plain,ngram:4,hf-lookup:4" + extra
 
 
 def _cell(key: str, value) -> str:

@@ -22,8 +22,8 @@ ModelsOption = Annotated[
     typer.Option("--models", help="Pair registry file. Else $SPECDEC_MODELS, ./models.yaml, then the packaged copy.", envvar=None),
 ]
 TargetOption = Annotated[Optional[str], typer.Option("--target", help="Override the pair's target: hf:ID, package:PKG/FILE, a directory or a .gguf.")]
-DraftOption = Annotated[Optional[str], typer.Option("--draft", help="Override the pair's draft: a model source as for --target, or 'ngram'.")]
-DrafterOption = Annotated[Optional[str], typer.Option("--drafter", help="Drafter kind: 'model' (the pair's draft model) or 'ngram' (prompt lookup).")]
+DraftOption = Annotated[Optional[str], typer.Option("--draft", help="Override the pair's draft: a model source as for --target, a head directory from train-draft, or 'ngram'.")]
+DrafterOption = Annotated[Optional[str], typer.Option("--drafter", help="Drafter kind: 'model' (the pair's draft model), 'head' (its draft head) or 'ngram' (prompt lookup).")]
 
 
 def stderr_console() -> Console:

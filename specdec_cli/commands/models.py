@@ -22,9 +22,10 @@ def models(
     registry = load_registry(models)
     rows = []
     for name, pair in registry.pairs.items():
-        draft = str(pair.drafter.model.source) if pair.drafter.model else "ngram (prompt lookup)"
+        head = pair.drafter.head
+        draft = str(pair.drafter.model.source) if pair.drafter.model else f"head {head}" if head else "ngram (prompt lookup)"
         offline = pair.target.source.available_offline() and (
-            pair.drafter.model is None or pair.drafter.model.source.available_offline()
+            pair.drafter.model.source.available_offline() if pair.drafter.model else head is None or head.is_dir()
         )
         rows.append(dict(name=name, default=name == registry.default, target=str(pair.target.source),
                          draft=draft, k=pair.k, scenarios=pair.scenarios, offline=offline))

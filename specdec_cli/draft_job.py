@@ -1,0 +1,185 @@
+"""One `specdec train-draft` run: data (made once, kept in the checkpoint), training, the saved drafter.
+
+Layout of ``--out``: the drafter itself (a transformers model directory, or ``head.safetensors``),
+``specdec-draft.json`` (kind, target identity, output-layer ids, how it was trained),
+``heldout.jsonl`` (the prompts it never saw, to benchmark on), and ``checkpoint/`` (teacher data and
+trainer state) from which ``--resume`` continues. The terminal is not this module's business: it
+reports through a ``Reporter``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from .distill import AnswerSettings, Example, answer, encode, split, teacher, top_vocab
+from .errors import UserError
+from .head import save_head, target_identity, write_meta
+from .loading import LoadedModel, load
+from .prompts import read_file
+from .registry import ModelSpec
+from .tokenization import eos_ids
+from .training import Budget, HeadStudent, ModelStudent, Trainer, draft_from_target, new_head, save_atomically
+
+KINDS = ("model", "head")
+DEFAULT_LR = {"model": 1e-4, "head": 1e-3}
+
+
+class Reporter(Protocol):
+    def phase(self, description: str, total: int | None) -> None: ...
+
+    def advance(self, count: int = 1, **fields) -> None: ...
+
+
+@dataclass
+class JobSettings:
+    kind: str
+    prompts: Path
+    out: Path
+    target: ModelSpec
+    steps: int | None = None
+    minutes: float | None = None
+    seed: int = 0
+    top_k: int = 64
+    top_vocab: int = 0
+    holdout: float = 0.1
+    lr: float | None = None
+    batch_size: int = 8
+    raw: bool = False
+    resume: bool = False
+    answers: AnswerSettings = field(default_factory=AnswerSettings)
+
+    def check(self) -> None:
+        if self.kind not in KINDS:
+            raise UserError(f"unknown drafter kind {self.kind!r}; choose one of {', '.join(KINDS)}")
+        if self.steps is None and self.minutes is None:
+            raise UserError("give a training budget: --steps N and/or --minutes M")
+        for name, value, low in (("--steps", self.steps, 0), ("--minutes", self.minutes, 0), ("--top-k", self.top_k, 1),
+                                 ("--batch-size", self.batch_size, 1), ("--max-new-tokens", self.answers.max_new_tokens, 1),
+                                 ("--top-vocab", self.top_vocab, 0)):
+            if value is not None and value < low:
+                raise UserError(f"{name} must be at least {low}, got {value}")
+        if not 0 < self.holdout < 1:
+            raise UserError(f"--holdout must be between 0 and 1, got {self.holdout}")
+
+
+def run(settings: JobSettings, reporter: Reporter) -> dict:
+    settings.check()
+    checkpoint = settings.out / "checkpoint"
+    if not settings.resume and (checkpoint / "data.pt").is_file():
+        raise UserError(f"{settings.out} holds a checkpoint: pass --resume to continue it, or choose another --out")
+    if settings.resume and not (checkpoint / "data.pt").is_file():
+        raise UserError(f"nothing to resume: no checkpoint in {checkpoint}")
+    reporter.phase("loading the target", None)
+    target = load(settings.target)
+    torch.manual_seed(settings.seed)
+    identity = target_identity(target.model, target.source)
+    eos = eos_ids(target.tokenizer, target.model.generation_config)
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
+    if settings.resume:
+        data = _resumed_data(checkpoint, settings, identity)
+    else:
+        data = _make_data(settings, target, identity, eos, pad, reporter)
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        save_atomically(data, checkpoint / "data.pt")
+    trainer = _trainer(data, target, settings, pad)
+    if (checkpoint / "state.pt").is_file():
+        trainer.restore(torch.load(checkpoint / "state.pt", weights_only=False))
+
+    def save_state():
+        save_atomically(trainer.checkpoint(), checkpoint / "state.pt")
+
+    reporter.phase("training", settings.steps)
+    if trainer.step:
+        reporter.advance(trainer.step)
+    trainer.run(Budget(settings.steps, settings.minutes),
+                on_step=lambda step, loss: reporter.advance(loss=loss, agreement=_last_agreement(trainer)), save=save_state)
+    save_state()
+    agreement = trainer.agreement()
+    meta = {
+        "target": identity,
+        "top_vocab": data["top_vocab"],
+        "training": {"prompts": data["prompts"], "heldout_prompts": len(data["heldout"]), "seed": data["seed"],
+                     "steps": trainer.step, "top_k": data["top_k"], "examples": len(trainer.train),
+                     "heldout_agreement": agreement, "final_loss": trainer.history[-1]["loss"] if trainer.history else None},
+    }
+    _save(settings.out, data["kind"], trainer.student, target, meta)
+    (settings.out / "heldout.jsonl").write_text("".join(json.dumps(p) + "\n" for p in data["heldout"]))
+    return {"out": str(settings.out), "kind": data["kind"], "steps": trainer.step, "heldout_agreement": agreement,
+            "final_loss": meta["training"]["final_loss"], "top_vocab": None if data["top_vocab"] is None else len(data["top_vocab"])}
+
+
+def _trainer(data: dict, target: LoadedModel, settings: JobSettings, pad: int) -> Trainer:
+    examples = [Example(**e) for e in data["examples"]]
+    allowed = None if data["top_vocab"] is None else torch.tensor(data["top_vocab"], dtype=torch.long)
+    slots = None  # vocabulary id -> column of the restricted output layer
+    if allowed is not None:
+        slots = torch.full((target.model.config.get_text_config().vocab_size,), -1, dtype=torch.long)
+        slots[allowed] = torch.arange(allowed.shape[0])
+    if data["kind"] == "model":
+        student = ModelStudent(draft_from_target(target.model), allowed)
+    else:
+        student = HeadStudent(new_head(target.model, settings.seed), target.model, allowed)
+    return Trainer(student, [e for e in examples if not e.heldout], [e for e in examples if e.heldout], slots, pad,
+                   settings.lr or DEFAULT_LR[data["kind"]], settings.batch_size, settings.seed,
+                   ce_weight=0.1 if data["kind"] == "head" else 1.0)
+
+
+def _make_data(settings: JobSettings, target: LoadedModel, identity: dict, eos: set[int], pad: int, reporter: Reporter) -> dict:
+    prompts = read_file(settings.prompts)
+    train, held = split(prompts, settings.holdout, settings.seed)
+    ordered = train + held
+    context = getattr(target.model.config.get_text_config(), "max_position_embeddings", None)
+    encoded = encode(target.tokenizer, ordered, settings.raw, context, settings.answers.max_new_tokens)
+    answers = []
+    for sampled in (False, True):
+        reporter.phase(f"target answers ({'sampled' if sampled else 'greedy'})", len(encoded))
+        answers += answer(target.model, encoded, eos, pad, sampled, settings.answers, reporter.advance)
+    sequences = [(ids + reply, len(ids)) for ids, reply in zip(encoded + encoded, answers) if reply]
+    if not sequences:
+        raise UserError("the target answered every prompt with nothing; there is nothing to learn from")
+    heldout_flags = [i % len(encoded) >= len(train) for i, reply in enumerate(answers) if reply]
+    reporter.phase("teacher pass", len(sequences))
+    examples = teacher(target.model, sequences, settings.top_k, settings.kind == "head", settings.batch_size, pad,
+                       reporter.advance)
+    for example, held_out in zip(examples, heldout_flags):
+        example.heldout = held_out
+    vocab = target.model.config.get_text_config().vocab_size
+    return {
+        "kind": settings.kind, "target": identity, "seed": settings.seed,
+        "top_k": settings.top_k, "prompts": str(settings.prompts),
+        "heldout": [{"id": p.id, "prompt": p.text, **({"scenario": p.scenario} if p.scenario else {})} for p in held],
+        "top_vocab": top_vocab(examples, settings.top_vocab, eos, vocab),
+        "examples": [dict(vars(e)) for e in examples],
+        "made": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def _resumed_data(checkpoint: Path, settings: JobSettings, identity: dict) -> dict:
+    data = torch.load(checkpoint / "data.pt", weights_only=True)
+    if data["kind"] != settings.kind:
+        raise UserError(f"the checkpoint in {checkpoint} trains a {data['kind']!r} drafter, not {settings.kind!r}")
+    if data["target"]["fingerprint"] != identity["fingerprint"]:
+        raise UserError(f"the checkpoint in {checkpoint} was made with target {data['target']['source']}, not this one")
+    return data
+
+
+def _last_agreement(trainer: Trainer) -> float | None:
+    return next((h["heldout_agreement"] for h in reversed(trainer.history) if "heldout_agreement" in h), None)
+
+
+def _save(out: Path, kind: str, student, target: LoadedModel, meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if kind == "head":
+        student.head.eval()
+        save_head(out, student.head, {**meta, "layer": student.head.config_dict})
+        return
+    student.model.eval()
+    student.model.save_pretrained(out)
+    target.tokenizer.save_pretrained(out)
+    write_meta(out, {**meta, "kind": "model"})

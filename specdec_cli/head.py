@@ -1,0 +1,201 @@
+"""A feature-level draft head (EAGLE-style) and the drafter that runs it.
+
+The head reads what the target already computed: at position t its input is the embedding of token
+t concatenated with the target's last hidden state (post-norm) at t − 1; a linear layer folds the
+two into one vector, one Llama decoder layer with its own small KV cache refines it into a guess of
+the target's hidden state at t, and the target's own (frozen) lm_head turns that into logits. To
+draft K tokens it feeds its own guesses back in place of the target's states. Only the fc and the
+decoder layer are trained and saved (a few MB); embedding and lm_head are borrowed from the target,
+which is why a head is tied to the one target it was trained for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import DynamicCache, LlamaConfig, PreTrainedModel
+from transformers.masking_utils import create_causal_mask
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from .drafters import Draft, common_prefix, autoregress
+from .errors import UserError
+from .kv import crop_cache
+
+META_FILE = "specdec-draft.json"  # written next to every trained drafter, both kinds
+WEIGHTS_FILE = "head.safetensors"
+
+
+class DraftHead(nn.Module):
+    def __init__(self, layer: dict):
+        """``layer``: LlamaConfig fields of the decoder layer (see ``head_config``), saved with the weights."""
+        super().__init__()
+        self.config_dict = dict(layer)
+        config = LlamaConfig(**layer)
+        config._attn_implementation = "sdpa"
+        self.config = config
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden)
+        self.layer = LlamaDecoderLayer(config, layer_idx=0)
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, cache=None, start: int = 0) -> torch.Tensor:
+        """(batch, positions, H) embeddings and previous-position features → guessed features."""
+        x = self.fc(torch.cat([embeds, features], dim=-1))
+        positions = torch.arange(start, start + x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
+        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache, position_ids=positions)
+        return self.layer(x, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,
+                          position_embeddings=self.rotary(x, positions))
+
+
+def head_config(target: PreTrainedModel) -> dict:
+    """The decoder layer's shape, taken from the target's so that its features fit (saved as JSON)."""
+    c = target.config.get_text_config()
+    hidden = c.hidden_size
+    heads = getattr(c, "num_attention_heads", None) or max(1, hidden // 64)
+    rope = getattr(c, "rope_parameters", None)
+    if not (isinstance(rope, dict) and "rope_type" in rope):
+        rope = {"rope_type": "default", "rope_theta": float(getattr(c, "rope_theta", 10000.0))}
+    return {
+        "vocab_size": c.vocab_size, "hidden_size": hidden, "num_hidden_layers": 1,
+        "intermediate_size": getattr(c, "intermediate_size", None) or 4 * hidden,
+        "num_attention_heads": heads, "num_key_value_heads": getattr(c, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(c, "head_dim", None) or hidden // heads, "rms_norm_eps": getattr(c, "rms_norm_eps", 1e-6),
+        "max_position_embeddings": getattr(c, "max_position_embeddings", 4096), "rope_parameters": dict(rope),
+    }
+
+
+def target_identity(model: PreTrainedModel, source) -> dict:
+    """The target a head belongs to: its source, and a hash of its shape and lm_head weight.
+
+    The weight is hashed in bfloat16 so that the same target loaded in float32 or bfloat16 matches.
+    """
+    c = model.config.get_text_config()
+    shape = {k: getattr(c, k, None) for k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")}
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode())
+    weight = model.get_output_embeddings().weight.detach().to("cpu", torch.bfloat16).contiguous()
+    digest.update(weight.view(torch.int16).numpy().tobytes())
+    return {"source": str(source), "fingerprint": digest.hexdigest()[:16]}
+
+
+def read_meta(directory: str | Path) -> dict | None:
+    path = Path(directory) / META_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc.msg})") from None
+
+
+def write_meta(directory: str | Path, meta: dict) -> None:
+    """Indented for reading, except the (long) list of output-layer ids, kept on one line."""
+    text = json.dumps({**meta, "top_vocab": None}, indent=1)
+    text = text.replace('"top_vocab": null', '"top_vocab": ' + json.dumps(meta.get("top_vocab")), 1)
+    (Path(directory) / META_FILE).write_text(text + "\n")
+
+
+def save_head(directory: str | Path, head: DraftHead, meta: dict) -> None:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, directory / WEIGHTS_FILE)
+    write_meta(directory, {**meta, "kind": "head"})
+
+
+def load_head(directory: str | Path, target: PreTrainedModel, source) -> "HeadDrafter":
+    """The head saved in ``directory``, refused unless it was trained for this very target."""
+    meta = read_meta(directory)
+    if meta is None or meta.get("kind") != "head" or not (Path(directory) / WEIGHTS_FILE).is_file():
+        raise UserError(f"{directory} is not a draft head (no {META_FILE} of kind 'head' with {WEIGHTS_FILE})")
+    mine = target_identity(target, source)
+    theirs = meta.get("target", {})
+    if theirs.get("fingerprint") != mine["fingerprint"]:
+        raise UserError(
+            f"draft head {directory} was trained for target {theirs.get('source')} (fingerprint "
+            f"{theirs.get('fingerprint')}), not for {mine['source']} (fingerprint {mine['fingerprint']}); "
+            "train one for this target with `specdec train-draft --kind head`"
+        )
+    head = DraftHead(meta["layer"])
+    head.load_state_dict(load_file(Path(directory) / WEIGHTS_FILE))
+    top = meta.get("top_vocab")
+    return HeadDrafter(head, target, None if top is None else torch.tensor(top, dtype=torch.long))
+
+
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The target's lm_head applied to (guessed) features; ``weight`` may hold only the allowed rows."""
+    return F.linear(hidden, weight.to(hidden.dtype))
+
+
+class HeadDrafter:
+    """Drafts with a DraftHead on the target's features, which the engine hands over as tokens are confirmed.
+
+    The head's KV cache keeps only positions computed from the target's true features; the
+    positions it drafted on its own guesses are cropped away each round, and the newly confirmed
+    ones enter with the target's features in the same forward that starts the next draft.
+    """
+
+    name = "head"
+    uses_target_features = True
+
+    def __init__(self, head: DraftHead, target: PreTrainedModel, allowed: torch.Tensor | None = None):
+        weight = target.get_output_embeddings().weight
+        self.device = weight.device
+        self.head = head.to(self.device).eval()
+        self.embed = target.get_input_embeddings()
+        self.vocab_size = target.config.get_text_config().vocab_size
+        self.allowed = None if allowed is None else allowed.to(self.device)
+        rows = weight[: self.vocab_size] if allowed is None else weight[self.allowed]
+        self.out_weight = rows.detach().float()
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.head.config)
+        self.cached_tokens = torch.empty(0, dtype=torch.long)
+        self.true_length = 0  # head cache positions computed from the target's own features
+        self.features = torch.empty(0, self.head.config.hidden_size, device=self.device)
+
+    def add_features(self, rows: torch.Tensor) -> None:
+        self.features = torch.cat([self.features, rows.detach().to(self.device, torch.float32)])
+
+    @torch.inference_mode()
+    def propose(self, context, k, sampling, generator) -> Draft:
+        n = context.shape[0]
+        if k <= 0:
+            return Draft.empty()
+        if self.features.shape[0] != n - 1:
+            raise RuntimeError(f"head drafter holds {self.features.shape[0]} target features for {n} tokens; "
+                               "it must be driven by the engine, which hands them over")
+        keep = min(self.true_length, common_prefix(self.cached_tokens, context), n - 1)
+        crop_cache(self.cache, keep)
+        # Position t reads token t and the target's feature at t - 1 (zeros before the first token).
+        previous = torch.cat([self.features.new_zeros(1, self.features.shape[1]), self.features])[keep:n]
+        guess = self._step(context[keep:n], previous, keep)
+        self.true_length = n
+        position = [n]
+
+        def step(token):
+            nonlocal guess
+            guess = self._step(token.view(1), guess.view(1, -1), position[0])
+            position[0] += 1
+            return self._logits(guess)
+
+        draft = autoregress(self._logits(guess), step, k, sampling, generator)
+        self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
+        return draft
+
+    def _step(self, tokens: torch.Tensor, features: torch.Tensor, start: int) -> torch.Tensor:
+        embeds = self.embed(tokens.to(self.embed.weight.device)).to(self.device, torch.float32)
+        return self.head(embeds[None], features[None], self.cache, start)[0, -1]
+
+    def _logits(self, guess: torch.Tensor) -> torch.Tensor:
+        logits = head_logits(guess, self.out_weight)
+        if self.allowed is None:
+            return logits
+        full = logits.new_full((self.vocab_size,), float("-inf"))
+        full[self.allowed] = logits
+        return full

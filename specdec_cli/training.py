@@ -1,0 +1,207 @@
+"""The distillation loop for both drafter kinds, with a time or step budget and a resumable checkpoint.
+
+A *student* is what gets trained: a small stand-alone LM made from the target's own parts, or a
+draft head on the target's features. Both are scored the same way, soft cross-entropy to the
+teacher's top-k (the head adds EAGLE's feature regression), and both report held-out greedy
+agreement with the teacher, the top-1 match rate that approximates acceptance at K = 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from .distill import Batch, Example, collate, soft_cross_entropy
+from .head import DraftHead, head_config, head_logits
+
+LAYER_KEY = re.compile(r"(^|\.)(layers|h|blocks)\.(\d+)\.")
+
+
+def draft_from_target(target: PreTrainedModel, layers: int = 2) -> PreTrainedModel:
+    """The target's class with ``layers`` of its layers (spread from first to last), its embedding,
+    final norm and head copied: a start that already speaks the target's language."""
+    config = copy.deepcopy(target.config)
+    total = config.num_hidden_layers
+    picks = sorted({round(i * (total - 1) / max(1, layers - 1)) for i in range(layers)})
+    config.num_hidden_layers = len(picks)
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[i] for i in picks]
+    draft = type(target)(config)
+    state = {}
+    for key, value in target.state_dict().items():
+        match = LAYER_KEY.search(key)
+        if match is None:
+            state[key] = value
+        elif int(match.group(3)) in picks:
+            state[key[: match.start(3)] + str(picks.index(int(match.group(3)))) + key[match.end(3) :]] = value
+    draft.load_state_dict(state, strict=False)
+    return draft.to(target.dtype)
+
+
+class ModelStudent:
+    """A stand-alone draft LM; its embedding and lm_head stay the target's (frozen)."""
+
+    def __init__(self, draft: PreTrainedModel, allowed: torch.Tensor | None):
+        self.model = draft.train()
+        frozen = {id(draft.get_input_embeddings().weight), id(draft.get_output_embeddings().weight)}
+        for parameter in draft.parameters():
+            parameter.requires_grad_(id(parameter) not in frozen)
+        self.out_weight = _rows(draft.get_output_embeddings().weight, allowed)
+
+    def parameters(self):
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def state(self) -> dict:
+        return self.model.state_dict()
+
+    def load(self, state: dict) -> None:
+        self.model.load_state_dict(state)
+
+    def logits(self, batch: Batch) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        hidden = self.model.base_model(batch.ids).last_hidden_state[batch.where]
+        return [(head_logits(hidden, self.out_weight), None)]
+
+
+class HeadStudent:
+    """A DraftHead trained on teacher features, unrolled ``unroll`` steps: step 2 reads the head's own
+    step-1 guesses in place of the target's features, as when it drafts its second token."""
+
+    def __init__(self, head: DraftHead, target: PreTrainedModel, allowed: torch.Tensor | None, unroll: int = 2, noise: float = 0.1):
+        self.head, self.unroll, self.noise = head.train(), unroll, noise
+        self.embed = target.get_input_embeddings().weight.detach()
+        self.out_weight = _rows(target.get_output_embeddings().weight, allowed)
+
+    def parameters(self):
+        return list(self.head.parameters())
+
+    def state(self) -> dict:
+        return self.head.state_dict()
+
+    def load(self, state: dict) -> None:
+        self.head.load_state_dict(state)
+
+    def logits(self, batch: Batch) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        embeds = F.embedding(batch.ids, self.embed).float()
+        features = batch.hidden
+        previous = F.pad(features[:, :-1], (0, 0, 1, 0))
+        if self.head.training and self.noise:  # robustness to imperfect features, as EAGLE does
+            previous = previous + self.noise * features.std() * torch.randn_like(previous)
+        outputs = []
+        for _ in range(self.unroll if self.head.training else 1):
+            guess = self.head(embeds, previous)
+            picked = guess[batch.where]
+            outputs.append((head_logits(picked, self.out_weight), F.smooth_l1_loss(picked, features[batch.where])))
+            previous = F.pad(guess[:, :-1].detach(), (0, 0, 1, 0))
+        return outputs
+
+
+def _rows(weight: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    return (weight if allowed is None else weight[allowed]).detach().float()
+
+
+@dataclass
+class Budget:
+    steps: int | None = None  # total optimiser steps, counted across resumes
+    minutes: float | None = None  # wall time for this run
+
+    def done(self, step: int, started: float) -> bool:
+        if self.steps is not None and step >= self.steps:
+            return True
+        return self.minutes is not None and time.monotonic() - started >= 60 * self.minutes
+
+
+@dataclass
+class Trainer:
+    student: ModelStudent | HeadStudent
+    train: list[Example]
+    heldout: list[Example]
+    slots: torch.Tensor | None  # vocabulary id -> column of the restricted output layer, or None
+    pad: int
+    lr: float
+    batch_size: int = 8
+    seed: int = 0
+    ce_weight: float = 1.0  # the head weighs its feature regression 1 and the cross-entropy 0.1 (EAGLE)
+    step: int = 0
+    history: list[dict] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.optimizer = torch.optim.AdamW(self.student.parameters(), lr=self.lr, weight_decay=0.0)
+        self.rng = random.Random(self.seed)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        total = 0.0
+        for logits, regression in self.student.logits(batch):
+            ce = soft_cross_entropy(logits, batch.top_ids, batch.top_logp, self.slots)
+            total = total + self.ce_weight * ce + (0.0 if regression is None else regression)
+        return total
+
+    def run(self, budget: Budget, on_step: Callable[[int, float], None] | None = None,
+            save: Callable[[], None] | None = None, eval_every: int = 50, save_every_s: float = 120.0) -> None:
+        started = last_save = time.monotonic()
+        while not budget.done(self.step, started):
+            chosen = [self.train[self.rng.randrange(len(self.train))] for _ in range(self.batch_size)]
+            loss = self.loss(collate(chosen, self.pad))
+            self.optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0)
+            self.optimizer.step()
+            self.step += 1
+            self.history.append({"step": self.step, "loss": round(loss.item(), 4)})
+            if self.step % eval_every == 0:
+                self.history[-1]["heldout_agreement"] = self.agreement()
+            if on_step:
+                on_step(self.step, self.history[-1]["loss"])
+            if save and time.monotonic() - last_save >= save_every_s:
+                save()
+                last_save = time.monotonic()
+
+    @torch.no_grad()
+    def agreement(self) -> float | None:
+        """Held-out greedy top-1 agreement with the teacher (None without held-out data)."""
+        if not self.heldout:
+            return None
+        module = self.student.model if isinstance(self.student, ModelStudent) else self.student.head
+        module.eval()
+        hits = total = 0
+        for at in range(0, len(self.heldout), self.batch_size):
+            batch = collate(self.heldout[at : at + self.batch_size], self.pad)
+            logits, _ = self.student.logits(batch)[0]
+            choice = logits.argmax(-1)
+            if self.slots is not None:
+                choice = torch.nonzero(self.slots >= 0).flatten()[choice]
+            hits += int((choice == batch.top_ids[:, 0]).sum())
+            total += choice.shape[0]
+        module.train()
+        return round(hits / max(total, 1), 4)
+
+    def checkpoint(self) -> dict:
+        return {"student": self.student.state(), "optimizer": self.optimizer.state_dict(), "step": self.step,
+                "rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(), "history": self.history}
+
+    def restore(self, state: dict) -> None:
+        self.student.load(state["student"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.history = state["step"], state["history"]
+        self.rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+
+
+def new_head(target: PreTrainedModel, seed: int) -> DraftHead:
+    torch.manual_seed(seed)
+    return DraftHead(head_config(target))
+
+
+def save_atomically(obj, path: Path) -> None:
+    """A checkpoint is written beside its final name and renamed, so an interrupt never leaves half a file."""
+    staging = path.with_suffix(path.suffix + ".partial")
+    torch.save(obj, staging)
+    staging.replace(path)
