@@ -20,7 +20,7 @@ from .errors import UserError
 from .profile import PairProfile, ScenarioProfile, drafter_name
 from .registry import PairSpec
 from .speedup import Verdict, break_even_alpha, choose, fill_verify_costs, predicted_speedup
-from .versions import library_versions, source_version
+from .manifest import libraries, source_version
 
 DEFAULT_SCENARIO = "default"  # prompts without a `scenario` field
 
@@ -245,7 +245,7 @@ def to_profile(pair: PairSpec, scenarios: dict[str, ScenarioResult], overall: Sc
     versions = {"target": source_version(pair.target.source)}
     if pair.drafter.model:
         versions["draft"] = source_version(pair.drafter.model.source)
-    versions.update(library_versions())
+    versions.update(libraries())
     return PairProfile(
         pair=pair.name,
         calibrated=datetime.now(timezone.utc).isoformat(timespec="seconds"),

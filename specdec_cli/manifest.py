@@ -1,6 +1,8 @@
 """What a measurement was made with: model files, library versions, machine, threads, seeds.
 
-A speed figure without these cannot be compared with another one.
+A speed figure without these cannot be compared with another one, and a calibration profile
+records them so that a stale one can be recognised (timings change with torch and transformers
+releases, acceptance with the model files).
 """
 
 from __future__ import annotations
@@ -8,12 +10,16 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+from datetime import datetime, timezone
+from importlib import metadata
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 
+from .errors import UserError
 from .loading import LoadedModel
+from .sources import ModelSource
 
 LIBRARIES = ("specdec", "torch", "transformers", "accelerate", "tokenizers")
 
@@ -46,13 +52,35 @@ def head_entry(directory: Path) -> dict:
 
 
 def libraries() -> dict[str, str]:
-    found = {}
+    found = {"python": platform.python_version()}
     for name in LIBRARIES:
         try:
             found[name] = version(name)
         except PackageNotFoundError:
-            pass
+            found[name] = "not installed"
     return found
+
+
+def source_version(source: ModelSource) -> str:
+    """A package's version, a hub snapshot's commit, or a local file's size and modification time."""
+    if source.kind == "package":
+        package = source.location.partition("/")[0]
+        for distribution in metadata.packages_distributions().get(package, []):
+            return f"{distribution} {metadata.version(distribution)}"
+    if source.kind == "hub":
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(source.location, source.gguf_file or "config.json")
+        if isinstance(cached, str) and "/snapshots/" in cached:
+            return "commit " + cached.split("/snapshots/")[1].split("/")[0]
+        return "not cached"
+    try:
+        path = source.local_path()
+    except UserError:
+        return "missing"
+    stat = path.stat()
+    modified = datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat(timespec="seconds")
+    return f"{'file' if path.is_file() else 'directory'} modified {modified}" + (f", {stat.st_size} bytes" if path.is_file() else "")
 
 
 def machine() -> dict:
