@@ -10,14 +10,15 @@ temporary file and a rename, so an interrupted write never leaves a damaged prof
 
 from __future__ import annotations
 
+import io
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.comments import CommentedMap
 
+from .atomic import write_atomically
 from .engine import MAX_K
 from .errors import UserError
 from .registry import PairSpec
@@ -170,16 +171,9 @@ def write_profile(path: Path, profile: PairProfile) -> None:
         raise UserError(f"{path}: not a specdec profile; refusing to overwrite it")
     data["pairs"][profile.pair] = _section(profile)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False)
-    try:
-        with handle:
-            yaml.dump(data, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
+    text = io.StringIO()
+    yaml.dump(data, text)
+    write_atomically(path, text.getvalue())
 
 
 def _section(profile: PairProfile) -> CommentedMap:

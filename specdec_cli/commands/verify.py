@@ -7,9 +7,7 @@ with --strict any divergence, or a failed sampling test was found; 2 for bad inp
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -22,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from ..atomic import write_atomically
 from ..engine import MAX_K
 from ..equivalence import MISMATCH, NEAR_TIE, TOLERANCE, GreedyResult, check_greedy, decide, default_tolerance
 from ..errors import UserError
@@ -110,20 +109,6 @@ def parse_k_list(text: str) -> list[int]:
         except UserError as exc:
             raise UserError(f"--k {text!r}: {exc}") from None
     return list(dict.fromkeys(ks))
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """A temp file in the same directory, then os.replace: a reader never sees half a report."""
-    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False)
-    try:
-        with handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
 
 
 def _progress(total: int):
