@@ -93,7 +93,8 @@ class Bench:
                 drafter = self.runtime.drafter  # the pair's ModelDrafter, with its output layer
             elif mode.kind == "head":
                 drafter = self._head(mode)
-            engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.engine.eos_token_ids)
+            engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.engine.eos_token_ids,
+                                       self.runtime.block_plan)
             return lambda ids, prompt: self._run_engine(engine, mode.k, ids, prompt)
         kwargs = {}
         if mode.kind == "hf-assisted":

@@ -67,8 +67,11 @@ class FixedK:
 
 
 class SpeculativeEngine:
-    def __init__(self, target: PreTrainedModel, drafter: Drafter | None, eos_token_ids: set[int]):
+    def __init__(
+        self, target: PreTrainedModel, drafter: Drafter | None, eos_token_ids: set[int], block_plan: dict[int, int] | None = None
+    ):
         self.target = target
+        self.block_plan = block_plan or {}  # verify-block length → the cheaper length to run it at (blocks.py)
         self.drafter = drafter
         self.eos_token_ids = set(eos_token_ids)
         self.vocab_size = target.config.get_text_config().vocab_size
@@ -118,9 +121,9 @@ class SpeculativeEngine:
             draft = self._draft(tokens, want, sampling, generator)
             drafted_at = time.perf_counter()
 
-            block = torch.cat([tokens[-1:], draft.tokens])
+            block = self._padded(torch.cat([tokens[-1:], draft.tokens]), tokens.shape[0] - 1)
             out = self.target(block[None].to(device), cache=cache, use_cache=True, logits_to_keep=block.shape[0], **self._extra)
-            logits = out.logits[0, :, : self.vocab_size].float()
+            logits = out.logits[0, : len(draft) + 1, : self.vocab_size].float()
             if sampling.greedy:
                 accepted, token = greedy_accept(draft.tokens.to(logits.device), logits)
             else:
@@ -153,6 +156,19 @@ class SpeculativeEngine:
     def _hand_features(self, out, rows: int) -> None:
         if self.wants_features:
             self.drafter.add_features(out.hidden_states[-1][0, :rows])
+
+    def _padded(self, block: torch.Tensor, cached: int) -> torch.Tensor:
+        """The block, lengthened with copies of its last token where a longer forward is cheaper.
+
+        The padding sits after every real position, so causal attention keeps it out of their
+        logits; its cache entries are cropped with the rejected drafts.
+        """
+        length = self.block_plan.get(block.shape[0], block.shape[0])
+        if self.context_length:
+            length = min(length, self.context_length - cached)
+        if length <= block.shape[0]:
+            return block
+        return torch.cat([block, block[-1:].expand(length - block.shape[0])])
 
     def _draft(self, tokens, want, sampling, generator) -> Draft:
         if want == 0 or self.drafter is None:

@@ -85,14 +85,14 @@ def source_version(source: ModelSource) -> str:
 
 def machine() -> dict:
     return {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -55,6 +55,7 @@ class PairSpec:
     k: int = 4
     scenarios: dict[str, int] = field(default_factory=dict)
     description: str = ""
+    pad_blocks: bool = False  # run verify blocks at the cheapest measured length (blocks.py); for CPU targets
     profile: Path | None = None  # calibration profile file (`profile:` key, relative to models.yaml)
 
     def k_for(self, scenario: str | None) -> int:
@@ -115,6 +116,7 @@ def _parse_pair(path: Path, name: str, body) -> PairSpec:
         k=_k(body.get("k", 4), where),
         scenarios={str(s): _k(v, f"{where} scenario {s!r}") for s, v in scenarios.items()},
         description=str(body.get("description", "")),
+        pad_blocks=bool(body.get("pad_blocks", False)),
         profile=path.parent / str(body["profile"]) if body.get("profile") else None,
     )
     return pair

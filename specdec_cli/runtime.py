@@ -3,15 +3,16 @@ wired into an engine. Command-line overrides of the registry are applied here.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from .blocks import cached_plan
 from .drafters import Drafter, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
 from .errors import UserError
 from .head import load_head, read_meta
-from .loading import LoadedModel, load
+from .loading import LoadedModel, cache_root, load
 from .registry import HEAD, NGRAM, DrafterSpec, PairSpec, parse_drafter, parse_model
 from .tokenization import check_compatible, eos_ids
 
@@ -24,10 +25,11 @@ class Runtime:
     target: LoadedModel
     drafter: Drafter
     draft: LoadedModel | None  # the draft model, when the drafter is one
+    block_plan: dict[int, int] = field(default_factory=dict)  # verify-block padding (blocks.py)
 
     @property
     def engine(self) -> SpeculativeEngine:
-        return SpeculativeEngine(self.target.model, self.drafter, self._eos)
+        return SpeculativeEngine(self.target.model, self.drafter, self._eos, self.block_plan)
 
     @property
     def tokenizer(self):
@@ -59,14 +61,20 @@ def override(pair: PairSpec, target: str | None = None, draft: str | None = None
 
 def prepare(pair: PairSpec) -> Runtime:
     target = load(pair.target)
-    spec = pair.drafter
+    runtime = Runtime(pair, target, *_drafter(pair.drafter, target))
+    if pair.pad_blocks:
+        runtime.block_plan = cached_plan(target.model, f"{target.source} {pair.target.dtype}", cache_root())
+    return runtime
+
+
+def _drafter(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedModel | None]:
     if spec.head is not None:
-        return Runtime(pair, target, load_head(spec.head, target.model, target.source), None)
+        return load_head(spec.head, target.model, target.source), None
     if spec.model is None:
-        return Runtime(pair, target, NgramDrafter(spec.max_ngram, spec.min_ngram), None)
+        return NgramDrafter(spec.max_ngram, spec.min_ngram), None
     draft = load(spec.model)
     check_compatible(target.tokenizer, draft.tokenizer)
     vocab = target.model.config.get_text_config().vocab_size
     top = (read_meta(draft.files) or {}).get("top_vocab") if draft.files else None  # a trained draft's output layer
     allowed = None if top is None else torch.tensor(top, dtype=torch.long)
-    return Runtime(pair, target, ModelDrafter(draft.model, vocab, allowed), draft)
+    return ModelDrafter(draft.model, vocab, allowed), draft

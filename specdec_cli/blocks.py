@@ -1,0 +1,83 @@
+"""Verify-block padding: on some CPUs a longer forward is cheaper than a shorter one.
+
+BLAS libraries pick different matrix kernels by row count. Measured on this project's 2-core CPU
+(SmolLM2-135M, float32, 2 threads), a forward of n tokens costs, relative to one token:
+2: 1.61, 3: 1.96, 4: 1.39, 5: 1.28, 6: 1.33, 7: 1.67, 8: 1.40. Verifying 2 tokens is dearer than
+verifying 5. Padding a block with dummy tokens after the real ones changes nothing for the real
+positions (attention is causal, and the padded cache entries are cropped with the rejected drafts),
+so a block of n is run at the cheapest length m ≥ n. The costs are measured once per machine, model
+and library versions and kept in the cache directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import torch
+import transformers
+from transformers import DynamicCache, PreTrainedModel
+
+from .kv import crop_cache, input_device
+from .manifest import cpu_name
+
+MEASURED_LENGTHS = 10  # blocks of 1..10 tokens: K up to 9, where speculation on a CPU can pay
+
+
+def plan(costs: dict[int, float]) -> dict[int, int]:
+    """For each measured block length n, the cheapest length m ≥ n to run it at.
+
+    Only a clear saving counts (5%): timing noise must not pad blocks for nothing.
+    """
+    lengths = sorted(costs)
+    chosen = {}
+    for n in lengths:
+        best = n
+        for m in lengths:
+            if m > n and costs[m] < 0.95 * costs[best]:
+                best = m
+        chosen[n] = best
+    return chosen
+
+
+@torch.inference_mode()
+def measure(model: PreTrainedModel, lengths: int = MEASURED_LENGTHS, reps: int = 5, context: int = 64) -> dict[int, float]:
+    """Median seconds of a forward of n tokens over a cached context, for n = 1..lengths, interleaved."""
+    device = input_device(model)
+    vocab = model.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)
+    cache = DynamicCache(config=model.config)
+    model(torch.randint(vocab, (1, context), generator=generator).to(device), cache=cache, logits_to_keep=1)
+    times: dict[int, list[float]] = {n: [] for n in range(1, lengths + 1)}
+    for _ in range(reps + 1):  # the first pass warms every shape up and is not counted
+        for n in times:
+            block = torch.randint(vocab, (1, n), generator=generator).to(device)
+            started = time.perf_counter()
+            model(block, cache=cache, use_cache=True, logits_to_keep=n)
+            times[n].append(time.perf_counter() - started)
+            crop_cache(cache, context)
+    return {n: sorted(samples[1:])[reps // 2] for n, samples in times.items()}
+
+
+def cached_plan(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, int]:
+    """The padding plan for this model on this machine, measured on first use (a few seconds).
+
+    Accelerators do not show the effect and are left alone: the plan is the identity there.
+    """
+    if input_device(model).type != "cpu":
+        return {}
+    key = "|".join([identity, str(model.dtype), torch.__version__, transformers.__version__, str(torch.get_num_threads()),
+                    cpu_name()])
+    path = cache_dir / f"block-costs-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    try:
+        costs = {int(n): float(s) for n, s in json.loads(path.read_text()).items()}
+    except (OSError, ValueError):
+        costs = measure(model)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(costs))
+        except OSError:
+            pass  # a read-only cache only costs the measurement next time
+    return plan(costs)
+

@@ -1,0 +1,49 @@
+"""Verify-block padding: cheaper block lengths chosen from measured costs, and output unchanged."""
+
+import pytest
+import torch
+
+from specdec_cli.blocks import measure, plan
+from specdec_cli.drafters import ModelDrafter, NgramDrafter
+from specdec_cli.engine import SpeculativeEngine
+
+PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]
+PAD_TO_8 = {n: 8 for n in range(2, 9)}  # every multi-token block run as 8 tokens
+
+
+def test_plan_pads_to_the_cheapest_longer_block():
+    costs = {1: 1.0, 2: 1.61, 3: 1.96, 4: 1.39, 5: 1.28, 6: 1.33, 7: 1.67, 8: 1.40}  # measured here
+    assert plan(costs) == {1: 1, 2: 5, 3: 5, 4: 5, 5: 5, 6: 6, 7: 8, 8: 8}
+
+
+def test_plan_ignores_savings_within_timing_noise():
+    assert plan({1: 1.0, 2: 1.5, 3: 1.46}) == {1: 1, 2: 2, 3: 3}  # 3% cheaper: not worth padding
+
+
+def tokens(target, drafter, k, block_plan, **kwargs):
+    engine = SpeculativeEngine(target, drafter, {1}, block_plan)
+    events = list(engine.generate(PROMPT, k=k, max_new_tokens=kwargs.pop("max_new_tokens", 40), **kwargs))
+    return [t for e in events for t in e.emitted], events
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_padded_blocks_give_the_same_tokens_and_rounds(target, similar, k):
+    plain, _ = tokens(target, None, 0, {})
+    for drafter in (ModelDrafter(similar, target.config.vocab_size), NgramDrafter()):
+        unpadded, events = tokens(target, drafter, k, {})
+        padded, padded_events = tokens(target, drafter, k, PAD_TO_8)
+        assert padded == unpadded == plain
+        assert [e.accepted for e in padded_events] == [e.accepted for e in events]
+
+
+def test_padding_never_runs_past_the_context(target, similar):
+    prompt = [5, 6, 7] * 83  # 249 of the 256 positions
+    engine = SpeculativeEngine(target, ModelDrafter(similar, target.config.vocab_size), set(), {n: 32 for n in range(1, 33)})
+    emitted = [t for e in engine.generate(prompt, k=3, max_new_tokens=20) for t in e.emitted]
+    plain = [t for e in SpeculativeEngine(target, None, set()).generate(prompt, k=0, max_new_tokens=20) for t in e.emitted]
+    assert emitted == plain and len(plain) == 7
+
+
+def test_measure_times_every_block_length(target):
+    costs = measure(target, lengths=4, reps=1, context=8)
+    assert sorted(costs) == [1, 2, 3, 4] and all(seconds > 0 for seconds in costs.values())
