@@ -160,6 +160,7 @@ def write_profile(path: Path, profile: PairProfile) -> None:
     """
     yaml = YAML(typ="rt")
     yaml.default_flow_style = False
+    yaml.width = 4096  # keep each verify_cost mapping on one line
     data = _load(path) if path.is_file() else None
     if data is None:
         data = CommentedMap()
@@ -170,16 +171,24 @@ def write_profile(path: Path, profile: PairProfile) -> None:
         raise UserError(f"{path}: not a specdec profile; refusing to overwrite it")
     data["pairs"][profile.pair] = _section(profile)
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777 if path.is_file() else 0o666 & ~_umask()
     handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False)
     try:
         with handle:
             yaml.dump(data, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(handle.name, mode)  # a temporary file is private (0600); the profile keeps its usual mode
         os.replace(handle.name, path)
     except BaseException:
         Path(handle.name).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def _section(profile: PairProfile) -> CommentedMap:
