@@ -161,6 +161,7 @@ def write_profile(path: Path, profile: PairProfile) -> None:
     """
     yaml = YAML(typ="rt")
     yaml.default_flow_style = False
+    yaml.width = 4096  # keep each verify_cost mapping on one line
     data = _load(path) if path.is_file() else None
     if data is None:
         data = CommentedMap()
@@ -174,6 +175,7 @@ def write_profile(path: Path, profile: PairProfile) -> None:
     text = io.StringIO()
     yaml.dump(data, text)
     write_atomically(path, text.getvalue())
+
 
 
 def _section(profile: PairProfile) -> CommentedMap:

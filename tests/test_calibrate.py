@@ -205,6 +205,13 @@ def test_a_profile_written_and_read_back_equals_itself(tmp_path):
     path = tmp_path / "sub" / "profile.yaml"
     write_profile(path, sample_profile())
     assert read_profiles(path) == {"self": sample_profile()}
+    assert path.stat().st_mode & 0o777 == 0o666 & ~current_umask()  # not the temporary file's 0600
+
+
+def current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_an_interrupted_write_leaves_the_old_profile_intact(tmp_path, monkeypatch):

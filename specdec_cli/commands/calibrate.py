@@ -76,7 +76,7 @@ def calibrate_k(
     with console.status(f"loading {spec.name}…") if console.is_terminal else nullcontext():
         runtime = prepare(spec)
     encoded = [(item.scenario or DEFAULT_SCENARIO, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
-    with _progress(console) as report:
+    with _progress(console, len(ks)) as report:
         measured = measure(runtime.engine, encoded, ks, max_new_tokens, sampling, seed, report)
     scenarios, overall = summarise_all(measured)
 
@@ -101,9 +101,14 @@ def calibrate_k(
         console.print(f"wrote the profile of {spec.name} to {written}")
 
 
-def _progress(console: Console):
+def _progress(console: Console, per_prompt: int):
+    """A progress bar on a terminal; otherwise one plain line on stderr per finished prompt."""
     if not console.is_terminal:
-        return nullcontext(None)
+        def report(done: int, total: int) -> None:
+            if done % per_prompt == 0 or done == total:
+                console.print(f"specdec calibrate-k: {done}/{total} runs")
+
+        return nullcontext(report)
 
     class Reporter(Progress):
         def __call__(self, done: int, total: int) -> None:
