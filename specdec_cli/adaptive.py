@@ -4,8 +4,8 @@ Per scenario it keeps running estimates of α (per-token acceptance), c (draft c
 the verify cost of each block size, seeded from the calibration profile. Before each round it
 takes the K with the most expected tokens per unit time (speedup.py). When even the best K is
 predicted slower than plain decoding it switches speculation off — a normal state, counted in
-``rounds_off`` — and drafts a short probe every so many rounds, so that speculation comes back
-once acceptance recovers. Driven by round events only: no models, no clocks, no files.
+``rounds_off`` — and drafts a short probe every so many rounds (and at the start of each prompt),
+so that speculation comes back once acceptance recovers. Driven by round events only: no models, no clocks, no files.
 """
 
 from __future__ import annotations
@@ -148,7 +148,9 @@ class AdaptiveK:
     # --- reporting -------------------------------------------------------------------------------
 
     def begin(self) -> None:
-        """Start a prompt's counters."""
+        """Start a prompt's counters. A new prompt is a new context: when off, probe at once."""
+        if self.off:
+            self.since_probe = self.probe_every - 1
         self.rounds_off, self.probes = 0, 0
         self.k_used: Counter[int] = Counter()
         self.k_start = 0 if self.off else self.k

@@ -63,9 +63,9 @@ def test_speculation_switches_off_when_acceptance_collapses_and_comes_back_after
 
 def test_profile_off_starts_off_and_counts_rounds_off_per_prompt():
     schedule = AdaptiveK(Prior(0, 0.05, 0.0, COSTS), probe_every=8)
-    assert schedule.off and schedule.choose() == 0
-    schedule.begin()
-    drive(schedule, 0.0, 40, random.Random(2))
+    assert schedule.off
+    chosen = drive(schedule, 0.0, 40, random.Random(2))
+    assert chosen[:9] == [2] + [0] * 7 + [2]  # a new prompt opens with a probe, then one every 8 rounds
     report = schedule.report()
     assert report["k_start"] == 0 and report["rounds_off"] + report["probes"] == 40
     assert report["probes"] == 5
