@@ -143,10 +143,12 @@ class Bench:
         sample = Sample(prompt, [], 0.0, 0.0, [], 0)
         stamps = [(at, len(chunk)) for at, chunk in streamer.chunks]
         sample = _timed(sample, [t for _, chunk in streamer.chunks for t in chunk], started, stamps)
-        if "assistant_model" in kwargs or "prompt_lookup_num_tokens" in kwargs:
-            # Rounds after the first token (which prefill gives): each round emits accepted + 1.
+        if "assistant_model" in kwargs:
+            # Constant schedule: K drafts a round, and each round after the first token (which
+            # prefill gives) emits accepted + 1. Prompt lookup drafts a varying number that the
+            # streamer does not show, so its acceptance rate is left unknown rather than guessed.
             sample.accepted = sum(len(chunk) - 1 for _, chunk in streamer.chunks[1:])
-            sample.drafted = (len(streamer.chunks) - 1) * kwargs.get("num_assistant_tokens", kwargs.get("prompt_lookup_num_tokens", 0))
+            sample.drafted = (len(streamer.chunks) - 1) * kwargs["num_assistant_tokens"]
         return sample
 
 
