@@ -4,8 +4,8 @@ Per scenario it keeps running estimates of α (per-token acceptance), c (draft c
 the verify cost of each block size, seeded from the calibration profile. Before each round it
 takes the K with the most expected tokens per unit time (speedup.py). When even the best K is
 predicted slower than plain decoding it switches speculation off — a normal state, counted in
-``rounds_off`` — and drafts a short probe every so many rounds (and at the start of each prompt),
-so that speculation comes back once acceptance recovers. Driven by round events only: no models, no clocks, no files.
+``rounds_off`` — and drafts a short probe every so many rounds, so that speculation comes back
+once acceptance recovers. Driven by round events only: no models, no clocks, no files.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class AdaptiveK:
         self.probe_every, self.probe_k = probe_every, min(probe_k, self.k_max)
         self.memory, self.margin, self.smoothing = memory, margin, smoothing
         self.prior = prior
+        self.prior_weight, self.rounds_seen = prior_weight, 0
         self.hits, self.judged = prior.alpha * prior_weight, prior_weight  # discounted counts behind α
         self.block_s: dict[int, float] = {}  # block size → smoothed verify seconds
         self.draft_s_per_token: float | None = None
@@ -92,6 +93,7 @@ class AdaptiveK:
             self.draft_s_per_token = per_token if self.draft_s_per_token is None else (
                 self.draft_s_per_token + self.smoothing * (per_token - self.draft_s_per_token))
         self.k_used[event.k] += 1
+        self.rounds_seen += 1
         if self.probing:
             self.probes += 1
         elif self.off and event.k == 0:
@@ -148,9 +150,16 @@ class AdaptiveK:
     # --- reporting -------------------------------------------------------------------------------
 
     def begin(self) -> None:
-        """Start a prompt's counters. A new prompt is a new context: when off, probe at once."""
-        if self.off:
-            self.since_probe = self.probe_every - 1
+        """Start a prompt: reset its counters, and pull α halfway back to the profile's.
+
+        Acceptance swings within an answer (copied code, then prose about it); a new prompt is a
+        new context, so the last prompt's tail should not decide how the next one starts. Costs
+        are properties of the machine and carry over as they are.
+        """
+        if self.rounds_seen:
+            alpha = (self.alpha + self.prior.alpha) / 2
+            self.hits, self.judged = alpha * self.prior_weight, self.prior_weight
+            self._decide()
         self.rounds_off, self.probes = 0, 0
         self.k_used: Counter[int] = Counter()
         self.k_start = 0 if self.off else self.k

@@ -56,9 +56,7 @@ class Tally:
                 counts[i] += 1
 
     def merge(self, other: "Tally") -> None:
-        for name in ("runs", "rounds", "drafted", "accepted", "rejections", "new_tokens"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("draft_s", "verify_s", "wall_s"):
+        for name in ("runs", "rounds", "drafted", "accepted", "rejections", "new_tokens", "draft_s", "verify_s", "wall_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.offered, other.offered), (self.kept, other.kept)):
             mine.extend([0] * (len(theirs) - len(mine)))

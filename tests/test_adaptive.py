@@ -65,12 +65,25 @@ def test_profile_off_starts_off_and_counts_rounds_off_per_prompt():
     schedule = AdaptiveK(Prior(0, 0.05, 0.0, COSTS), probe_every=8)
     assert schedule.off
     chosen = drive(schedule, 0.0, 40, random.Random(2))
-    assert chosen[:9] == [2] + [0] * 7 + [2]  # a new prompt opens with a probe, then one every 8 rounds
+    assert chosen[:16] == [0] * 7 + [2] + [0] * 7 + [2]  # a short probe every 8 rounds
     report = schedule.report()
     assert report["k_start"] == 0 and report["rounds_off"] + report["probes"] == 40
     assert report["probes"] == 5
     schedule.begin()
     assert schedule.report()["rounds_off"] == 0
+
+
+def test_a_new_prompt_starts_halfway_between_the_last_estimate_and_the_profile():
+    schedule = AdaptiveK(Prior(6, 0.8, 0.01, COSTS))
+    drive(schedule, 0.0, 30, random.Random(3))  # this prompt's tail: nothing accepted
+    assert schedule.off and schedule.alpha < 0.1
+    schedule.begin()
+    assert schedule.alpha == pytest.approx((0.8 + 0.0) / 2, abs=0.05)
+    assert not schedule.off and schedule.choose() > 0  # the next prompt gets to speculate again
+    creative = AdaptiveK(Prior(0, 0.1, 0.01, COSTS))
+    drive(creative, 0.0, 30, random.Random(4))
+    creative.begin()
+    assert creative.off  # a scenario calibrated as off stays off
 
 
 def test_slow_drafting_turns_speculation_off_even_at_high_acceptance():
