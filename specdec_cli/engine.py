@@ -140,7 +140,7 @@ class SpeculativeEngine:
             event = RoundEvent(
                 k=want,
                 drafted=draft.tokens.tolist(),
-                accepted=accepted,
+                accepted=min(accepted, len(emitted)),  # drafts past an EOS or the budget were not used
                 token=token if len(emitted) == accepted + 1 else None,
                 emitted=emitted,
                 draft_s=drafted_at - started,

@@ -69,6 +69,7 @@ def test_eos_inside_a_block_ends_generation_at_eos(target, plain):
     tokens, events = run(target, ModelDrafter(target, target.config.vocab_size), 8, eos=(eos,))
     assert tokens == expected
     assert events[-1].finished and events[-1].emitted[-1] == eos
+    assert all(e.accepted <= len(e.emitted) for e in events)  # drafts after EOS are not counted as accepted
     assert run(target, None, 0, eos=(eos,))[0] == expected
 
 
