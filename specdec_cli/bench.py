@@ -93,7 +93,7 @@ class Bench:
                 drafter = self.runtime.drafter  # the pair's ModelDrafter, with its output layer
             elif mode.kind == "head":
                 drafter = self._head(mode)
-            engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.engine.eos_token_ids,
+            engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.eos_token_ids,
                                        self.runtime.block_plan)
             return lambda ids, prompt: self._run_engine(engine, mode.k, ids, prompt)
         kwargs = {}
@@ -133,16 +133,16 @@ class Bench:
         sampling = self.sampling
         options = dict(do_sample=False) if sampling.greedy else dict(
             do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
+        eos = sorted(self.runtime.eos_token_ids)
         torch.manual_seed(self.seed)
         started = time.perf_counter()
         model.generate(
             torch.tensor([ids], device=input_device(model)), attention_mask=None, max_new_tokens=self.max_new_tokens,
-            eos_token_id=sorted(self.runtime.engine.eos_token_ids), pad_token_id=self.runtime.tokenizer.pad_token_id
-            or sorted(self.runtime.engine.eos_token_ids)[0], streamer=streamer, **options, **kwargs,
+            eos_token_id=eos, pad_token_id=self.runtime.tokenizer.pad_token_id or eos[0], streamer=streamer,
+            **options, **kwargs,
         )
-        sample = Sample(prompt, [], 0.0, 0.0, [], 0)
         stamps = [(at, len(chunk)) for at, chunk in streamer.chunks]
-        sample = _timed(sample, [t for _, chunk in streamer.chunks for t in chunk], started, stamps)
+        sample = _timed(Sample(prompt, [], 0.0, 0.0, [], 0), [t for _, chunk in streamer.chunks for t in chunk], started, stamps)
         if "assistant_model" in kwargs:
             # Constant schedule: K drafts a round, and each round after the first token (which
             # prefill gives) emits accepted + 1. Prompt lookup drafts a varying number that the

@@ -29,14 +29,14 @@ class Runtime:
 
     @property
     def engine(self) -> SpeculativeEngine:
-        return SpeculativeEngine(self.target.model, self.drafter, self._eos, self.block_plan)
+        return SpeculativeEngine(self.target.model, self.drafter, self.eos_token_ids, self.block_plan)
 
     @property
     def tokenizer(self):
         return self.target.tokenizer
 
     @property
-    def _eos(self) -> set[int]:
+    def eos_token_ids(self) -> set[int]:
         return eos_ids(self.target.tokenizer, self.target.model.generation_config)
 
 

@@ -1,7 +1,6 @@
 """Verify-block padding: cheaper block lengths chosen from measured costs, and output unchanged."""
 
 import pytest
-import torch
 
 from specdec_cli.blocks import measure, plan
 from specdec_cli.drafters import ModelDrafter, NgramDrafter

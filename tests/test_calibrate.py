@@ -10,7 +10,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import char_tokenizer, tiny_llama
 from specdec_cli.calibration import measure, parse_ks, summarise_all
 from specdec_cli.cli import app
 from specdec_cli.drafters import Draft, ModelDrafter
