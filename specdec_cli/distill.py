@@ -41,6 +41,7 @@ class AnswerSettings:
     temperature: float = 0.8  # for the sampled answers; a greedy answer is always made too
     batch_size: int = 8
     seed: int = 0
+    sampled: bool = True  # a sampled answer besides the greedy one (more text per prompt, less variety)
 
 
 def split(prompts: list[Prompt], fraction: float, seed: int) -> tuple[list[Prompt], list[Prompt]]:

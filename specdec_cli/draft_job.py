@@ -60,7 +60,8 @@ class JobSettings:
         if self.steps is None and self.minutes is None:
             raise UserError("give a training budget: --steps N and/or --minutes M")
         for name, value, low in (("--steps", self.steps, 0), ("--minutes", self.minutes, 0), ("--top-k", self.top_k, 1),
-                                 ("--batch-size", self.batch_size, 1), ("--max-new-tokens", self.answers.max_new_tokens, 1),
+                                 ("--batch-size", self.batch_size, 1), ("--answer-batch-size", self.answers.batch_size, 1),
+                                 ("--max-new-tokens", self.answers.max_new_tokens, 1),
                                  ("--top-vocab", self.top_vocab, 0)):
             if value is not None and value < low:
                 raise UserError(f"{name} must be at least {low}, got {value}")
@@ -137,7 +138,7 @@ def _make_data(settings: JobSettings, target: LoadedModel, identity: dict, eos: 
     context = getattr(target.model.config.get_text_config(), "max_position_embeddings", None)
     encoded = encode(target.tokenizer, ordered, settings.raw, context, settings.answers.max_new_tokens)
     answers = []
-    for sampled in (False, True):
+    for sampled in (False, True) if settings.answers.sampled else (False,):
         reporter.phase(f"target answers ({'sampled' if sampled else 'greedy'})", len(encoded))
         answers += answer(target.model, encoded, eos, pad, sampled, settings.answers, reporter.advance)
     sequences = [(ids + reply, len(ids)) for ids, reply in zip(encoded + encoded, answers) if reply]

@@ -46,9 +46,11 @@ def train_draft(
     top_vocab: Annotated[int, typer.Option("--top-vocab", help="Restrict the draft's output layer to the N tokens the target writes most (0: the whole vocabulary).")] = 0,
     holdout: Annotated[float, typer.Option(help="Fraction of prompts held out to measure agreement.")] = 0.1,
     lr: Annotated[Optional[float], typer.Option(help="Learning rate (default 1e-4 for a model, 1e-3 for a head).")] = None,
-    batch_size: Annotated[int, typer.Option(help="Sequences per batch, for answering, the teacher pass and training.")] = 8,
+    batch_size: Annotated[int, typer.Option(help="Sequences per batch, for the teacher pass and training.")] = 8,
+    answer_batch_size: Annotated[int, typer.Option(help="Prompts the target answers at once (larger is faster on a CPU, up to memory).")] = 32,
     max_new_tokens: Annotated[int, typer.Option(help="Length of the target's answers to the prompts.")] = 128,
     temperature: Annotated[float, typer.Option(help="Temperature of the sampled answers (a greedy answer is made too).")] = 0.8,
+    sampled: Annotated[bool, typer.Option("--sampled/--greedy-only", help="Also a sampled answer per prompt, or the greedy one alone (more prompts beat more answers per prompt).")] = True,
     raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the chat template.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint in --out (data and trainer state).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="The summary as one JSON object on stdout.")] = False,
@@ -66,7 +68,7 @@ def train_draft(
     settings = draft_job.JobSettings(
         kind=kind, prompts=prompts, out=out, target=spec.target, steps=steps, minutes=minutes, seed=seed, top_k=top_k,
         top_vocab=top_vocab, holdout=holdout, lr=lr, batch_size=batch_size, raw=raw, resume=resume,
-        answers=AnswerSettings(max_new_tokens, temperature, batch_size, seed),
+        answers=AnswerSettings(max_new_tokens, temperature, answer_batch_size, seed, sampled),
     )
     settings.check()
     console = stderr_console()
