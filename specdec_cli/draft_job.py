@@ -24,7 +24,7 @@ from .loading import LoadedModel, load
 from .prompts import read_file
 from .registry import ModelSpec
 from .tokenization import eos_ids
-from .training import Budget, HeadStudent, ModelStudent, Trainer, draft_from_target, new_head, save_atomically
+from .training import Budget, HeadStudent, ModelStudent, Trainer, draft_from_target, narrow_draft, new_head, save_atomically
 
 KINDS = ("model", "head")
 DEFAULT_LR = {"model": 1e-4, "head": 1e-3}
@@ -39,7 +39,7 @@ class Reporter(Protocol):
 @dataclass
 class JobSettings:
     kind: str
-    prompts: Path
+    prompts: Path | None
     out: Path
     target: ModelSpec
     steps: int | None = None
@@ -52,17 +52,25 @@ class JobSettings:
     batch_size: int = 8
     raw: bool = False
     resume: bool = False
+    data_from: Path | None = None  # another run's --out: reuse its target answers instead of making new ones
+    hidden_size: int = 0  # model kind: 0 = the target's width (2 of its layers); else a fresh narrow model
+    layers: int = 0  # model kind: decoder layers (0: 2 of the target's, or 4 in a narrow model)
     answers: AnswerSettings = field(default_factory=AnswerSettings)
 
     def check(self) -> None:
         if self.kind not in KINDS:
             raise UserError(f"unknown drafter kind {self.kind!r}; choose one of {', '.join(KINDS)}")
+        if self.prompts is None and not (self.resume or self.data_from):
+            raise UserError("give the prompts to train on with --prompts FILE (or reuse a run's with --data-from DIR)")
+        if self.prompts is not None and self.data_from:
+            raise UserError("--data-from reuses that run's prompts and answers; drop --prompts")
         if self.steps is None and self.minutes is None:
             raise UserError("give a training budget: --steps N and/or --minutes M")
         for name, value, low in (("--steps", self.steps, 0), ("--minutes", self.minutes, 0), ("--top-k", self.top_k, 1),
                                  ("--batch-size", self.batch_size, 1), ("--answer-batch-size", self.answers.batch_size, 1),
                                  ("--max-new-tokens", self.answers.max_new_tokens, 1),
-                                 ("--top-vocab", self.top_vocab, 0)):
+                                 ("--top-vocab", self.top_vocab, 0), ("--hidden-size", self.hidden_size, 0),
+                                 ("--layers", self.layers, 0)):
             if value is not None and value < low:
                 raise UserError(f"{name} must be at least {low}, got {value}")
         if not 0 < self.holdout < 1:
@@ -84,6 +92,10 @@ def run(settings: JobSettings, reporter: Reporter) -> dict:
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
     if settings.resume:
         data = _resumed_data(checkpoint, settings, identity)
+    elif settings.data_from:
+        data = _reused_data(settings, target, identity, eos, pad, reporter)
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        save_atomically(data, checkpoint / "data.pt")
     else:
         data = _make_data(settings, target, identity, eos, pad, reporter)
         checkpoint.mkdir(parents=True, exist_ok=True)
@@ -123,7 +135,10 @@ def _trainer(data: dict, target: LoadedModel, settings: JobSettings, pad: int) -
         slots = torch.full((target.model.config.get_text_config().vocab_size,), -1, dtype=torch.long)
         slots[allowed] = torch.arange(allowed.shape[0])
     if data["kind"] == "model":
-        student = ModelStudent(draft_from_target(target.model), allowed)
+        shape = data.get("student", {})
+        hidden, layers = shape.get("hidden_size", 0), shape.get("layers", 0)
+        draft = narrow_draft(target.model, hidden, layers or 4) if hidden else draft_from_target(target.model, layers or 2)
+        student = ModelStudent(draft, allowed)
     else:
         student = HeadStudent(new_head(target.model, settings.seed), target.model, allowed)
     return Trainer(student, [e for e in examples if not e.heldout], [e for e in examples if e.heldout], slots, pad,
@@ -152,13 +167,42 @@ def _make_data(settings: JobSettings, target: LoadedModel, identity: dict, eos: 
         example.heldout = held_out
     vocab = target.model.config.get_text_config().vocab_size
     return {
-        "kind": settings.kind, "target": identity, "seed": settings.seed,
+        "kind": settings.kind, "target": identity, "seed": settings.seed, "student": _shape(settings),
         "top_k": settings.top_k, "prompts": str(settings.prompts),
         "heldout": [{"id": p.id, "prompt": p.text, **({"scenario": p.scenario} if p.scenario else {})} for p in held],
         "top_vocab": top_vocab(examples, settings.top_vocab, eos, vocab),
         "examples": [dict(vars(e)) for e in examples],
         "made": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+def _shape(settings: JobSettings) -> dict:
+    return {"hidden_size": settings.hidden_size, "layers": settings.layers} if settings.kind == "model" else {}
+
+
+def _reused_data(settings: JobSettings, target: LoadedModel, identity: dict, eos: set[int], pad: int, reporter: Reporter) -> dict:
+    """Another run's answers (the dear part: generation), re-scored by a teacher pass if this kind
+    needs what that run did not keep (a head needs the target's features)."""
+    source = settings.data_from / "checkpoint" / "data.pt"
+    if not source.is_file():
+        raise UserError(f"--data-from {settings.data_from}: no checkpoint/data.pt there (it must be another train-draft --out)")
+    data = torch.load(source, weights_only=True)
+    if data["target"]["fingerprint"] != identity["fingerprint"]:
+        raise UserError(f"--data-from {settings.data_from}: its answers come from target {data['target']['source']}, not this one")
+    examples = data["examples"]
+    wants_features = settings.kind == "head"
+    if wants_features and examples and examples[0].get("hidden") is None:
+        reporter.phase("teacher pass", len(examples))
+        rescored = teacher(target.model, [(e["ids"].tolist(), e["start"]) for e in examples], data["top_k"], True,
+                           settings.batch_size, pad, reporter.advance)
+        examples = [dict(vars(new), heldout=old["heldout"]) for new, old in zip(rescored, examples)]
+    elif not wants_features:
+        examples = [dict(e, hidden=None) for e in examples]
+    vocab = target.model.config.get_text_config().vocab_size
+    kept = [Example(**e) for e in examples]
+    return {**data, "kind": settings.kind, "student": _shape(settings), "examples": examples,
+            "top_vocab": top_vocab(kept, settings.top_vocab, eos, vocab), "reused_from": str(settings.data_from),
+            "made": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def _resumed_data(checkpoint: Path, settings: JobSettings, identity: dict) -> dict:
@@ -180,7 +224,8 @@ def _save(out: Path, kind: str, student, target: LoadedModel, meta: dict) -> Non
         student.head.eval()
         save_head(out, student.head, {**meta, "layer": student.head.config_dict})
         return
-    student.model.eval()
+    # bfloat16 halves the files; a draft only proposes, so its precision cannot change the output.
+    student.model.eval().to(torch.bfloat16)
     student.model.save_pretrained(out)
     target.tokenizer.save_pretrained(out)
     write_meta(out, {**meta, "kind": "model"})

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from .distill import Batch, Example, collate, soft_cross_entropy
+from .errors import UserError
 from .head import DraftHead, head_config, head_logits
 
 LAYER_KEY = re.compile(r"(^|\.)(layers|h|blocks)\.(\d+)\.")
@@ -44,6 +45,34 @@ def draft_from_target(target: PreTrainedModel, layers: int = 2) -> PreTrainedMod
         elif int(match.group(3)) in picks:
             state[key[: match.start(3)] + str(picks.index(int(match.group(3)))) + key[match.end(3) :]] = value
     draft.load_state_dict(state, strict=False)
+    return draft.to(target.dtype)
+
+
+def narrow_draft(target: PreTrainedModel, hidden: int, layers: int = 4) -> PreTrainedModel:
+    """A fresh model of the target's class, ``hidden`` wide: small enough to ship (the embedding is
+    most of it). Its tied embedding starts as the target's projected onto its top ``hidden``
+    principal directions, so that output layer already ranks tokens roughly as the target's does."""
+    config = copy.deepcopy(target.config)
+    text = config.get_text_config()
+    if hidden >= text.hidden_size:
+        raise UserError(f"--hidden-size must be below the target's width ({text.hidden_size}) to make it smaller, got {hidden}")
+    head_dim = 64 if hidden % 64 == 0 else hidden // max(1, hidden // 64)
+    heads = max(1, hidden // head_dim)
+    ratio = text.num_attention_heads // max(1, getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+    text.hidden_size, text.head_dim, text.num_attention_heads = hidden, head_dim, heads
+    text.num_key_value_heads = max(1, heads // max(1, ratio))
+    text.intermediate_size = round(text.intermediate_size * hidden / target.config.get_text_config().hidden_size)
+    text.num_hidden_layers = layers
+    if getattr(text, "layer_types", None):
+        text.layer_types = text.layer_types[:layers]
+    text.tie_word_embeddings = True
+    torch.manual_seed(0)
+    draft = type(target)(config)
+    embedding = target.get_input_embeddings().weight.detach().float()
+    _, _, directions = torch.linalg.svd(embedding, full_matrices=False)
+    with torch.no_grad():
+        draft.get_input_embeddings().weight.copy_(embedding @ directions[:hidden].T)
+    draft.tie_weights()
     return draft.to(target.dtype)
 
 

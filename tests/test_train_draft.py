@@ -16,7 +16,8 @@ from specdec_cli.head import DraftHead, HeadDrafter, head_config, load_head, rea
 from specdec_cli.loading import load
 from specdec_cli.registry import parse_model
 from specdec_cli.tokenization import check_compatible
-from specdec_cli.training import draft_from_target
+from specdec_cli.errors import UserError
+from specdec_cli.training import draft_from_target, narrow_draft
 
 runner = CliRunner()
 PROMPTS = ["abcabcabc", "hello there", "def f(x): return x", "the cat sat on the mat", "1 2 3 4 5", "xyzzy plugh"]
@@ -259,3 +260,55 @@ def test_soft_cross_entropy_drops_teacher_mass_outside_the_output_layer():
     logq = torch.log_softmax(logits, -1)[0]
     expected = -(0.5 / 0.7 * logq[1] + 0.2 / 0.7 * logq[2])
     assert torch.allclose(soft_cross_entropy(logits, top_ids, top_logp, slots), expected)
+
+
+def test_narrow_draft_keeps_the_most_of_the_targets_embedding(target):
+    draft = narrow_draft(target, hidden=16, layers=3)
+    assert draft.config.hidden_size == 16 and draft.config.num_hidden_layers == 3
+    assert draft.get_output_embeddings().weight.data_ptr() == draft.get_input_embeddings().weight.data_ptr()  # tied
+    singular = torch.linalg.svdvals(target.get_input_embeddings().weight.detach())
+    kept = draft.get_input_embeddings().weight.detach().pow(2).sum()
+    assert torch.isclose(kept, singular[:16].pow(2).sum(), rtol=1e-4)  # a projection onto the top 16 directions
+    with pytest.raises(UserError, match="below the target's width"):
+        narrow_draft(target, hidden=target.config.hidden_size)
+
+
+def test_data_from_reuses_another_runs_answers(trained, pair_dir, loaded_target, tmp_path):
+    head_run = trained["head"][0]
+    result = runner.invoke(app, ["train-draft", "--models", str(pair_dir / "models.yaml"), "--data-from", str(head_run),
+                                 "--out", str(tmp_path / "narrow"), "--kind", "model", "--hidden-size", "16", "--steps", "3",
+                                 "--batch-size", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    made = torch.load(head_run / "checkpoint" / "data.pt", weights_only=True)
+    reused = torch.load(tmp_path / "narrow" / "checkpoint" / "data.pt", weights_only=True)
+    assert [e["ids"].tolist() for e in reused["examples"]] == [e["ids"].tolist() for e in made["examples"]]
+    assert reused["examples"][0]["hidden"] is None and reused["kind"] == "model"
+    draft = load(parse_model(str(tmp_path / "narrow")))
+    assert draft.model.config.hidden_size == 16
+    saved = json.loads((tmp_path / "narrow" / "config.json").read_text())
+    assert saved.get("dtype", saved.get("torch_dtype")) == "bfloat16"  # half the file; drafts only propose
+    drafter = ModelDrafter(draft.model, loaded_target.model.config.vocab_size)
+    engine = SpeculativeEngine(loaded_target.model, drafter, {1})
+    plain = [t for e in SpeculativeEngine(loaded_target.model, None, {1}).generate([5, 6, 7], k=0, max_new_tokens=10) for t in e.emitted]
+    assert [t for e in engine.generate([5, 6, 7], k=3, max_new_tokens=10) for t in e.emitted] == plain
+
+
+def test_a_head_from_a_models_answers_gets_a_fresh_teacher_pass(trained, pair_dir, tmp_path):
+    result = runner.invoke(app, ["train-draft", "--models", str(pair_dir / "models.yaml"), "--data-from", str(trained["model"][0]),
+                                 "--out", str(tmp_path / "head"), "--kind", "head", "--steps", "2", "--batch-size", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    data = torch.load(tmp_path / "head" / "checkpoint" / "data.pt", weights_only=True)
+    assert all(e["hidden"] is not None and e["hidden"].shape[0] == e["ids"].shape[0] for e in data["examples"])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--prompts", "PROMPTS", "--data-from", "RUN"], "drop --prompts"),
+     (["--data-from", "EMPTY"], "no checkpoint/data.pt there"),
+     ([], "give the prompts to train on")],
+)
+def test_bad_data_sources_are_exit_code_2(trained, pair_dir, prompt_file, tmp_path, args, message):
+    names = {"PROMPTS": str(prompt_file), "RUN": str(trained["head"][0]), "EMPTY": str(tmp_path)}
+    result = runner.invoke(app, ["train-draft", "--models", str(pair_dir / "models.yaml"), "--out", str(tmp_path / "x"),
+                                 "--kind", "model", "--steps", "1", *[names.get(a, a) for a in args]])
+    assert result.exit_code == 2 and message in " ".join(result.stderr.split())

@@ -36,9 +36,9 @@ class ProgressReporter:
 
 @user_errors
 def train_draft(
-    prompts: Annotated[Path, typer.Option("--prompts", help="Prompt file: one prompt per line, text or JSON with 'prompt' (and 'id', 'scenario').")],
     out: Annotated[Path, typer.Option("--out", help="Directory for the drafter, its held-out prompts and its checkpoint.")],
-    kind: Annotated[str, typer.Option("--kind", help="'model': a stand-alone draft LM from 2 of the target's layers; 'head': an EAGLE-style head on the target's features.")],
+    kind: Annotated[str, typer.Option("--kind", help="'model': a stand-alone draft LM (see --hidden-size); 'head': an EAGLE-style head on the target's features.")],
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Prompt file: one prompt per line, text or JSON with 'prompt' (and 'id', 'scenario'). Not needed with --resume or --data-from.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Stop after this many optimiser steps in all (counted across --resume).")] = None,
     minutes: Annotated[Optional[float], typer.Option(help="Stop training after this many minutes of this run.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for the held-out split, sampled answers, initialisation and batches.")] = 0,
@@ -53,6 +53,9 @@ def train_draft(
     sampled: Annotated[bool, typer.Option("--sampled/--greedy-only", help="Also a sampled answer per prompt, or the greedy one alone (more prompts beat more answers per prompt).")] = True,
     raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the chat template.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint in --out (data and trainer state).")] = False,
+    data_from: Annotated[Optional[Path], typer.Option("--data-from", help="Reuse the target's answers from another run's --out (same target) instead of generating new ones.")] = None,
+    hidden_size: Annotated[int, typer.Option("--hidden-size", help="--kind model: width of a fresh, small draft (its embedding starts as the target's, projected); 0 copies 2 of the target's layers at full width.")] = 0,
+    layers: Annotated[int, typer.Option("--layers", help="--kind model: decoder layers (default 2 copied from the target, or 4 in a --hidden-size draft).")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="The summary as one JSON object on stdout.")] = False,
     pair: PairOption = None,
     target: TargetOption = None,
@@ -67,7 +70,8 @@ def train_draft(
     spec = resolve_pair(models, pair, target)
     settings = draft_job.JobSettings(
         kind=kind, prompts=prompts, out=out, target=spec.target, steps=steps, minutes=minutes, seed=seed, top_k=top_k,
-        top_vocab=top_vocab, holdout=holdout, lr=lr, batch_size=batch_size, raw=raw, resume=resume,
+        top_vocab=top_vocab, holdout=holdout, lr=lr, batch_size=batch_size, raw=raw, resume=resume, data_from=data_from,
+        hidden_size=hidden_size, layers=layers,
         answers=AnswerSettings(max_new_tokens, temperature, answer_batch_size, seed, sampled),
     )
     settings.check()
