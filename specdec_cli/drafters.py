@@ -78,6 +78,32 @@ class NgramDrafter:
         return Draft.empty()
 
 
+class LookupFirst:
+    """Prompt lookup where the text repeats itself, a learned drafter everywhere else.
+
+    A lookup hit costs nothing to draft and runs long (code edits, quoting); the learned drafter
+    covers the rounds where lookup has nothing to offer. Lookup here needs an n-gram of at least
+    two tokens: a single-token match is weaker evidence than a trained drafter's guess. Each round's
+    draft comes whole from one of the two, with that one's q, so the acceptance test is unchanged.
+    """
+
+    def __init__(self, learned: Drafter, lookup: NgramDrafter | None = None):
+        self.learned, self.lookup = learned, lookup or NgramDrafter(max_ngram=3, min_ngram=2)
+        self.name = f"ngram+{learned.name}"
+        self.uses_target_features = bool(getattr(learned, "uses_target_features", False))
+
+    def reset(self) -> None:
+        self.lookup.reset()
+        self.learned.reset()
+
+    def add_features(self, rows: torch.Tensor) -> None:
+        self.learned.add_features(rows)  # every round, used or not: the head must see every position
+
+    def propose(self, context, k, sampling, generator) -> Draft:
+        draft = self.lookup.propose(context, k, sampling, generator)
+        return draft if len(draft) else self.learned.propose(context, k, sampling, generator)
+
+
 class ModelDrafter:
     """A small causal LM drafting autoregressively with its own KV cache.
 

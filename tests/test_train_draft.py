@@ -6,11 +6,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from exactness import VOCAB, assert_lossless, small_models
+from exactness import VOCAB, assert_lossless, assert_same_distribution, exact_two_token_distribution, sampled_pairs, small_models
 from specdec_cli.acceptance import SamplingParams
 from specdec_cli.cli import app
 from specdec_cli.distill import soft_cross_entropy, top_vocab, Example
-from specdec_cli.drafters import ModelDrafter
+from specdec_cli.drafters import Draft, LookupFirst, ModelDrafter
 from specdec_cli.engine import SpeculativeEngine
 from specdec_cli.head import DraftHead, HeadDrafter, head_config, load_head, read_meta
 from specdec_cli.loading import load
@@ -312,3 +312,43 @@ def test_bad_data_sources_are_exit_code_2(trained, pair_dir, prompt_file, tmp_pa
     result = runner.invoke(app, ["train-draft", "--models", str(pair_dir / "models.yaml"), "--out", str(tmp_path / "x"),
                                  "--kind", "model", "--steps", "1", *[names.get(a, a) for a in args]])
     assert result.exit_code == 2 and message in " ".join(result.stderr.split())
+
+
+# --- lookup first, a learned drafter elsewhere -------------------------------------------------------
+
+
+def test_lookup_first_drafts_from_a_repeat_and_otherwise_asks_the_learned_drafter():
+    class Learned:
+        name, calls = "stub", 0
+
+        def reset(self):
+            pass
+
+        def propose(self, context, k, sampling, generator):
+            Learned.calls += 1
+            return Draft(torch.full((k,), 77))
+
+    drafter = LookupFirst(Learned())
+    repeat = drafter.propose(torch.tensor([5, 6, 9, 8, 5, 6]), 2, SamplingParams(), None)
+    assert repeat.tokens.tolist() == [9, 8] and Learned.calls == 0  # the 2-gram 5 6 occurred before
+    single = drafter.propose(torch.tensor([5, 6, 9, 8, 1, 6]), 2, SamplingParams(), None)
+    assert single.tokens.tolist() == [77, 77] and Learned.calls == 1  # a 1-gram match is not enough
+    assert drafter.name == "ngram+stub" and not drafter.uses_target_features
+
+
+@pytest.mark.parametrize("kind", ["model", "head"])
+def test_lookup_first_keeps_greedy_output_and_sampling_exact(trained, loaded_target, kind):
+    drafter = LookupFirst(drafter_for(trained, kind, loaded_target))
+    target = loaded_target.model
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    plain = [t for e in SpeculativeEngine(target, None, {1}).generate(prompt, k=0, max_new_tokens=24) for t in e.emitted]
+    assert [t for e in SpeculativeEngine(target, drafter, {1}).generate(prompt, k=3, max_new_tokens=24) for t in e.emitted] == plain
+    small, disagreeing = small_models()
+    if kind == "model":
+        learned = ModelDrafter(disagreeing, VOCAB)
+    else:
+        torch.manual_seed(0)
+        learned = HeadDrafter(DraftHead(head_config(small)), small)
+    sampling, repeating = SamplingParams(1.0), [3, 4, 3, 4]  # the first round drafts by lookup: 3 4 -> 3 4
+    counts = sampled_pairs(small, LookupFirst(learned), 2, sampling, prompt=repeating)
+    assert_same_distribution(counts, exact_two_token_distribution(small, repeating, sampling))
