@@ -4,6 +4,9 @@ Modes run interleaved prompt by prompt (with a rotated order) so that machine dr
 alike, after one excluded warm-up pass. Every speculative figure is reported next to plain decoding
 of the same target on the same prompts in the same run, and every mode's tokens are compared with
 plain's: a speed-up with different output is not a speed-up.
+
+Each mode takes the pair's drafter of its kind (``Runtime.drafter_of``), not only the default one:
+a pair drafted by n-gram lookup by default still benches its draft model and its draft head.
 """
 
 from __future__ import annotations
@@ -20,14 +23,16 @@ from .acceptance import SamplingParams
 from .drafters import NgramDrafter
 from .engine import MAX_K, SpeculativeEngine
 from .errors import UserError
-from .head import HeadDrafter
 from .kv import input_device
 from .prompts import Prompt
+from .registry import HEAD, MODEL, NGRAM
 from .runtime import Runtime
 from .speedup import predicted_speedup
 
 MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head")
 ENGINE_KINDS = ("plain", "spec", "ngram", "head")  # run by this loop; the others by transformers' generate
+DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "ngram": NGRAM, "hf-lookup": NGRAM}
+NEEDS = {MODEL: "a draft model", HEAD: "a draft head"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,11 @@ class Mode:
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.k}" if self.kind not in ("plain", "hf-plain") else self.kind
+
+    @property
+    def drafter_kind(self) -> str | None:
+        """The kind of drafter the mode runs (model, head, ngram); None for plain decoding."""
+        return DRAFTER_OF_MODE.get(self.kind)
 
 
 def parse_modes(text: str) -> list[Mode]:
@@ -88,32 +98,27 @@ class Bench:
             drafter = None
             if mode.kind == "ngram":
                 drafter = NgramDrafter()
-            elif mode.kind == "spec":
-                self._draft_model(mode)  # refuses a pair without one
-                drafter = self.runtime.drafter  # the pair's ModelDrafter, with its output layer
-            elif mode.kind == "head":
-                drafter = self._head(mode)
+            elif mode.kind in ("spec", "head"):
+                drafter = self._drafter(mode)[0]  # a ModelDrafter keeps its (trained) output layer
             engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.eos_token_ids,
                                        self.runtime.block_plan)
             return lambda ids, prompt: self._run_engine(engine, mode.k, ids, prompt)
         kwargs = {}
         if mode.kind == "hf-assisted":
             # A constant schedule and no confidence cut-off: K drafts every round, like spec:K.
-            kwargs = dict(assistant_model=self._draft_model(mode), num_assistant_tokens=mode.k,
+            kwargs = dict(assistant_model=self._drafter(mode)[1].model, num_assistant_tokens=mode.k,
                           num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
         elif mode.kind == "hf-lookup":
             kwargs = dict(prompt_lookup_num_tokens=mode.k, max_matching_ngram_size=NgramDrafter().max_ngram)
         return lambda ids, prompt: self._run_hf(kwargs, ids, prompt)
 
-    def _head(self, mode: Mode) -> HeadDrafter:
-        if not isinstance(self.runtime.drafter, HeadDrafter):
-            raise UserError(f"mode {mode} needs a draft head, and pair {self.runtime.pair.name!r} has none (use --draft DIR)")
-        return self.runtime.drafter
-
-    def _draft_model(self, mode: Mode):
-        if self.runtime.draft is None:
-            raise UserError(f"mode {mode} needs a draft model, and pair {self.runtime.pair.name!r} has none (use --draft)")
-        return self.runtime.draft.model
+    def _drafter(self, mode: Mode):
+        """The pair's drafter for a spec, hf-assisted or head mode, refused in the mode's words."""
+        kind = mode.drafter_kind
+        if self.runtime.pair.alternate(kind) is None:
+            raise UserError(f"mode {mode} needs {NEEDS[kind]}, and pair {self.runtime.pair.name!r} has none "
+                            f"(use --draft, or list one under `drafters:` in models.yaml)")
+        return self.runtime.drafter_of(kind)
 
     def _run_engine(self, engine: SpeculativeEngine, k: int, ids: list[int], prompt: Prompt) -> Sample:
         stamps, tokens, sample = [], [], Sample(prompt, [], 0.0, 0.0, [], 0)

@@ -4,6 +4,12 @@ The file is looked up in this order: ``--models FILE``, ``$SPECDEC_MODELS``, ``.
 then the copy shipped inside the package. A pair names its target, its drafter (a model, or
 ``ngram`` for prompt lookup, or a draft head made by ``specdec train-draft``), the default K, optional
 per-scenario K and placement, and optionally the calibration profile file (``profile:``, see profile.py).
+
+A pair may also list other drafters under ``drafters:`` (kind → drafter), so that trained drafters
+stay selectable (``--drafter KIND``, bench's modes) while ``draft:`` stays the one used by default.
+Relative paths in the file are taken against the directory of the file itself, symlinks resolved:
+the repository's top-level ``models.yaml`` links to the packaged one, and both must find the
+drafters shipped next to the packaged one.
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ from ruamel.yaml import YAML, YAMLError
 from .engine import MAX_K
 from .errors import UserError
 from .head import read_meta
-from .sources import ModelSource
+from .sources import ModelSource, resolve_path
 
 PACKAGED_REGISTRY = Path(__file__).with_name("models.yaml")
+MODEL = "model"
 NGRAM = "ngram"
 HEAD = "head"
+DRAFTER_KINDS = (MODEL, NGRAM, HEAD)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -44,7 +52,10 @@ class DrafterSpec:
 
     @property
     def kind(self) -> str:
-        return HEAD if self.head else "model" if self.model else NGRAM
+        return HEAD if self.head else MODEL if self.model else NGRAM
+
+    def __str__(self) -> str:
+        return str(self.model.source) if self.model else f"head {self.head}" if self.head else "ngram (prompt lookup)"
 
 
 @dataclass(frozen=True)
@@ -57,9 +68,17 @@ class PairSpec:
     description: str = ""
     pad_blocks: bool = False  # run verify blocks at the cheapest measured length (blocks.py); for CPU targets
     profile: Path | None = None  # calibration profile file (`profile:` key, relative to models.yaml)
+    alternates: dict[str, DrafterSpec] = field(default_factory=dict)  # kind → drafter, `drafter` included
 
     def k_for(self, scenario: str | None) -> int:
         return self.scenarios.get(scenario, self.k) if scenario else self.k
+
+    def alternate(self, kind: str) -> DrafterSpec | None:
+        """The pair's drafter of this kind: the current one if it is of that kind, else the one listed
+        under ``drafters:``; n-gram lookup needs nothing and is always there. None when there is none."""
+        if self.drafter.kind == kind:
+            return self.drafter
+        return self.alternates.get(kind) or (DrafterSpec() if kind == NGRAM else None)
 
 
 @dataclass(frozen=True)
@@ -103,27 +122,51 @@ def load_registry(explicit: str | Path | None = None) -> Registry:
 
 def _parse_pair(path: Path, name: str, body) -> PairSpec:
     where = f"{path}: pair {name!r}"
+    base = path.resolve().parent  # through the symlink: where the file and its drafters really are
     if not isinstance(body, dict) or "target" not in body or "draft" not in body:
         raise UserError(f"{where} needs 'target' and 'draft'")
     dtype = body.get("dtype", "float32")
     scenarios = body.get("scenarios") or {}
     if not isinstance(scenarios, dict):
         raise UserError(f"{where}: 'scenarios' must map scenario names to K")
+    drafter = parse_drafter(body["draft"], dtype, where + " draft", base)
     pair = PairSpec(
         name=name,
-        target=parse_model(body["target"], dtype, where + " target"),
-        drafter=parse_drafter(body["draft"], dtype, where + " draft"),
+        target=parse_model(body["target"], dtype, where + " target", base),
+        drafter=drafter,
         k=_k(body.get("k", 4), where),
         scenarios={str(s): _k(v, f"{where} scenario {s!r}") for s, v in scenarios.items()},
         description=str(body.get("description", "")),
         pad_blocks=bool(body.get("pad_blocks", False)),
         profile=path.parent / str(body["profile"]) if body.get("profile") else None,
+        alternates=_alternates(body.get("drafters"), drafter, dtype, where, base),
     )
     return pair
 
 
-def parse_model(value, dtype: str = "float32", where: str = "model") -> ModelSpec:
-    """A source string, or a mapping with ``source`` and optional ``dtype`` / ``device_map``."""
+def _alternates(listed, default: DrafterSpec, dtype: str, where: str, base: Path) -> dict[str, DrafterSpec]:
+    """``drafters:`` as kind → drafter, plus the default under its own kind. A key must be a drafter
+    kind and name a drafter of that kind, so that ``--drafter KIND`` can never pick a surprise."""
+    listed = {} if listed is None else listed
+    if not isinstance(listed, dict):
+        raise UserError(f"{where}: 'drafters' must map drafter kinds ({', '.join(DRAFTER_KINDS)}) to drafters")
+    found = {default.kind: default}
+    for kind, value in listed.items():
+        if kind not in DRAFTER_KINDS:
+            raise UserError(f"{where}: unknown drafter kind {kind!r} under 'drafters'; use {', '.join(DRAFTER_KINDS)}")
+        spec = parse_drafter(value, dtype, f"{where} drafters.{kind}", base)
+        if spec.kind != kind:
+            hint = " (a head is a directory written by `specdec train-draft --kind head`)" if kind == HEAD else ""
+            raise UserError(f"{where}: drafters.{kind} names a drafter of kind {spec.kind} ({spec}), not {kind}{hint}")
+        if kind == default.kind and spec != default:
+            raise UserError(f"{where}: drafters.{kind} ({spec}) differs from 'draft' ({default}); a pair has one drafter of each kind")
+        found[kind] = spec
+    return found
+
+
+def parse_model(value, dtype: str = "float32", where: str = "model", base: Path | None = None) -> ModelSpec:
+    """A source string, or a mapping with ``source`` and optional ``dtype`` / ``device_map``.
+    ``base``: the directory a relative path is taken against (the registry's own), else the working one."""
     if isinstance(value, str):
         value = {"source": value}
     if not isinstance(value, dict) or "source" not in value:
@@ -131,10 +174,11 @@ def parse_model(value, dtype: str = "float32", where: str = "model") -> ModelSpe
     dtype = str(value.get("dtype", dtype))
     if dtype not in DTYPES:
         raise UserError(f"{where}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    return ModelSpec(ModelSource.parse(str(value["source"])), dtype, value.get("device_map", "auto"))
+    return ModelSpec(ModelSource.parse(str(value["source"]), base), dtype, value.get("device_map", "auto"))
 
 
-def parse_drafter(value, dtype: str = "float32", where: str = "draft") -> DrafterSpec:
+def parse_drafter(value, dtype: str = "float32", where: str = "draft", base: Path | None = None) -> DrafterSpec:
+    """``ngram``, ``{kind: ngram, ...}``, ``{kind: head, source: DIR}``, a head directory, or a model."""
     if value == NGRAM:
         return DrafterSpec()
     if isinstance(value, dict) and value.get("kind") == NGRAM:
@@ -142,15 +186,14 @@ def parse_drafter(value, dtype: str = "float32", where: str = "draft") -> Drafte
     if isinstance(value, dict) and value.get("kind") == HEAD:
         if not isinstance(value.get("source"), str):
             raise UserError(f"{where}: a head needs 'source', the directory `specdec train-draft --kind head` wrote")
-        return DrafterSpec(head=Path(value["source"]).expanduser())
-    if isinstance(value, str) and _is_head(value):
-        return DrafterSpec(head=Path(value).expanduser())
-    return DrafterSpec(model=parse_model(value, dtype, where))
+        return DrafterSpec(head=resolve_path(value["source"], base))
+    if isinstance(value, str) and _is_head(resolve_path(value, base)):
+        return DrafterSpec(head=resolve_path(value, base))
+    return DrafterSpec(model=parse_model(value, dtype, where, base))
 
 
-def _is_head(text: str) -> bool:
+def _is_head(path: Path) -> bool:
     """A directory written by `train-draft --kind head`: its metadata file says so."""
-    path = Path(text).expanduser()
     return path.is_dir() and (read_meta(path) or {}).get("kind") == HEAD
 
 

@@ -1,5 +1,8 @@
 """A pair made ready to run: the target and its drafter loaded, checked against each other, and
-wired into an engine. Command-line overrides of the registry are applied here."""
+wired into an engine. Command-line overrides of the registry are applied here.
+
+The pair's other drafters (``drafters:`` in models.yaml) load only when asked for
+(``drafter_of``), so a command that uses one drafter never pays for the rest."""
 
 from __future__ import annotations
 
@@ -13,10 +16,13 @@ from .engine import SpeculativeEngine
 from .errors import UserError
 from .head import load_head, read_meta
 from .loading import LoadedModel, cache_root, load
-from .registry import HEAD, NGRAM, DrafterSpec, PairSpec, parse_drafter, parse_model
+from .registry import DRAFTER_KINDS, HEAD, MODEL, DrafterSpec, PairSpec, parse_drafter, parse_model
 from .tokenization import check_compatible, eos_ids
 
-DRAFTER_KINDS = ("model", NGRAM, HEAD)
+MISSING = {
+    MODEL: "has no draft model; name one with --draft SOURCE or under `drafters: {model: ...}` in models.yaml",
+    HEAD: "has no draft head; name one with --draft DIR (made by `specdec train-draft --kind head`) or under `drafters: {head: ...}`",
+}
 
 
 @dataclass
@@ -26,6 +32,7 @@ class Runtime:
     drafter: Drafter
     draft: LoadedModel | None  # the draft model, when the drafter is one
     block_plan: dict[int, int] = field(default_factory=dict)  # verify-block padding (blocks.py)
+    _others: dict[str, tuple[Drafter, LoadedModel | None]] = field(default_factory=dict, repr=False)
 
     @property
     def engine(self) -> SpeculativeEngine:
@@ -39,23 +46,38 @@ class Runtime:
     def eos_token_ids(self) -> set[int]:
         return eos_ids(self.target.tokenizer, self.target.model.generation_config)
 
+    def drafter_of(self, kind: str) -> tuple[Drafter, LoadedModel | None]:
+        """The pair's drafter of this kind for the loaded target, and its draft model when it is one:
+        the running drafter if it is of that kind, else the alternate, loaded on first use and kept
+        (bench runs one kind in several modes, spec:K and hf-assisted:K share a draft model)."""
+        if kind == self.pair.drafter.kind:
+            return self.drafter, self.draft
+        if kind not in self._others:
+            spec = self.pair.alternate(kind)
+            if spec is None:
+                raise UserError(f"pair {self.pair.name!r} {MISSING[kind]}")
+            self._others[kind] = _drafter(spec, self.target)
+        return self._others[kind]
+
 
 def override(pair: PairSpec, target: str | None = None, draft: str | None = None, drafter: str | None = None) -> PairSpec:
-    """Apply --target / --draft / --drafter to a registry pair."""
+    """Apply --target / --draft / --drafter to a registry pair.
+
+    --draft becomes the default drafter and replaces the pair's alternate of its kind (so bench's
+    modes of that kind use it too); --drafter KIND then picks the pair's drafter of that kind.
+    """
     if target:
         pair = replace(pair, target=replace(pair.target, source=parse_model(target).source))
     if draft:
-        dtype = pair.target.dtype
-        pair = replace(pair, drafter=parse_drafter(draft, dtype, "--draft"))
+        chosen = parse_drafter(draft, pair.target.dtype, "--draft")
+        pair = replace(pair, drafter=chosen, alternates={**pair.alternates, chosen.kind: chosen})
     if drafter:
         if drafter not in DRAFTER_KINDS:
             raise UserError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
-        if drafter == NGRAM and pair.drafter.kind != NGRAM:
-            pair = replace(pair, drafter=DrafterSpec())
-        elif drafter == "model" and pair.drafter.kind != "model":
-            raise UserError(f"pair {pair.name!r} has no draft model; name one with --draft SOURCE")
-        elif drafter == HEAD and pair.drafter.kind != HEAD:
-            raise UserError(f"pair {pair.name!r} has no draft head; name one with --draft DIR (made by `specdec train-draft --kind head`)")
+        chosen = pair.alternate(drafter)
+        if chosen is None:
+            raise UserError(f"pair {pair.name!r} {MISSING[drafter]}")
+        pair = replace(pair, drafter=chosen)
     return pair
 
 

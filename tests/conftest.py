@@ -80,9 +80,19 @@ def similar(target):
     return similar_draft(target, seed=5, noise=0.2)
 
 
+def save_random_head(directory, target: LlamaForCausalLM, seed: int = 3) -> None:
+    """An untrained draft head for ``target``: drafts poorly, but loads and runs like a trained one."""
+    from specdec_cli.head import DraftHead, head_config, save_head, target_identity
+
+    torch.manual_seed(seed)
+    head = DraftHead(head_config(target))
+    save_head(directory, head, {"target": target_identity(target, "target"), "layer": head.config_dict})
+
+
 @pytest.fixture(scope="session")
 def pair_dir(tmp_path_factory, target, similar):
-    """Tiny target and draft saved as model directories with a character tokenizer, and a models.yaml."""
+    """Tiny target and draft saved as model directories with a character tokenizer, a draft head, and
+    a models.yaml (``tiny-alt``: n-gram by default, its draft model and head named by relative paths)."""
     root = tmp_path_factory.mktemp("pair")
     for name, model, tokenizer in (
         ("target", target, char_tokenizer()),
@@ -91,6 +101,7 @@ def pair_dir(tmp_path_factory, target, similar):
     ):
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
+    save_random_head(root / "head", target)
     (root / "models.yaml").write_text(
         f"""
 default: tiny
@@ -103,6 +114,11 @@ pairs:
   tiny-ngram:
     target: {root / 'target'}
     draft: ngram
+  tiny-alt:
+    target: {root / 'target'}
+    draft: ngram
+    drafters: {{model: ./draft, head: head}}
+    k: 3
   alien:
     target: {root / 'target'}
     draft: {root / 'alien'}

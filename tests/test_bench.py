@@ -73,4 +73,39 @@ def test_mode_parsing():
 
 def test_spec_mode_without_a_draft_model_is_a_user_error(pair_dir, prompt_file):
     result = bench(pair_dir, prompt_file, "--pair", "tiny-ngram", "--modes", "spec:2")
-    assert result.exit_code == 2 and "needs a draft model" in result.stderr
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == ("specdec: error: mode spec:2 needs a draft model, and pair 'tiny-ngram' has "
+                                               "none (use --draft, or list one under `drafters:` in models.yaml)")
+
+
+def test_bench_runs_the_alternates_of_a_pair_drafted_by_ngram(pair_dir, prompt_file):
+    """tiny-alt drafts by n-gram lookup by default; its draft model and head still get their modes."""
+    result = bench(pair_dir, prompt_file, "--pair", "tiny-alt", "--modes", "spec:3,hf-assisted:3,head:2,ngram:3")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert list(report["modes"]) == ["plain", "spec:3", "hf-assisted:3", "head:2", "ngram:3"]
+    assert all(figures["identical_to_plain"] for figures in report["modes"].values())
+    assert report["modes"]["spec:3"]["acceptance_rate"] > 0.5  # the similar draft, not n-gram lookup
+    same = json.loads(bench(pair_dir, prompt_file, "--pair", "tiny", "--modes", "spec:3,hf-assisted:3").stdout)
+    for mode in ("spec:3", "hf-assisted:3"):  # the very figures of pair tiny, whose default is that draft model
+        for key in ("acceptance_rate", "mean_accepted_length", "rounds"):
+            assert report["modes"][mode][key] == same["modes"][mode][key] is not None
+    manifest = report["manifest"]
+    assert manifest["draft"] == "ngram"
+    assert list(manifest["drafters"]) == ["model", "head", "ngram"]
+    assert manifest["drafters"]["model"]["source"] == str(pair_dir.resolve() / "draft")
+    assert manifest["drafters"]["model"]["files"]
+    assert manifest["drafters"]["head"]["head"] == str(pair_dir.resolve() / "head")
+    assert manifest["drafters"]["ngram"] == "ngram"
+
+
+def test_default_modes_follow_the_pairs_drafters(pair_dir):
+    from specdec_cli.commands.bench import _default_modes
+    from specdec_cli.registry import load_registry
+    from specdec_cli.runtime import override
+
+    registry = load_registry(pair_dir / "models.yaml")
+    assert _default_modes(registry.pair("tiny-alt")) == "plain,hf-plain,ngram:4,hf-lookup:4,spec:4,hf-assisted:4,head:4"
+    assert _default_modes(override(registry.pair("tiny-alt"), drafter="head")) == _default_modes(registry.pair("tiny-alt"))
+    assert _default_modes(registry.pair("tiny")) == "plain,hf-plain,ngram:4,hf-lookup:4,spec:4,hf-assisted:4"
+    assert _default_modes(registry.pair("tiny-ngram")) == "plain,hf-plain,ngram:4,hf-lookup:4"

@@ -75,7 +75,7 @@ def test_sampling_is_reproducible_with_a_seed(models):
 @pytest.mark.parametrize(
     "args, stdin, message",
     [
-        (["--pair", "nope", "x"], None, "unknown pair 'nope'; known pairs: alien, missing, tiny, tiny-ngram"),
+        (["--pair", "nope", "x"], None, "unknown pair 'nope'; known pairs: alien, missing, tiny, tiny-alt, tiny-ngram"),
         (["--pair", "missing", "x"], None, "model path not found"),
         (["--pair", "alien", "x"], None, "incompatible tokenizers: token 'a' is id"),
         (["-k", "-1", "x"], None, "K must be from 0 to 32, got -1"),
@@ -148,3 +148,36 @@ def test_piping_into_head_ends_without_a_traceback(models):
     assert done.returncode == 0
     assert len(done.stdout.splitlines()) == 1 and json.loads(done.stdout)["id"] == 1
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+@pytest.mark.parametrize("args, drafter", [((), "ngram"), (("--drafter", "model"), "model"),
+                                           (("--drafter", "head"), "head"), (("--drafter", "ngram"), "ngram")])
+def test_drafter_switches_to_the_pairs_alternate_of_that_kind(pair_dir, tmp_path, args, drafter):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("abcabcabc\n")
+    result = runner.invoke(app, ["verify-equivalence", "--models", str(pair_dir / "models.yaml"), "--pair", "tiny-alt",
+                                 "--prompts", str(prompts), "-k", "2", "--max-new-tokens", "6", "--json", *args])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["drafter"] == drafter and record["equivalent"] is True
+
+
+def test_drafter_head_without_a_head_is_a_user_error(models):
+    result = invoke(models, "--pair", "tiny-ngram", "--drafter", "head", "x")
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == (
+        "specdec: error: pair 'tiny-ngram' has no draft head; name one with --draft DIR (made by `specdec train-draft "
+        "--kind head`) or under `drafters: {head: ...}`")
+
+
+def test_models_lists_every_drafter_of_a_pair(models, pair_dir):
+    result = runner.invoke(app, ["models", "--models", models, "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["name"]: row for row in map(json.loads, result.stdout.splitlines())}
+    root = pair_dir.resolve()
+    assert rows["tiny-alt"]["draft"] == "ngram (prompt lookup)"
+    assert rows["tiny-alt"]["drafters"] == {"ngram": "ngram (prompt lookup)", "model": str(root / "draft"),
+                                           "head": f"head {root / 'head'}"}
+    assert rows["tiny"]["drafters"] == {"model": str(pair_dir / "draft")}
+    table = runner.invoke(app, ["models", "--models", models], env={"COLUMNS": "400"})
+    assert "model: " + str(root / "draft") in table.stdout

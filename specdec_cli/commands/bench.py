@@ -17,7 +17,8 @@ from rich.table import Table
 from .. import bench, manifest
 from ..errors import UserError
 from ..prompts import read_file
-from ..runtime import prepare
+from ..registry import HEAD, MODEL, NGRAM, PairSpec
+from ..runtime import Runtime, prepare
 from ..tokenization import encode_prompt
 from .common import (
     DraftOption,
@@ -41,7 +42,7 @@ COLUMNS = [
 @user_errors
 def bench_command(
     prompts: Annotated[Path, typer.Option("--prompts", help="Prompt file: one prompt per line, text or JSON with 'prompt', 'id', 'scenario'.")],
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head.")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
     pair: PairOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per prompt and mode.")] = 64,
     temperature: Annotated[float, typer.Option(help="0: greedy (the default, so outputs can be compared token by token).")] = 0.0,
@@ -63,7 +64,7 @@ def bench_command(
     sampling = sampling_params(temperature, 0, 1.0)
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
-    chosen = bench.parse_modes(modes or _default_modes(spec.drafter.kind))
+    chosen = bench.parse_modes(modes or _default_modes(spec))
     runtime = prepare(spec)
     console = stderr_console()
     runner = bench.Bench(runtime, max_new_tokens, sampling, seed)
@@ -77,7 +78,8 @@ def bench_command(
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "pair": spec.name,
         "target": manifest.model_entry(runtime.target),
-        "draft": manifest.model_entry(runtime.draft) if runtime.draft else manifest.head_entry(spec.drafter.head) if spec.drafter.head else "ngram",
+        "draft": _drafter_entry(runtime, spec.drafter.kind),
+        "drafters": {kind: _drafter_entry(runtime, kind) for kind in dict.fromkeys(m.drafter_kind for m in chosen) if kind},
         "libraries": manifest.libraries(),
         "machine": manifest.machine(),
         "seed": seed, "temperature": temperature, "max_new_tokens": max_new_tokens, "prompts": len(items),
@@ -97,9 +99,19 @@ def bench_command(
         console.print(f"[yellow]modes whose tokens differ from plain decoding: {', '.join(differing)}[/]")
 
 
-def _default_modes(drafter_kind: str) -> str:
-    extra = {"model": ",spec:4,hf-assisted:4", "head": ",head:4"}.get(drafter_kind, "")
-    return "plain,hf-plain,ngram:4,hf-lookup:4" + extra
+def _default_modes(pair: PairSpec) -> str:
+    """Plain and n-gram modes always; the model and head modes for each such drafter the pair has."""
+    extra = {MODEL: ",spec:4,hf-assisted:4", HEAD: ",head:4"}
+    return "plain,hf-plain,ngram:4,hf-lookup:4" + "".join(extra[kind] for kind in extra if pair.alternate(kind))
+
+
+def _drafter_entry(runtime: Runtime, kind: str):
+    """What the manifest records of a drafter: a model's files, a head's weights, or 'ngram'."""
+    if kind == NGRAM:
+        return "ngram"
+    if kind == HEAD:
+        return manifest.head_entry(runtime.pair.alternate(HEAD).head)
+    return manifest.model_entry(runtime.drafter_of(MODEL)[1])
 
 
 def _cell(key: str, value) -> str:

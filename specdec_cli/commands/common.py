@@ -23,7 +23,7 @@ ModelsOption = Annotated[
 ]
 TargetOption = Annotated[Optional[str], typer.Option("--target", help="Override the pair's target: hf:ID, package:PKG/FILE, a directory or a .gguf.")]
 DraftOption = Annotated[Optional[str], typer.Option("--draft", help="Override the pair's draft: a model source as for --target, a head directory from train-draft, or 'ngram'.")]
-DrafterOption = Annotated[Optional[str], typer.Option("--drafter", help="Drafter kind: 'model' (the pair's draft model), 'head' (its draft head) or 'ngram' (prompt lookup).")]
+DrafterOption = Annotated[Optional[str], typer.Option("--drafter", help="Drafter kind: 'model' (the pair's draft model), 'head' (its draft head) or 'ngram' (prompt lookup, always there); the pair's default `draft:` or one listed under `drafters:`.")]
 
 
 def stderr_console() -> Console:

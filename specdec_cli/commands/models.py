@@ -1,4 +1,7 @@
-"""`specdec models`: the registered pairs, and whether each can run without a network."""
+"""`specdec models`: the registered pairs, their drafters, and whether each can run without a network.
+
+Besides the default drafter (``draft``) each pair shows the others it can switch to with
+``--drafter KIND`` (``drafters``, kind → drafter); availability offline is the default drafter's."""
 
 from __future__ import annotations
 
@@ -23,21 +26,22 @@ def models(
     rows = []
     for name, pair in registry.pairs.items():
         head = pair.drafter.head
-        draft = str(pair.drafter.model.source) if pair.drafter.model else f"head {head}" if head else "ngram (prompt lookup)"
         offline = pair.target.source.available_offline() and (
             pair.drafter.model.source.available_offline() if pair.drafter.model else head is None or head.is_dir()
         )
         rows.append(dict(name=name, default=name == registry.default, target=str(pair.target.source),
-                         draft=draft, k=pair.k, scenarios=pair.scenarios, offline=offline))
+                         draft=str(pair.drafter), drafters={kind: str(d) for kind, d in pair.alternates.items()},
+                         k=pair.k, scenarios=pair.scenarios, offline=offline))
     if json_out:
         for row in rows:
             print(json.dumps(row))
         return
     table = Table(title=f"pairs in {registry.path}", title_justify="left")
-    for column in ("pair", "target", "draft", "K", "offline"):
+    for column in ("pair", "target", "draft", "other drafters", "K", "offline"):
         table.add_column(column, overflow="fold")
     for row in rows:
         k = str(row["k"]) + "".join(f"\n{s}: {v}" for s, v in row["scenarios"].items())
-        table.add_row(row["name"] + (" (default)" if row["default"] else ""), row["target"], row["draft"], k,
+        others = "\n".join(f"{kind}: {d}" for kind, d in row["drafters"].items() if d != row["draft"])
+        table.add_row(row["name"] + (" (default)" if row["default"] else ""), row["target"], row["draft"], others, k,
                       "[green]yes[/]" if row["offline"] else "[dim]no[/]")
     Console().print(table)

@@ -1,0 +1,99 @@
+"""models.yaml's `drafters:`: parsing, paths relative to the file's real directory, refusals, and
+how --draft / --drafter pick among a pair's drafters."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli.cli import app
+from specdec_cli.errors import UserError
+from specdec_cli.registry import DrafterSpec, ModelSpec, load_registry
+from specdec_cli.runtime import override
+from specdec_cli.sources import ModelSource
+
+
+def fake_head(directory: Path) -> None:
+    directory.mkdir(parents=True)
+    (directory / "specdec-draft.json").write_text('{"kind": "head"}')
+
+
+def linked_registry(tmp_path: Path, pair: str) -> tuple[Path, Path]:
+    """A models.yaml in real/ holding one pair 'p', reached through link/models.yaml, a symlink."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "models.yaml").write_text(f"pairs:\n  p:\n{pair}")
+    (tmp_path / "link").mkdir()
+    link = tmp_path / "link" / "models.yaml"
+    link.symlink_to(real / "models.yaml")
+    return link, real.resolve()
+
+
+ALTERNATES = """    target: ./target
+    draft: ngram
+    drafters:
+      model: ./draft
+      head: heads/mine
+"""
+
+
+def test_drafters_parse_with_paths_relative_to_the_files_real_directory(tmp_path, monkeypatch):
+    link, real = linked_registry(tmp_path, ALTERNATES)
+    fake_head(real / "heads" / "mine")  # a string is a head only if its directory says so: found via real/
+    monkeypatch.chdir(tmp_path / "link")  # neither the working directory nor the link's may count
+    pair = load_registry(link).pair("p")
+    assert pair.drafter == DrafterSpec()
+    assert pair.target.source == ModelSource("path", str(real / "target"))
+    assert pair.alternates == {
+        "ngram": DrafterSpec(),
+        "model": DrafterSpec(model=ModelSpec(ModelSource("path", str(real / "draft")))),
+        "head": DrafterSpec(head=real / "heads" / "mine"),
+    }
+
+
+def test_without_drafters_the_default_is_the_only_alternate(tmp_path):
+    link, real = linked_registry(tmp_path, "    target: ./target\n    draft: {kind: head, source: h}\n")
+    pair = load_registry(link).pair("p")
+    assert pair.alternates == {"head": DrafterSpec(head=real / "h")}
+    assert pair.alternate("ngram") == DrafterSpec() and pair.alternate("model") is None
+
+
+def test_sources_resolve_relative_paths_only(tmp_path):
+    base = tmp_path.resolve()
+    assert ModelSource.parse("hf:OWNER/NAME#f.gguf", base) == ModelSource("hub", "OWNER/NAME", "f.gguf")
+    assert ModelSource.parse("package:pkg/m.gguf", base) == ModelSource("package", "pkg/m.gguf")
+    assert ModelSource.parse("OWNER/NAME", base) == ModelSource("hub", "OWNER/NAME")  # no such directory
+    (base / "OWNER" / "NAME").mkdir(parents=True)
+    assert ModelSource.parse("OWNER/NAME", base) == ModelSource("path", str(base / "OWNER" / "NAME"))
+    assert ModelSource.parse("./m.gguf", base) == ModelSource("path", str(base / "m.gguf"))
+    assert ModelSource.parse("/abs/m", base) == ModelSource("path", "/abs/m")
+    assert ModelSource.parse("./m", None) == ModelSource("path", "m")  # the command line: the working directory
+
+
+@pytest.mark.parametrize("drafters, message", [
+    ("{fast: ngram}", "pair 'p': unknown drafter kind 'fast' under 'drafters'; use model, ngram, head"),
+    ("{head: ngram}", "pair 'p': drafters.head names a drafter of kind ngram (ngram (prompt lookup)), not head "
+                      "(a head is a directory written by `specdec train-draft --kind head`)"),
+    ("{ngram: ./d}", "pair 'p': drafters.ngram names a drafter of kind model ({real}/d), not ngram"),
+    ("{model: {kind: head, source: h}}", "pair 'p': drafters.model names a drafter of kind head (head {real}/h), not model"),
+    ("{model: ./a}", "pair 'p': drafters.model ({real}/a) differs from 'draft' ({real}/d); a pair has one drafter of each kind"),
+    ("[./d]", "pair 'p': 'drafters' must map drafter kinds (model, ngram, head) to drafters"),
+])
+def test_bad_drafters_are_one_line_and_exit_code_2(tmp_path, drafters, message):
+    link, real = linked_registry(tmp_path, f"    target: ./t\n    draft: ./d\n    drafters: {drafters}\n")
+    result = CliRunner().invoke(app, ["models", "--models", str(link)])
+    assert result.exit_code == 2, result.output
+    assert " ".join(result.stderr.split()) == f"specdec: error: {link}: " + message.format(real=real)
+
+
+def test_drafter_and_draft_overrides(tmp_path):
+    link, real = linked_registry(tmp_path, ALTERNATES.replace("heads/mine", "{kind: head, source: h}"))
+    pair = load_registry(link).pair("p")
+    assert override(pair, drafter="model").drafter == pair.alternates["model"]
+    assert override(pair, drafter="head").drafter == DrafterSpec(head=real / "h")
+    assert override(override(pair, drafter="model"), drafter="ngram").drafter == DrafterSpec()
+    replaced = override(pair, draft="/elsewhere/draft")  # --draft: the default, and the model alternate
+    assert replaced.drafter == replaced.alternates["model"] == DrafterSpec(model=ModelSpec(ModelSource("path", "/elsewhere/draft")))
+    assert override(pair, draft="/elsewhere/draft", drafter="ngram").alternate("model") == replaced.drafter
+    with pytest.raises(UserError, match="^unknown drafter 'fast'; choose one of model, ngram, head$"):
+        override(pair, drafter="fast")
