@@ -20,7 +20,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from .acceptance import SamplingParams
-from .drafters import NgramDrafter
+from .drafters import LookupFirst, NgramDrafter
 from .engine import MAX_K, SpeculativeEngine
 from .errors import UserError
 from .kv import input_device
@@ -29,9 +29,11 @@ from .registry import HEAD, MODEL, NGRAM
 from .runtime import Runtime
 from .speedup import predicted_speedup
 
-MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head")
-ENGINE_KINDS = ("plain", "spec", "ngram", "head")  # run by this loop; the others by transformers' generate
-DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "ngram": NGRAM, "hf-lookup": NGRAM}
+MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head")
+# run by this loop; the others by transformers' generate
+ENGINE_KINDS = ("plain", "spec", "ngram", "head", "ngram+spec", "ngram+head")
+DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "ngram": NGRAM, "hf-lookup": NGRAM,
+                   "ngram+spec": MODEL, "ngram+head": HEAD}
 NEEDS = {MODEL: "a draft model", HEAD: "a draft head"}
 
 
@@ -54,7 +56,8 @@ def parse_modes(text: str) -> list[Mode]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         kind, _, k = item.partition(":")
         if kind not in MODE_KINDS:
-            raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K")
+            raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, "
+                            "head:K, ngram+spec:K, ngram+head:K")
         if kind in ("plain", "hf-plain"):
             if k:
                 raise UserError(f"mode {kind!r} takes no K")
@@ -98,8 +101,12 @@ class Bench:
             drafter = None
             if mode.kind == "ngram":
                 drafter = NgramDrafter()
-            elif mode.kind in ("spec", "head"):
-                drafter = self._drafter(mode)[0]  # a ModelDrafter keeps its (trained) output layer
+            elif mode.drafter_kind in (MODEL, HEAD):
+                # The pair's model or head as it is (a ModelDrafter keeps its trained output layer),
+                # with prompt lookup first exactly when the mode says so.
+                drafter = self._drafter(mode)[0]
+                drafter = drafter.learned if isinstance(drafter, LookupFirst) else drafter
+                drafter = LookupFirst(drafter) if mode.kind.startswith("ngram+") else drafter
             engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.eos_token_ids,
                                        self.runtime.block_plan)
             return lambda ids, prompt: self._run_engine(engine, mode.k, ids, prompt)

@@ -15,7 +15,7 @@ drafters shipped next to the packaged one.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ruamel.yaml import YAML, YAMLError
@@ -49,13 +49,15 @@ class DrafterSpec:
     max_ngram: int = 3
     min_ngram: int = 1
     head: Path | None = None
+    lookup: bool = False  # a model or head drafts only where prompt lookup finds nothing (drafters.LookupFirst)
 
     @property
     def kind(self) -> str:
         return HEAD if self.head else MODEL if self.model else NGRAM
 
     def __str__(self) -> str:
-        return str(self.model.source) if self.model else f"head {self.head}" if self.head else "ngram (prompt lookup)"
+        text = str(self.model.source) if self.model else f"head {self.head}" if self.head else "ngram (prompt lookup)"
+        return f"{text}, after prompt lookup" if self.lookup else text
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,12 @@ def parse_model(value, dtype: str = "float32", where: str = "model", base: Path 
 
 def parse_drafter(value, dtype: str = "float32", where: str = "draft", base: Path | None = None) -> DrafterSpec:
     """``ngram``, ``{kind: ngram, ...}``, ``{kind: head, source: DIR}``, a head directory, or a model."""
+    if isinstance(value, dict) and "lookup" in value and value.get("kind") != NGRAM:
+        if not isinstance(value["lookup"], bool):
+            raise UserError(f"{where}: 'lookup' is true or false, got {value['lookup']!r}")
+        rest = {key: v for key, v in value.items() if key != "lookup"}
+        return replace(parse_drafter(rest.get("source") if set(rest) == {"source"} else rest, dtype, where, base),
+                       lookup=value["lookup"])
     if value == NGRAM:
         return DrafterSpec()
     if isinstance(value, dict) and value.get("kind") == NGRAM:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .blocks import cached_plan
-from .drafters import Drafter, ModelDrafter, NgramDrafter
+from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
 from .errors import UserError
 from .head import load_head, read_meta
@@ -90,6 +90,11 @@ def prepare(pair: PairSpec) -> Runtime:
 
 
 def _drafter(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedModel | None]:
+    drafter, draft = _learned(spec, target)
+    return (LookupFirst(drafter) if spec.lookup else drafter), draft
+
+
+def _learned(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedModel | None]:
     if spec.head is not None:
         return load_head(spec.head, target.model, target.source), None
     if spec.model is None:

@@ -80,10 +80,13 @@ def test_spec_mode_without_a_draft_model_is_a_user_error(pair_dir, prompt_file):
 
 def test_bench_runs_the_alternates_of_a_pair_drafted_by_ngram(pair_dir, prompt_file):
     """tiny-alt drafts by n-gram lookup by default; its draft model and head still get their modes."""
-    result = bench(pair_dir, prompt_file, "--pair", "tiny-alt", "--modes", "spec:3,hf-assisted:3,head:2,ngram:3")
+    result = bench(pair_dir, prompt_file, "--pair", "tiny-alt", "--modes", "spec:3,hf-assisted:3,head:2,ngram:3,ngram+spec:3,ngram+head:2")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert list(report["modes"]) == ["plain", "spec:3", "hf-assisted:3", "head:2", "ngram:3"]
+    assert list(report["modes"]) == ["plain", "spec:3", "hf-assisted:3", "head:2", "ngram:3", "ngram+spec:3", "ngram+head:2"]
+    # lookup first: some rounds draft by lookup, so the mix differs from either drafter alone
+    assert report["modes"]["ngram+spec:3"]["acceptance_rate"] not in (report["modes"]["spec:3"]["acceptance_rate"],
+                                                                      report["modes"]["ngram:3"]["acceptance_rate"])
     assert all(figures["identical_to_plain"] for figures in report["modes"].values())
     assert report["modes"]["spec:3"]["acceptance_rate"] > 0.5  # the similar draft, not n-gram lookup
     same = json.loads(bench(pair_dir, prompt_file, "--pair", "tiny", "--modes", "spec:3,hf-assisted:3").stdout)

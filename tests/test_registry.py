@@ -97,3 +97,20 @@ def test_drafter_and_draft_overrides(tmp_path):
     assert override(pair, draft="/elsewhere/draft", drafter="ngram").alternate("model") == replaced.drafter
     with pytest.raises(UserError, match="^unknown drafter 'fast'; choose one of model, ngram, head$"):
         override(pair, drafter="fast")
+
+
+def test_lookup_puts_prompt_lookup_before_a_learned_drafter(tmp_path):
+    link, real = linked_registry(tmp_path, "    target: hf:o/t\n    draft: {kind: head, source: h, lookup: true}\n"
+                                           "    drafters: {model: {source: ./d, lookup: false}}\n")
+    fake_head(real / "h")
+    pair = load_registry(link).pair("p")
+    assert pair.drafter == DrafterSpec(head=real / "h", lookup=True)
+    assert str(pair.drafter) == f"head {real / 'h'}, after prompt lookup"
+    assert pair.alternate("model").lookup is False and pair.alternate("model").model.source.location == str(real / "d")
+
+
+def test_lookup_must_be_a_boolean(tmp_path):
+    link, real = linked_registry(tmp_path, "    target: hf:o/t\n    draft: {kind: head, source: h, lookup: 'yes'}\n")
+    fake_head(real / "h")
+    with pytest.raises(UserError, match="'lookup' is true or false, got 'yes'"):
+        load_registry(link)

@@ -42,7 +42,7 @@ COLUMNS = [
 @user_errors
 def bench_command(
     prompts: Annotated[Path, typer.Option("--prompts", help="Prompt file: one prompt per line, text or JSON with 'prompt', 'id', 'scenario'.")],
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K, ngram+spec:K, ngram+head:K (prompt lookup first, the model or head where it finds nothing). Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
     pair: PairOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per prompt and mode.")] = 64,
     temperature: Annotated[float, typer.Option(help="0: greedy (the default, so outputs can be compared token by token).")] = 0.0,
