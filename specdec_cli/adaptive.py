@@ -16,6 +16,7 @@ from typing import Callable
 
 from .engine import RoundEvent
 from .profile import PairProfile, ScenarioProfile
+from .registry import PairSpec
 from .speedup import predicted_speedup
 
 DEFAULT_K_MAX = 8
@@ -190,6 +191,11 @@ class AdaptiveController:
         self.fallback_k, self.model_drafter, self.k_max = fallback_k, model_drafter, k_max
         self.profile = profile
         self.schedules: dict[str | None, AdaptiveK] = {}
+
+    @classmethod
+    def for_pair(cls, pair: PairSpec, profile: PairProfile | None) -> "AdaptiveController":
+        """Without a profile, the pair's K per scenario is the best starting point there is."""
+        return cls(pair.k_for, pair.drafter.model is not None, profile)
 
     def reseed(self, profile: PairProfile | None) -> None:
         self.profile = profile

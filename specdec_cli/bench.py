@@ -7,6 +7,8 @@ plain's: a speed-up with different output is not a speed-up.
 
 Each mode takes the pair's drafter of its kind (``Runtime.drafter_of``), not only the default one:
 a pair drafted by n-gram lookup by default still benches its draft model and its draft head.
+``auto`` is `generate -k auto`: the default drafter, K chosen round by round, seeded from the
+pair's calibration profile (read, never written).
 """
 
 from __future__ import annotations
@@ -20,18 +22,21 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from .acceptance import SamplingParams
+from .adaptive import AdaptiveController
 from .drafters import LookupFirst, NgramDrafter
-from .engine import MAX_K, SpeculativeEngine
+from .engine import MAX_K, KSchedule, SpeculativeEngine
 from .errors import UserError
 from .kv import input_device
+from .profile import PairProfile
 from .prompts import Prompt
 from .registry import HEAD, MODEL, NGRAM
 from .runtime import Runtime
 from .speedup import predicted_speedup
 
-MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head")
+MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto")
 # run by this loop; the others by transformers' generate
-ENGINE_KINDS = ("plain", "spec", "ngram", "head", "ngram+spec", "ngram+head")
+ENGINE_KINDS = ("plain", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto")
+WITHOUT_K = ("plain", "hf-plain", "auto")
 DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "ngram": NGRAM, "hf-lookup": NGRAM,
                    "ngram+spec": MODEL, "ngram+head": HEAD}
 NEEDS = {MODEL: "a draft model", HEAD: "a draft head"}
@@ -43,11 +48,12 @@ class Mode:
     k: int = 0
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.k}" if self.kind not in ("plain", "hf-plain") else self.kind
+        return f"{self.kind}:{self.k}" if self.kind not in WITHOUT_K else self.kind
 
     @property
     def drafter_kind(self) -> str | None:
-        """The kind of drafter the mode runs (model, head, ngram); None for plain decoding."""
+        """The kind of drafter the mode runs (model, head, ngram); None for plain decoding and for
+        auto (whichever drafter the pair runs by default)."""
         return DRAFTER_OF_MODE.get(self.kind)
 
 
@@ -57,8 +63,8 @@ def parse_modes(text: str) -> list[Mode]:
         kind, _, k = item.partition(":")
         if kind not in MODE_KINDS:
             raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, "
-                            "head:K, ngram+spec:K, ngram+head:K")
-        if kind in ("plain", "hf-plain"):
+                            "head:K, ngram+spec:K, ngram+head:K, auto")
+        if kind in WITHOUT_K:
             if k:
                 raise UserError(f"mode {kind!r} takes no K")
             modes.append(Mode(kind))
@@ -83,6 +89,7 @@ class Sample:
     ttft_s: float
     latencies: list[float]  # seconds per token after the first emission
     rounds: int
+    k_total: int = 0  # the K asked for, summed over rounds
     drafted: int = 0
     accepted: int = 0
     draft_s: float = 0.0
@@ -95,8 +102,14 @@ class Bench:
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int = 0
+    profile: PairProfile | None = None  # seeds mode auto
 
     def runner(self, mode: Mode) -> Callable[[list[int], Prompt], Sample]:
+        """A fresh runner: for auto, a fresh controller that has learnt nothing yet."""
+        if mode.kind == "auto":
+            engine = self.runtime.engine
+            controller = AdaptiveController.for_pair(self.runtime.pair, self.profile)
+            return lambda ids, prompt: self._run_engine(engine, controller.schedule(prompt.scenario), ids, prompt)
         if mode.kind in ENGINE_KINDS:
             drafter = None
             if mode.kind == "ngram":
@@ -127,12 +140,13 @@ class Bench:
                             f"(use --draft, or list one under `drafters:` in models.yaml)")
         return self.runtime.drafter_of(kind)
 
-    def _run_engine(self, engine: SpeculativeEngine, k: int, ids: list[int], prompt: Prompt) -> Sample:
+    def _run_engine(self, engine: SpeculativeEngine, k: int | KSchedule, ids: list[int], prompt: Prompt) -> Sample:
         stamps, tokens, sample = [], [], Sample(prompt, [], 0.0, 0.0, [], 0)
         started = time.perf_counter()
         for event in engine.generate(ids, k=k, max_new_tokens=self.max_new_tokens, sampling=self.sampling, seed=self.seed):
             stamps.append((time.perf_counter(), len(event.emitted)))
             tokens += event.emitted
+            sample.k_total += event.k
             sample.drafted += len(event.drafted)
             sample.accepted += event.accepted
             sample.draft_s += event.draft_s
@@ -199,6 +213,8 @@ def run(bench: Bench, modes: list[Mode], prompts: list[Prompt], encode, progress
     encoded = [encode(p) for p in prompts]
     for mode in modes:  # warm-up: first-call allocations and lazy inits are nobody's cost
         runners[mode](encoded[0][:], prompts[0])
+    # auto learns from every round: it starts afresh, untaught by first-call costs and prompt 0
+    runners.update({mode: bench.runner(mode) for mode in modes if mode.kind == "auto"})
     samples: dict[Mode, list[Sample]] = {mode: [] for mode in modes}
     for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
         order = modes[index % len(modes) :] + modes[: index % len(modes)]
@@ -255,13 +271,16 @@ def report(samples: dict[Mode, list[Sample]]) -> dict:
             result["speedup_vs_hf_plain"] = round(result["tokens_per_s"] / hf_tps, 3)
         result["predicted_speedup"] = None
         drafted, rounds = sum(s.drafted for s in chosen), sum(s.rounds for s in chosen)
+        if mode.kind == "auto":
+            result["mean_k"] = round(sum(s.k_total for s in chosen) / rounds, 3) if rounds else 0.0
         if mode.kind in ENGINE_KINDS and drafted and one_token_s > 0:
             alpha = sum(s.accepted for s in chosen) / drafted
             verify_cost = sum(s.verify_s for s in chosen) / rounds / one_token_s
             draft_cost = sum(s.draft_s for s in chosen) / drafted / one_token_s
-            predicted = predicted_speedup(alpha, drafted / rounds, draft_cost, verify_cost)
-            result.update(predicted_speedup=round(predicted, 3), verify_cost=round(verify_cost, 3),
-                          draft_cost=round(draft_cost, 4))
+            result.update(verify_cost=round(verify_cost, 3), draft_cost=round(draft_cost, 4))
+            if mode.kind != "auto":  # the formula holds for one K; at the mean of varying K's it is no prediction
+                predicted = predicted_speedup(alpha, drafted / rounds, draft_cost, verify_cost)
+                result["predicted_speedup"] = round(predicted, 3)
         return result
 
     return {

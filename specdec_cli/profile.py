@@ -43,6 +43,15 @@ def profile_path(explicit: str | Path | None, pair: PairSpec) -> Path:
     return pair.profile or default_path()
 
 
+def open_profile(explicit: str | Path | None, pair: PairSpec, warn=lambda message: None) -> "ProfileWatcher":
+    """The pair's profile, read and watched; a profile named on the command line must exist, since
+    silently running without it would measure something other than what was asked for."""
+    path = profile_path(explicit, pair)
+    if explicit and not path.is_file():
+        raise UserError(f"profile file not found: {path}")
+    return ProfileWatcher(path, pair, warn)
+
+
 @dataclass(frozen=True)
 class ScenarioProfile:
     k: int  # the K to start from: best_k when speculation pays, else 0

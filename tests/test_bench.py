@@ -8,6 +8,8 @@ from typer.testing import CliRunner
 from specdec_cli.bench import Mode, parse_modes
 from specdec_cli.cli import app
 from specdec_cli.errors import UserError
+from specdec_cli.profile import PairProfile, ScenarioProfile, write_profile
+from specdec_cli.registry import load_registry
 
 FIELDS = {
     "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf_plain", "predicted_speedup", "acceptance_rate",
@@ -66,7 +68,10 @@ def test_bench_flags_a_mode_whose_tokens_differ(pair_dir, prompt_file, monkeypat
 
 def test_mode_parsing():
     assert parse_modes("ngram:4") == [Mode("plain"), Mode("ngram", 4)]  # plain is always measured
-    for bad, message in [("warp:2", "unknown mode"), ("spec", "needs a K"), ("spec:0", "needs a K"), ("plain:3", "takes no K")]:
+    assert parse_modes("auto,spec:2") == [Mode("plain"), Mode("auto"), Mode("spec", 2)]
+    assert str(Mode("auto")) == "auto"
+    for bad, message in [("warp:2", "unknown mode"), ("spec", "needs a K"), ("spec:0", "needs a K"), ("plain:3", "takes no K"),
+                         ("auto:3", "takes no K")]:
         with pytest.raises(UserError, match=message):
             parse_modes(bad)
 
@@ -112,3 +117,60 @@ def test_default_modes_follow_the_pairs_drafters(pair_dir):
     assert _default_modes(override(registry.pair("tiny-alt"), drafter="head")) == _default_modes(registry.pair("tiny-alt"))
     assert _default_modes(registry.pair("tiny")) == "plain,hf-plain,ngram:4,hf-lookup:4,spec:4,hf-assisted:4"
     assert _default_modes(registry.pair("tiny-ngram")) == "plain,hf-plain,ngram:4,hf-lookup:4"
+
+
+# --- auto: adaptive K, seeded from the calibration profile ----------------------------------------
+
+
+def write_tiny_profile(pair_dir, path, off: str, on: str):
+    """A profile for pair tiny that says speculation is off for scenario ``off`` and pays at K=3 for ``on``."""
+    pair = load_registry(pair_dir / "models.yaml").pair("tiny")
+    costs = {1: 1.1, 2: 1.2, 3: 1.3}
+    speculate = ScenarioProfile(k=3, verdict="speculate", best_k=3, speedup=1.6, alpha=0.8, c=0.01, verify_cost=costs)
+    never = ScenarioProfile(k=0, verdict="off", best_k=1, speedup=0.9, alpha=0.05, c=0.01, verify_cost=costs)
+    write_profile(path, PairProfile("tiny", "2025-01-01T00:00:00+00:00", str(pair.target.source),
+                                    str(pair.drafter.model.source), {off: never, on: speculate}))
+
+
+@pytest.mark.parametrize("off, on", [("code", "chat"), ("chat", "code")])
+def test_auto_takes_each_scenarios_k_from_the_profile(pair_dir, prompt_file, tmp_path, off, on):
+    profile = tmp_path / "profile.yaml"
+    write_tiny_profile(pair_dir, profile, off, on)
+    written = profile.read_bytes(), profile.stat().st_mtime_ns
+    result = bench(pair_dir, prompt_file, "--modes", "spec:3,auto", "--profile", str(profile))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert list(report["modes"]) == ["plain", "spec:3", "auto"]
+    auto = report["modes"]["auto"]
+    assert FIELDS - {"speedup_vs_hf_plain"} | {"mean_k"} <= set(auto) and "mean_k" not in report["modes"]["spec:3"]
+    assert auto["identical_to_plain"] is True
+    assert auto["predicted_speedup"] is None  # K varies: no single-K prediction to show
+    silent, drafting = report["scenarios"][off]["auto"], report["scenarios"][on]["auto"]
+    assert silent["acceptance_rate"] is None and silent["mean_k"] == 0.0
+    assert silent["rounds"] == silent["completion_length"]  # one prompt, one token a round: plain decoding
+    # It starts at the profile's K=3; on tiny models the draft costs what the target does, so what
+    # it measures may soon turn speculation off: only the start is the profile's to decide.
+    assert drafting["acceptance_rate"] is not None and drafting["mean_k"] > 0
+    assert report["manifest"]["profile"] == str(profile)
+    assert (profile.read_bytes(), profile.stat().st_mtime_ns) == written  # read, never written
+
+
+def test_auto_without_a_profile_starts_from_the_pairs_k(pair_dir, prompt_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_PROFILE", str(tmp_path / "none.yaml"))
+    page = tmp_path / "bench.md"
+    result = bench(pair_dir, prompt_file, "--modes", "auto", "--markdown", str(page))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["manifest"]["profile"] is None
+    assert "| mean K |" in page.read_text()  # the K auto chose, a column of its own
+    for scenario in ("code", "chat"):
+        assert report["scenarios"][scenario]["auto"]["acceptance_rate"] is not None
+    assert report["modes"]["auto"]["identical_to_plain"] is True
+
+
+def test_auto_with_a_missing_profile_file_is_a_user_error(pair_dir, prompt_file, tmp_path):
+    missing = tmp_path / "nowhere.yaml"
+    result = bench(pair_dir, prompt_file, "--modes", "auto", "--profile", str(missing))
+    assert result.exit_code == 2
+    assert result.stderr == f"specdec: error: profile file not found: {missing}\n"
+    assert not missing.exists()

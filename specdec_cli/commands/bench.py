@@ -16,6 +16,7 @@ from rich.table import Table
 
 from .. import bench, manifest
 from ..errors import UserError
+from ..profile import open_profile
 from ..prompts import read_file
 from ..registry import HEAD, MODEL, NGRAM, PairSpec
 from ..runtime import Runtime, prepare
@@ -36,13 +37,15 @@ COLUMNS = [
     ("predicted", "predicted_speedup"), ("α", "acceptance_rate"), ("tok/round", "mean_accepted_length"),
     ("rounds", "rounds"), ("length", "completion_length"), ("TTFT s", "ttft_s"), ("p50 ms", "p50_token_latency_s"),
     ("p90 ms", "p90_token_latency_s"), ("p99 ms", "p99_token_latency_s"), ("= plain", "identical_to_plain"),
+    ("mean K", "mean_k"),
 ]
+ONLY_WHEN_MEASURED = {"mean_k"}  # auto's alone: a column of dashes for every other mode says nothing
 
 
 @user_errors
 def bench_command(
     prompts: Annotated[Path, typer.Option("--prompts", help="Prompt file: one prompt per line, text or JSON with 'prompt', 'id', 'scenario'.")],
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K, ngram+spec:K, ngram+head:K (prompt lookup first, the model or head where it finds nothing). Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K, ngram+spec:K, ngram+head:K (prompt lookup first, the model or head where it finds nothing), auto (the default drafter with adaptive K, as `generate -k auto`, seeded from the calibration profile). Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
     pair: PairOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per prompt and mode.")] = 64,
     temperature: Annotated[float, typer.Option(help="0: greedy (the default, so outputs can be compared token by token).")] = 0.0,
@@ -52,12 +55,13 @@ def bench_command(
     target: TargetOption = None,
     draft: DraftOption = None,
     models: ModelsOption = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Calibration profile that seeds mode auto (read only). Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml; without one, auto starts from the pair's K.")] = None,
 ) -> None:
     """Measure speed, acceptance and latency per mode against plain decoding of the same target.
 
     Modes run interleaved prompt by prompt after a warm-up; each mode's tokens are checked against
-    plain decoding's, and this loop's speculative modes show the speed-up predicted from the measured
-    acceptance, draft cost and verify cost next to the measured one.
+    plain decoding's, and this loop's fixed-K speculative modes show the speed-up predicted from the
+    measured acceptance, draft cost and verify cost next to the measured one.
     """
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
@@ -65,9 +69,12 @@ def bench_command(
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
     chosen = bench.parse_modes(modes or _default_modes(spec))
-    runtime = prepare(spec)
     console = stderr_console()
-    runner = bench.Bench(runtime, max_new_tokens, sampling, seed)
+    watcher = None
+    if bench.Mode("auto") in chosen:
+        watcher = open_profile(profile, spec, warn=lambda message: console.print(f"specdec: {message}"))
+    runtime = prepare(spec)
+    runner = bench.Bench(runtime, max_new_tokens, sampling, seed, watcher.profile if watcher else None)
     encode = lambda p: encode_prompt(runtime.tokenizer, p.text)  # noqa: E731
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("benchmarking", total=len(items) * len(chosen))
@@ -84,6 +91,8 @@ def bench_command(
         "machine": manifest.machine(),
         "seed": seed, "temperature": temperature, "max_new_tokens": max_new_tokens, "prompts": len(items),
     }
+    if watcher:  # what seeded auto: a profile file, or (None) the pair's K
+        result["manifest"]["profile"] = str(watcher.path) if watcher.profile else None
     if json_out:
         print(json.dumps(result, indent=2))
     else:
@@ -124,13 +133,18 @@ def _cell(key: str, value) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+def _columns(by_mode: dict) -> list[tuple[str, str]]:
+    return [(h, k) for h, k in COLUMNS if k not in ONLY_WHEN_MEASURED or any(k in f for f in by_mode.values())]
+
+
 def table(by_mode: dict, title: str) -> Table:
     grid = Table(title=title, title_justify="left")
     grid.add_column("mode")
-    for header, _ in COLUMNS:
+    columns = _columns(by_mode)
+    for header, _ in columns:
         grid.add_column(header, justify="right")
     for mode, figures in by_mode.items():
-        grid.add_row(mode, *(_cell(key, figures.get(key)) for _, key in COLUMNS))
+        grid.add_row(mode, *(_cell(key, figures.get(key)) for _, key in columns))
     return grid
 
 
@@ -138,9 +152,10 @@ def markdown_page(result: dict) -> str:
     meta = result["manifest"]
     lines = ["# Benchmark", "", f"Made with `{meta['command']}` on {meta['date']}.", ""]
     for scope, by_mode in [("all prompts", result["modes"])] + [(f"scenario `{s}`", m) for s, m in result["scenarios"].items()]:
-        lines += [f"## {scope}", "", "| mode | " + " | ".join(h for h, _ in COLUMNS) + " |",
-                  "|---" * (len(COLUMNS) + 1) + "|"]
-        lines += [f"| {mode} | " + " | ".join(_cell(k, f.get(k)) for _, k in COLUMNS) + " |" for mode, f in by_mode.items()]
+        columns = _columns(by_mode)
+        lines += [f"## {scope}", "", "| mode | " + " | ".join(h for h, _ in columns) + " |",
+                  "|---" * (len(columns) + 1) + "|"]
+        lines += [f"| {mode} | " + " | ".join(_cell(k, f.get(k)) for _, k in columns) + " |" for mode, f in by_mode.items()]
         lines.append("")
     lines += ["## Manifest", "", "```json", json.dumps(meta, indent=2), "```", ""]
     return "\n".join(lines)

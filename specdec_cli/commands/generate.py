@@ -13,7 +13,7 @@ from ..adaptive import AdaptiveController
 from ..engine import MAX_K
 from ..errors import UserError
 from ..live import LiveView
-from ..profile import ProfileWatcher, profile_path
+from ..profile import ProfileWatcher, open_profile
 from ..prompts import Prompt, parse_lines
 from ..runtime import Runtime, prepare
 from ..stats import RunStats
@@ -127,17 +127,14 @@ def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
     """The pair's calibration profile, watched for changes; none is needed for a fixed K."""
     if isinstance(fixed_k, int):
         return None
-    path = profile_path(explicit, spec)
-    if explicit and not path.is_file():
-        raise UserError(f"profile file not found: {path}")
-    return ProfileWatcher(path, spec, warn=lambda message: console.print(f"specdec: {message}"))
+    return open_profile(explicit, spec, warn=lambda message: console.print(f"specdec: {message}"))
 
 
 def _controller(spec, fixed_k, watcher: ProfileWatcher | None) -> AdaptiveController | None:
     """Adaptive K for `-k auto`, and by default whenever the pair has a profile."""
     if watcher is None or (fixed_k is None and watcher.profile is None):
         return None
-    return AdaptiveController(spec.k_for, spec.drafter.model is not None, watcher.profile)
+    return AdaptiveController.for_pair(spec, watcher.profile)
 
 
 def _prompts(argument: str | None) -> Iterable[Prompt]:
