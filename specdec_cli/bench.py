@@ -24,9 +24,10 @@ from transformers.generation.streamers import BaseStreamer
 from .acceptance import SamplingParams
 from .adaptive import AdaptiveController
 from .drafters import LookupFirst, NgramDrafter
-from .engine import MAX_K, KSchedule, SpeculativeEngine
+from .engine import KSchedule, SpeculativeEngine
 from .errors import UserError
 from .kv import input_device
+from .limits import MAX_K
 from .profile import PairProfile
 from .prompts import Prompt
 from .registry import HEAD, MODEL, NGRAM

@@ -19,8 +19,9 @@ import torch
 
 from .distill import AnswerSettings, Example, answer, encode, split, teacher, top_vocab
 from .errors import UserError
-from .head import save_head, target_identity, write_meta
+from .head import save_head, target_identity
 from .loading import LoadedModel, load
+from .meta import write_meta
 from .prompts import read_file
 from .registry import ModelSpec
 from .tokenization import eos_ids

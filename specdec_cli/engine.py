@@ -18,8 +18,7 @@ from .acceptance import SamplingParams, distribution, greedy_accept, speculative
 from .drafters import Draft, Drafter
 from .errors import UserError
 from .kv import crop_cache, input_device
-
-MAX_K = 32  # beyond this, a single verify forward costs more than any acceptance rate can repay
+from .limits import MAX_K
 
 
 @dataclass

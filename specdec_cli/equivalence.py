@@ -17,6 +17,7 @@ import torch
 
 from .engine import SpeculativeEngine
 from .kv import input_device
+from .limits import NEAR_TIE_TOLERANCE
 from .stats import RunStats
 
 if TYPE_CHECKING:
@@ -27,10 +28,7 @@ MISMATCH = "mismatch"
 TRANSFORMERS = "transformers"
 SPECULATIVE = "speculative"
 
-# How far apart two logits may be and still be ordered either way by round-off. Forwards of
-# different shape differ by ~1e-5 in float32; bf16/fp16 round the logits themselves to ~2^-8 /
-# 2^-11 relative (±0.06-0.125 at |logit| ≈ 20), and a flip can cost a few such steps.
-TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 0.05, torch.bfloat16: 0.5}
+TOLERANCE = {getattr(torch, name): tolerance for name, tolerance in NEAR_TIE_TOLERANCE.items()}  # see limits.py
 
 
 def default_tolerance(dtype: torch.dtype) -> float:

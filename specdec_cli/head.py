@@ -26,8 +26,8 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from .drafters import Draft, common_prefix, autoregress
 from .errors import UserError
 from .kv import crop_cache
+from .meta import META_FILE, read_meta, write_meta
 
-META_FILE = "specdec-draft.json"  # written next to every trained drafter, both kinds
 WEIGHTS_FILE = "head.safetensors"
 
 
@@ -81,23 +81,6 @@ def target_identity(model: PreTrainedModel, source) -> dict:
     weight = model.get_output_embeddings().weight.detach().to("cpu", torch.bfloat16).contiguous()
     digest.update(weight.view(torch.int16).numpy().tobytes())
     return {"source": str(source), "fingerprint": digest.hexdigest()[:16]}
-
-
-def read_meta(directory: str | Path) -> dict | None:
-    path = Path(directory) / META_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc.msg})") from None
-
-
-def write_meta(directory: str | Path, meta: dict) -> None:
-    """Indented for reading, except the (long) list of output-layer ids, kept on one line."""
-    text = json.dumps({**meta, "top_vocab": None}, indent=1)
-    text = text.replace('"top_vocab": null', '"top_vocab": ' + json.dumps(meta.get("top_vocab")), 1)
-    (Path(directory) / META_FILE).write_text(text + "\n")
 
 
 def save_head(directory: str | Path, head: DraftHead, meta: dict) -> None:

@@ -19,8 +19,8 @@ from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.comments import CommentedMap
 
 from .atomic import write_atomically
-from .engine import MAX_K
 from .errors import UserError
+from .limits import MAX_K
 from .registry import PairSpec
 
 HEADER = (

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from ruamel.yaml import YAML, YAMLError
 
-from .engine import MAX_K
 from .errors import UserError
-from .head import read_meta
+from .limits import MAX_K
+from .meta import read_meta
 from .sources import ModelSource, resolve_path
 
 PACKAGED_REGISTRY = Path(__file__).with_name("models.yaml")

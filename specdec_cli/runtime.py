@@ -14,8 +14,9 @@ from .blocks import cached_plan
 from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
 from .errors import UserError
-from .head import load_head, read_meta
+from .head import load_head
 from .loading import LoadedModel, cache_root, load
+from .meta import read_meta
 from .registry import DRAFTER_KINDS, HEAD, MODEL, DrafterSpec, PairSpec, parse_drafter, parse_model
 from .tokenization import check_compatible, eos_ids
 

@@ -18,10 +18,9 @@ import numpy as np
 
 from .acceptance import SamplingParams
 from .engine import SpeculativeEngine
+from .limits import SAMPLING_PROMPTS as PROMPTS, SAMPLING_TOKENS as TOKENS  # prompts sampled, tokens per continuation
 
 ALPHA = 0.01  # family-wise: split evenly over all tests (Bonferroni)
-PROMPTS = 3  # how many of the prompts are sampled
-TOKENS = 3  # tokens per continuation: enough for a draft block to be accepted inside it
 PLAIN_SEEDS = 1_000_003  # plain draws use seeds from here, so no draw shares a seed with a speculative one
 STATISTICS = {"first token": 1, "first 2 tokens": 2}
 

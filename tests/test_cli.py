@@ -181,3 +181,44 @@ def test_models_lists_every_drafter_of_a_pair(models, pair_dir):
     assert rows["tiny"]["drafters"] == {"model": str(pair_dir / "draft")}
     table = runner.invoke(app, ["models", "--models", models], env={"COLUMNS": "400"})
     assert "model: " + str(root / "draft") in table.stdout
+
+
+# Run in a fresh interpreter: the test process itself has long since imported torch. argv[1]: a models file.
+LIGHT_COMMANDS = r"""
+import sys
+
+from typer.testing import CliRunner
+
+from specdec_cli.cli import app
+
+
+def heavy():
+    return [name for name in ("torch", "transformers") if name in sys.modules]
+
+
+assert not heavy(), f"importing specdec_cli.cli loaded {heavy()}"
+runner = CliRunner()
+for args, code in [
+    (["--help"], 0),
+    *[([command, "--help"], 0) for command in ("generate", "models", "verify-equivalence", "bench", "calibrate-k", "train-draft")],
+    (["models", "--models", sys.argv[1]], 0),
+    (["models", "--models", sys.argv[1], "--json"], 0),
+    (["models"], 0),
+    (["generate", "--no-such-option"], 2),
+]:
+    result = runner.invoke(app, args)
+    assert result.exit_code == code, f"specdec {' '.join(args)}: exit {result.exit_code}\n{result.output}"
+    assert not heavy(), f"specdec {' '.join(args)} loaded {heavy()}"
+"""
+
+
+def test_help_models_and_option_errors_do_not_load_torch(models):
+    import os
+    from pathlib import Path
+
+    import specdec_cli
+
+    env = {key: value for key, value in os.environ.items() if key != "SPECDEC_MODELS"}
+    done = subprocess.run([sys.executable, "-c", LIGHT_COMMANDS, models], capture_output=True, text=True, timeout=120,
+                          cwd=Path(specdec_cli.__file__).parents[1], env=env)  # cwd: this very copy of specdec_cli
+    assert done.returncode == 0, done.stderr

@@ -116,7 +116,7 @@ def make_near_tie(monkeypatch, mode: str, state: dict):
     a wins a one-token forward by one ulp, while in a multi-token (verification) forward b is one ulp
     ahead ("flip") or exactly equal and first by index ("tie"). That is what round-off between
     forwards of different shape does to a real near-tie, made deterministic."""
-    real_prepare = verify_module.prepare
+    real_prepare = prepare
 
     def prepare_with_tie(spec):
         runtime = real_prepare(spec)
@@ -138,7 +138,7 @@ def make_near_tie(monkeypatch, mode: str, state: dict):
         assert decode(runtime.engine, ids, 0, 30).tokens == plain  # one-token forwards are unchanged
         return runtime
 
-    monkeypatch.setattr(verify_module, "prepare", prepare_with_tie)
+    monkeypatch.setattr("specdec_cli.runtime.prepare", prepare_with_tie)  # the command imports it when it runs
 
 
 @pytest.mark.parametrize("mode", ["flip", "tie"])
@@ -160,14 +160,14 @@ def test_constructed_near_tie_is_reported_not_failed_unless_strict(pair_dir, tmp
 
 
 def wrap_prepare(monkeypatch, change):
-    real_prepare = verify_module.prepare
+    real_prepare = prepare
 
     def prepare_and_change(spec):
         runtime = real_prepare(spec)
         change(runtime)
         return runtime
 
-    monkeypatch.setattr(verify_module, "prepare", prepare_and_change)
+    monkeypatch.setattr("specdec_cli.runtime.prepare", prepare_and_change)  # the command imports it when it runs
 
 
 def test_transformers_reference_ignores_the_generation_configs_penalties(pair_dir, prompt_file, monkeypatch):

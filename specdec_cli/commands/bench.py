@@ -1,5 +1,6 @@
 """`specdec bench`: this loop and transformers' generate, side by side on the same prompts."""
 
+# torch and transformers are imported inside the command bodies, so that --help and bad options answer without them.
 from __future__ import annotations
 
 import json
@@ -7,20 +8,17 @@ import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .. import bench, manifest
 from ..errors import UserError
 from ..profile import open_profile
 from ..prompts import read_file
 from ..registry import HEAD, MODEL, NGRAM, PairSpec
-from ..runtime import Runtime, prepare
-from ..tokenization import encode_prompt
 from .common import (
     DraftOption,
     ModelsOption,
@@ -31,6 +29,9 @@ from .common import (
     stderr_console,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
 
 COLUMNS = [
     ("tok/s", "tokens_per_s"), ("× plain", "speedup_vs_plain"), ("× hf-plain", "speedup_vs_hf_plain"),
@@ -63,6 +64,10 @@ def bench_command(
     plain decoding's, and this loop's fixed-K speculative modes show the speed-up predicted from the
     measured acceptance, draft cost and verify cost next to the measured one.
     """
+    from .. import bench, manifest
+    from ..runtime import prepare
+    from ..tokenization import encode_prompt
+
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     sampling = sampling_params(temperature, 0, 1.0)
@@ -116,6 +121,8 @@ def _default_modes(pair: PairSpec) -> str:
 
 def _drafter_entry(runtime: Runtime, kind: str):
     """What the manifest records of a drafter: a model's files, a head's weights, or 'ngram'."""
+    from .. import manifest
+
     if kind == NGRAM:
         return "ngram"
     if kind == HEAD:

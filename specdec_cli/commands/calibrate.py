@@ -1,11 +1,12 @@
 """`specdec calibrate-k`: measure every K on the user's prompts, per scenario, and say which K pays."""
 
+# torch and transformers are imported inside the command bodies, so that --help and bad options answer without them.
 from __future__ import annotations
 
 import json
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich import box
@@ -13,14 +14,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..calibration import DEFAULT_SCENARIO, ScenarioResult, measure, parse_ks, summarise_all, to_profile
-from ..engine import MAX_K
 from ..errors import UserError
+from ..limits import MAX_K
 from ..profile import profile_path, read_profiles, write_profile
 from ..prompts import read_file
-from ..runtime import prepare
 from ..speedup import SPECULATE
-from ..tokenization import encode_prompt
 from .common import (
     DrafterOption,
     DraftOption,
@@ -32,6 +30,9 @@ from .common import (
     stderr_console,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from ..calibration import ScenarioResult
 
 
 @user_errors
@@ -58,6 +59,10 @@ def calibrate_k(
     all K alike. Per scenario it reports acceptance, per-position acceptance, costs, measured and
     predicted speed-up, the best K, its break-even acceptance rate, and a verdict: speculate or off.
     """
+    from ..calibration import DEFAULT_SCENARIO, measure, parse_ks, summarise_all, to_profile
+    from ..runtime import prepare
+    from ..tokenization import encode_prompt
+
     sampling = sampling_params(temperature, 0, 1.0)
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")

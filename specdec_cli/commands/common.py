@@ -1,20 +1,22 @@
 """What every subcommand shares: pair-selection options, K parsing, and turning user mistakes into
 one line on stderr with exit code 2 instead of a traceback."""
 
+# torch and transformers are imported inside the functions that need them, so that --help and bad options answer without them.
 from __future__ import annotations
 
 import functools
 import sys
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 
-from ..acceptance import SamplingParams
-from ..engine import MAX_K
 from ..errors import UserError
+from ..limits import MAX_K
 from ..registry import PairSpec, load_registry
-from ..runtime import override
+
+if TYPE_CHECKING:
+    from ..acceptance import SamplingParams
 
 PairOption = Annotated[Optional[str], typer.Option("--pair", "-p", help="Pair name from models.yaml (default: the file's `default`).")]
 ModelsOption = Annotated[
@@ -49,6 +51,8 @@ def user_errors(command):
 
 
 def resolve_pair(models: str | None, pair: str | None, target=None, draft=None, drafter=None) -> PairSpec:
+    from ..runtime import override
+
     return override(load_registry(models).pair(pair), target, draft, drafter)
 
 
@@ -78,5 +82,7 @@ def sampling_params(temperature: float, top_k: int, top_p: float) -> SamplingPar
         raise UserError(f"--top-k must be 0 or more, got {top_k}")
     if not 0 < top_p <= 1:
         raise UserError(f"--top-p must be in (0, 1], got {top_p}")
+    from ..acceptance import SamplingParams
+
     return SamplingParams(temperature, top_k, top_p)
 

@@ -1,23 +1,19 @@
 """`specdec generate`: speculative generation with a live acceptance view, text or JSON lines out."""
 
+# torch and transformers are imported inside the command bodies, so that --help and bad options answer without them.
 from __future__ import annotations
 
 import json
 import sys
 from contextlib import nullcontext
-from typing import Annotated, Iterable, Optional
+from typing import TYPE_CHECKING, Annotated, Iterable, Optional
 
 import typer
 
-from ..adaptive import AdaptiveController
-from ..engine import MAX_K
 from ..errors import UserError
-from ..live import LiveView
+from ..limits import MAX_K
 from ..profile import ProfileWatcher, open_profile
 from ..prompts import Prompt, parse_lines
-from ..runtime import Runtime, prepare
-from ..stats import RunStats
-from ..tokenization import encode_prompt
 from .common import (
     DrafterOption,
     DraftOption,
@@ -31,6 +27,10 @@ from .common import (
     stdin_is_interactive,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from ..adaptive import AdaptiveController
+    from ..runtime import Runtime
 
 
 @user_errors
@@ -60,6 +60,8 @@ def generate(
     ones struck out, tokens the target chose itself in bold, with the running acceptance rate and
     speed. Results go to stdout, as text or (--json) as JSON lines.
     """
+    from ..runtime import prepare
+
     sampling = sampling_params(temperature, top_k, top_p)
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
@@ -91,6 +93,10 @@ def generate(
 
 
 def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console) -> dict:
+    from ..live import LiveView
+    from ..stats import RunStats
+    from ..tokenization import encode_prompt
+
     tokenizer = runtime.tokenizer
     ids = encode_prompt(tokenizer, item.text, raw)
     k = runtime.pair.k_for(item.scenario) if fixed_k is None else fixed_k
@@ -132,6 +138,8 @@ def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
 
 def _controller(spec, fixed_k, watcher: ProfileWatcher | None) -> AdaptiveController | None:
     """Adaptive K for `-k auto`, and by default whenever the pair has a profile."""
+    from ..adaptive import AdaptiveController
+
     if watcher is None or (fixed_k is None and watcher.profile is None):
         return None
     return AdaptiveController.for_pair(spec, watcher.profile)

@@ -3,6 +3,7 @@
 Besides the default drafter (``draft``) each pair shows the others it can switch to with
 ``--drafter KIND`` (``drafters``, kind → drafter); availability offline is the default drafter's."""
 
+# Light imports only: `specdec models` must answer without loading torch (tests/test_cli.py checks).
 from __future__ import annotations
 
 import json

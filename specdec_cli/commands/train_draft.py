@@ -1,5 +1,6 @@
 """`specdec train-draft`: make a drafter for a target that has no small sibling, from a prompt file."""
 
+# torch and transformers are imported inside the command bodies, so that --help and bad options answer without them.
 from __future__ import annotations
 
 import json
@@ -9,8 +10,6 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .. import draft_job
-from ..distill import AnswerSettings
 from .common import ModelsOption, PairOption, TargetOption, resolve_pair, stderr_console, user_errors
 
 
@@ -67,6 +66,9 @@ def train_draft(
     (and, for a head, its hidden states), and the drafter learns them within --steps/--minutes.
     Use the result with `--draft OUT` (a head: `--drafter head --draft OUT`) or in models.yaml.
     """
+    from .. import draft_job
+    from ..distill import AnswerSettings
+
     spec = resolve_pair(models, pair, target)
     settings = draft_job.JobSettings(
         kind=kind, prompts=prompts, out=out, target=spec.target, steps=steps, minutes=minutes, seed=seed, top_k=top_k,

@@ -4,6 +4,7 @@ Exit code 0 when equivalent, 1 when a divergence that round-off cannot explain (
 with --strict any divergence, or a failed sampling test was found; 2 for bad input.
 """
 
+# torch and transformers are imported inside the command bodies, so that --help and bad options answer without them.
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich import box
@@ -21,16 +22,16 @@ from rich.table import Table
 from rich.text import Text
 
 from ..atomic import write_atomically
-from ..engine import MAX_K
-from ..equivalence import MISMATCH, NEAR_TIE, TOLERANCE, GreedyResult, check_greedy, decide, default_tolerance
 from ..errors import UserError
+from ..limits import MAX_K, NEAR_TIE_TOLERANCE, SAMPLING_PROMPTS, SAMPLING_TOKENS
 from ..prompts import read_file
-from ..runtime import prepare
-from ..sampling_check import PROMPTS, TOKENS, SamplingResult, check_sampling
-from ..tokenization import encode_prompt
 from .common import DrafterOption, DraftOption, ModelsOption, PairOption, TargetOption, parse_k, resolve_pair, stderr_console, user_errors
 
-TOLERANCE_HELP = ", ".join(f"{str(d).removeprefix('torch.')} {t:g}" for d, t in TOLERANCE.items())
+if TYPE_CHECKING:
+    from ..equivalence import GreedyResult
+    from ..sampling_check import SamplingResult
+
+TOLERANCE_HELP = ", ".join(f"{dtype} {t:g}" for dtype, t in NEAR_TIE_TOLERANCE.items())
 
 
 @user_errors
@@ -41,7 +42,7 @@ def verify_equivalence(
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate per prompt.")] = 128,
     tolerance: Annotated[Optional[float], typer.Option(help=f"Largest logit margin a near-tie may have. Default by the target's dtype: {TOLERANCE_HELP}.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Fail on any divergence, near-ties included.")] = False,
-    sampling: Annotated[int, typer.Option("--sampling", help=f"Also draw N sampled continuations ({TOKENS} tokens) per side for the first {PROMPTS} prompts and test that speculative and plain sampling agree (0: skip).")] = 0,
+    sampling: Annotated[int, typer.Option("--sampling", help=f"Also draw N sampled continuations ({SAMPLING_TOKENS} tokens) per side for the first {SAMPLING_PROMPTS} prompts and test that speculative and plain sampling agree (0: skip).")] = 0,
     temperature: Annotated[float, typer.Option(help="Temperature for --sampling.")] = 1.0,
     seed: Annotated[int, typer.Option(help="First seed for --sampling.")] = 0,
     raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the model's chat template.")] = False,
@@ -58,6 +59,11 @@ def verify_equivalence(
     Each divergence is located and classified by the target's logit margin: a `numerical
     near-tie` (round-off between a 1-token and a (K+1)-token forward) or a `mismatch` (a bug).
     """
+    from ..equivalence import check_greedy, decide, default_tolerance
+    from ..runtime import prepare
+    from ..sampling_check import check_sampling
+    from ..tokenization import encode_prompt
+
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     if tolerance is not None and tolerance <= 0:
@@ -76,7 +82,7 @@ def verify_equivalence(
     tolerance = tolerance or default_tolerance(runtime.target.model.dtype)
 
     started = time.perf_counter()
-    steps = len(encoded) * len(ks) + (min(PROMPTS, len(encoded)) * (len(ks) + 1) if sampling else 0)
+    steps = len(encoded) * len(ks) + (min(SAMPLING_PROMPTS, len(encoded)) * (len(ks) + 1) if sampling else 0)
     try:
         with _progress(steps) as step:
             greedy = check_greedy(runtime.engine, runtime.tokenizer, encoded, ks, max_new_tokens, tolerance, step)
@@ -132,6 +138,8 @@ def _progress(total: int):
 
 
 def render(console: Console, greedy: GreedyResult, sampled: SamplingResult | None, equivalent: bool, verdict: str, wall_s: float) -> None:
+    from ..equivalence import MISMATCH, NEAR_TIE
+
     totals = greedy.totals()
     flagged = {(d.prompt_id, d.k): d.kind for d in greedy.divergences}
     for k in greedy.ks:
@@ -170,7 +178,7 @@ def render(console: Console, greedy: GreedyResult, sampled: SamplingResult | Non
         for t in sampled.tests:
             table.add_row(Text(str(t.prompt_id)), str(t.k), t.statistic, str(t.outcomes), f"{t.p_value:.4g}")
         console.print(table)
-        console.print(f"{sampled.n} draws of {TOKENS} tokens per side at temperature {sampled.temperature:g}; "
+        console.print(f"{sampled.n} draws of {SAMPLING_TOKENS} tokens per side at temperature {sampled.temperature:g}; "
                       f"{sampled.drafted} draft tokens proposed, {sampled.accepted} accepted; permutation test, "
                       f"{sampled.rounds} shufflings; threshold {sampled.threshold:.3g} (alpha {sampled.alpha:g} over {len(sampled.tests)} tests)")
     style = "bold green" if equivalent else "bold red"

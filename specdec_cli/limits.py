@@ -1,0 +1,16 @@
+"""Numbers the command line needs before any model is loaded (option help, argument checks).
+
+They live here, away from torch and transformers, so that `specdec --help`, `specdec models` and
+argument errors answer at once; engine.py, equivalence.py and sampling_check.py import them from here.
+"""
+
+MAX_K = 32  # beyond this, a single verify forward costs more than any acceptance rate can repay
+
+# How far apart two logits may be and still be ordered either way by round-off, by the target's
+# dtype name (equivalence.TOLERANCE keys them by torch dtype). Forwards of different shape differ by
+# ~1e-5 in float32; bf16/fp16 round the logits themselves to ~2^-8 / 2^-11 relative (±0.06-0.125 at
+# |logit| ≈ 20), and a flip can cost a few such steps.
+NEAR_TIE_TOLERANCE = {"float64": 1e-6, "float32": 1e-3, "float16": 0.05, "bfloat16": 0.5}
+
+SAMPLING_PROMPTS = 3  # verify-equivalence --sampling: how many of the prompts are sampled
+SAMPLING_TOKENS = 3  # tokens per sampled continuation: enough for a draft block to be accepted inside it
