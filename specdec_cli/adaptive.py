@@ -86,7 +86,7 @@ class AdaptiveK:
         drafted = len(event.drafted)
         self._smooth(self.block_s, drafted + 1, event.verify_s)
         if drafted:
-            judged = event.accepted + (event.accepted < drafted)
+            judged = event.judged
             decay = self.memory**judged
             self.hits = self.hits * decay + event.accepted
             self.judged = self.judged * decay + judged

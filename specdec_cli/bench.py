@@ -93,6 +93,7 @@ class Sample:
     k_total: int = 0  # the K asked for, summed over rounds
     drafted: int = 0
     accepted: int = 0
+    judged: int = 0  # drafts the target tested (RoundEvent.judged)
     draft_s: float = 0.0
     verify_s: float = 0.0
 
@@ -150,6 +151,7 @@ class Bench:
             sample.k_total += event.k
             sample.drafted += len(event.drafted)
             sample.accepted += event.accepted
+            sample.judged += event.judged
             sample.draft_s += event.draft_s
             sample.verify_s += event.verify_s
         return _timed(sample, tokens, started, stamps)
@@ -275,10 +277,10 @@ def report(samples: dict[Mode, list[Sample]]) -> dict:
         if mode.kind == "auto":
             result["mean_k"] = round(sum(s.k_total for s in chosen) / rounds, 3) if rounds else 0.0
         if mode.kind in ENGINE_KINDS and drafted and one_token_s > 0:
-            alpha = sum(s.accepted for s in chosen) / drafted
+            alpha = sum(s.accepted for s in chosen) / max(sum(s.judged for s in chosen), 1)
             verify_cost = sum(s.verify_s for s in chosen) / rounds / one_token_s
             draft_cost = sum(s.draft_s for s in chosen) / drafted / one_token_s
-            result.update(verify_cost=round(verify_cost, 3), draft_cost=round(draft_cost, 4))
+            result.update(alpha=round(alpha, 4), verify_cost=round(verify_cost, 3), draft_cost=round(draft_cost, 4))
             if mode.kind != "auto":  # the formula holds for one K; at the mean of varying K's it is no prediction
                 predicted = predicted_speedup(alpha, drafted / rounds, draft_cost, verify_cost)
                 result["predicted_speedup"] = round(predicted, 3)

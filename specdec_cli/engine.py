@@ -45,6 +45,12 @@ class RoundEvent:
     def rejected(self) -> list[int]:
         return self.drafted[self.accepted :]
 
+    @property
+    def judged(self) -> int:
+        """Drafts the target tested: the kept ones and the first turned down. The speed-up formula's
+        α is kept / judged; kept / drafted would also count drafts after a rejection, never tested."""
+        return self.accepted + (self.accepted < len(self.drafted))
+
 
 class KSchedule(Protocol):
     """Chooses K before each round and sees how the round went (a fixed K, or an adaptive controller)."""

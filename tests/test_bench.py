@@ -94,6 +94,8 @@ def test_bench_runs_the_alternates_of_a_pair_drafted_by_ngram(pair_dir, prompt_f
                                                                       report["modes"]["ngram:3"]["acceptance_rate"])
     assert all(figures["identical_to_plain"] for figures in report["modes"].values())
     assert report["modes"]["spec:3"]["acceptance_rate"] > 0.5  # the similar draft, not n-gram lookup
+    # the formula's α counts only the drafts the target tested: never below kept / drafted
+    assert report["modes"]["spec:3"]["alpha"] > report["modes"]["spec:3"]["acceptance_rate"]
     same = json.loads(bench(pair_dir, prompt_file, "--pair", "tiny", "--modes", "spec:3,hf-assisted:3").stdout)
     for mode in ("spec:3", "hf-assisted:3"):  # the very figures of pair tiny, whose default is that draft model
         for key in ("acceptance_rate", "mean_accepted_length", "rounds"):

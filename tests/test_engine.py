@@ -7,7 +7,7 @@ from transformers import DynamicCache
 from exactness import VOCAB, assert_lossless, small_models
 from specdec_cli.acceptance import SamplingParams
 from specdec_cli.drafters import ModelDrafter, NgramDrafter
-from specdec_cli.engine import SpeculativeEngine
+from specdec_cli.engine import RoundEvent, SpeculativeEngine
 from specdec_cli.kv import crop_cache
 
 PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]
@@ -130,3 +130,11 @@ def test_speculative_sampling_matches_the_targets_exact_distribution(small, draf
     drafter = {"self": ModelDrafter(target, VOCAB), "disagreeing": ModelDrafter(disagreeing, VOCAB),
                "ngram": NgramDrafter()}[drafter_kind]
     assert_lossless(target, drafter, sampling)
+
+
+def test_judged_counts_kept_drafts_and_the_first_rejected_one():
+    def event(drafted, accepted):
+        return RoundEvent(k=len(drafted), drafted=drafted, accepted=accepted, token=0, emitted=[], draft_s=0.0,
+                          verify_s=0.0, finished=False)
+
+    assert [event([5, 6, 7, 8], 1).judged, event([5, 6, 7, 8], 4).judged, event([], 0).judged] == [2, 4, 0]

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 COLUMNS = [
     ("tok/s", "tokens_per_s"), ("× plain", "speedup_vs_plain"), ("× hf-plain", "speedup_vs_hf_plain"),
-    ("predicted", "predicted_speedup"), ("α", "acceptance_rate"), ("tok/round", "mean_accepted_length"),
+    ("predicted", "predicted_speedup"), ("accept", "acceptance_rate"), ("α", "alpha"), ("tok/round", "mean_accepted_length"),
     ("rounds", "rounds"), ("length", "completion_length"), ("TTFT s", "ttft_s"), ("p50 ms", "p50_token_latency_s"),
     ("p90 ms", "p90_token_latency_s"), ("p99 ms", "p99_token_latency_s"), ("= plain", "identical_to_plain"),
     ("mean K", "mean_k"),
