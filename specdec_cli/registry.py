@@ -69,6 +69,7 @@ class PairSpec:
     scenarios: dict[str, int] = field(default_factory=dict)
     description: str = ""
     pad_blocks: bool = False  # run verify blocks at the cheapest measured length (blocks.py); for CPU targets
+    adaptive: bool = False  # generate adapts K online by default (as with -k auto), from `k` or the profile
     profile: Path | None = None  # calibration profile file (`profile:` key, relative to models.yaml)
     alternates: dict[str, DrafterSpec] = field(default_factory=dict)  # kind → drafter, `drafter` included
 
@@ -140,6 +141,7 @@ def _parse_pair(path: Path, name: str, body) -> PairSpec:
         scenarios={str(s): _k(v, f"{where} scenario {s!r}") for s, v in scenarios.items()},
         description=str(body.get("description", "")),
         pad_blocks=bool(body.get("pad_blocks", False)),
+        adaptive=_flag(body, "adaptive", where),
         profile=path.parent / str(body["profile"]) if body.get("profile") else None,
         alternates=_alternates(body.get("drafters"), drafter, dtype, where, base),
     )
@@ -203,6 +205,13 @@ def parse_drafter(value, dtype: str = "float32", where: str = "draft", base: Pat
 def _is_head(path: Path) -> bool:
     """A directory written by `train-draft --kind head`: its metadata file says so."""
     return path.is_dir() and (read_meta(path) or {}).get("kind") == HEAD
+
+
+def _flag(body: dict, key: str, where: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise UserError(f"{where}: '{key}' is true or false, got {value!r}")
+    return value
 
 
 def _k(value, where: str) -> int:

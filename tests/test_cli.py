@@ -228,3 +228,17 @@ def test_help_models_and_option_errors_do_not_load_torch(models):
     done = subprocess.run([sys.executable, "-c", LIGHT_COMMANDS, models], capture_output=True, text=True, timeout=120,
                           cwd=Path(specdec_cli.__file__).parents[1], env=env)  # cwd: this very copy of specdec_cli
     assert done.returncode == 0, done.stderr
+
+
+def test_a_pair_marked_adaptive_adapts_k_unless_k_is_given(pair_dir, tmp_path):
+    models = tmp_path / "models.yaml"
+    models.write_text(f"pairs:\n  adapts:\n    target: {pair_dir / 'target'}\n    draft: {pair_dir / 'draft'}\n    k: 2\n"
+                      "    adaptive: true\n")
+    args = ["generate", "--models", str(models), "--json", "--max-new-tokens", "8", "abcabc"]
+    adapted, fixed, plain = (json.loads(runner.invoke(app, args + extra).stdout) for extra in ([], ["-k", "2"], ["-k", "0"]))
+    assert adapted["stats"]["k"] == "auto" and adapted["stats"]["k_start"] == 2  # starts from the pair's k
+    assert fixed["stats"]["k"] == 2
+    assert adapted["token_ids"] == fixed["token_ids"] == plain["token_ids"]
+    models.write_text(models.read_text().replace("adaptive: true", "adaptive: 'yes'"))
+    wrong = runner.invoke(app, args)
+    assert wrong.exit_code == 2 and "'adaptive' is true or false, got 'yes'" in " ".join(wrong.stderr.split())

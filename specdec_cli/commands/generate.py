@@ -40,7 +40,7 @@ def generate(
         typer.Argument(help="The prompt. '-', or nothing with a pipe, reads one prompt per line from stdin: text, or JSON with 'prompt' and optional 'id', 'scenario'."),
     ] = None,
     pair: PairOption = None,
-    k: Annotated[Optional[str], typer.Option("-k", "--k", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}, or auto (adapt online, starting from the calibration profile). Default: auto when the pair has a profile, else the pair's K for the prompt's scenario.")] = None,
+    k: Annotated[Optional[str], typer.Option("-k", "--k", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}, or auto (adapt online, starting from the calibration profile). Default: auto when the pair has a profile or `adaptive: true`, else the pair's K for the prompt's scenario.")] = None,
     drafter: DrafterOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate per prompt.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 decodes greedily; above 0 samples (speculative sampling keeps the target's distribution).")] = 0.0,
@@ -137,10 +137,10 @@ def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
 
 
 def _controller(spec, fixed_k, watcher: ProfileWatcher | None) -> AdaptiveController | None:
-    """Adaptive K for `-k auto`, and by default whenever the pair has a profile."""
+    """Adaptive K for `-k auto`, and by default whenever the pair has a profile or says `adaptive: true`."""
     from ..adaptive import AdaptiveController
 
-    if watcher is None or (fixed_k is None and watcher.profile is None):
+    if watcher is None or (fixed_k is None and watcher.profile is None and not spec.adaptive):
         return None
     return AdaptiveController.for_pair(spec, watcher.profile)
 
