@@ -120,7 +120,6 @@ class Bench:
                 # The pair's model or head as it is (a ModelDrafter keeps its trained output layer),
                 # with prompt lookup first exactly when the mode says so.
                 drafter = self._drafter(mode)[0]
-                drafter = drafter.learned if isinstance(drafter, LookupFirst) else drafter
                 drafter = LookupFirst(drafter) if mode.kind.startswith("ngram+") else drafter
             engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.eos_token_ids,
                                        self.runtime.block_plan)

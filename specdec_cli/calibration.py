@@ -46,7 +46,7 @@ class Tally:
         self.rounds += 1
         self.drafted += n
         self.accepted += event.accepted
-        self.rejections += event.accepted < n
+        self.rejections += event.judged - event.accepted
         self.new_tokens += len(event.emitted)
         self.draft_s += event.draft_s
         self.verify_s += event.verify_s

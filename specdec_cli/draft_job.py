@@ -138,7 +138,7 @@ def _trainer(data: dict, target: LoadedModel, settings: JobSettings, pad: int) -
     if data["kind"] == "model":
         shape = data.get("student", {})
         hidden, layers = shape.get("hidden_size", 0), shape.get("layers", 0)
-        draft = narrow_draft(target.model, hidden, layers or 4) if hidden else draft_from_target(target.model, layers or 2)
+        draft = narrow_draft(target.model, hidden, layers or 4, settings.seed) if hidden else draft_from_target(target.model, layers or 2)
         student = ModelStudent(draft, allowed)
     else:
         student = HeadStudent(new_head(target.model, settings.seed), target.model, allowed)

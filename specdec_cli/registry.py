@@ -142,7 +142,7 @@ def _parse_pair(path: Path, name: str, body) -> PairSpec:
         description=str(body.get("description", "")),
         pad_blocks=bool(body.get("pad_blocks", False)),
         adaptive=_flag(body, "adaptive", where),
-        profile=path.parent / str(body["profile"]) if body.get("profile") else None,
+        profile=base / str(body["profile"]) if body.get("profile") else None,
         alternates=_alternates(body.get("drafters"), drafter, dtype, where, base),
     )
     return pair
@@ -184,11 +184,9 @@ def parse_model(value, dtype: str = "float32", where: str = "model", base: Path 
 def parse_drafter(value, dtype: str = "float32", where: str = "draft", base: Path | None = None) -> DrafterSpec:
     """``ngram``, ``{kind: ngram, ...}``, ``{kind: head, source: DIR}``, a head directory, or a model."""
     if isinstance(value, dict) and "lookup" in value and value.get("kind") != NGRAM:
-        if not isinstance(value["lookup"], bool):
-            raise UserError(f"{where}: 'lookup' is true or false, got {value['lookup']!r}")
         rest = {key: v for key, v in value.items() if key != "lookup"}
         return replace(parse_drafter(rest.get("source") if set(rest) == {"source"} else rest, dtype, where, base),
-                       lookup=value["lookup"])
+                       lookup=_flag(value, "lookup", where))
     if value == NGRAM:
         return DrafterSpec()
     if isinstance(value, dict) and value.get("kind") == NGRAM:

@@ -33,7 +33,7 @@ class Runtime:
     drafter: Drafter
     draft: LoadedModel | None  # the draft model, when the drafter is one
     block_plan: dict[int, int] = field(default_factory=dict)  # verify-block padding (blocks.py)
-    _others: dict[str, tuple[Drafter, LoadedModel | None]] = field(default_factory=dict, repr=False)
+    _by_kind: dict[str, tuple[Drafter, LoadedModel | None]] = field(default_factory=dict, repr=False)
 
     @property
     def engine(self) -> SpeculativeEngine:
@@ -48,17 +48,16 @@ class Runtime:
         return eos_ids(self.target.tokenizer, self.target.model.generation_config)
 
     def drafter_of(self, kind: str) -> tuple[Drafter, LoadedModel | None]:
-        """The pair's drafter of this kind for the loaded target, and its draft model when it is one:
-        the running drafter if it is of that kind, else the alternate, loaded on first use and kept
-        (bench runs one kind in several modes, spec:K and hf-assisted:K share a draft model)."""
-        if kind == self.pair.drafter.kind:
-            return self.drafter, self.draft
-        if kind not in self._others:
+        """The pair's drafter of this kind for the loaded target, and its draft model when it is one,
+        as it is: without the prompt lookup the running drafter may put first (bench's modes say
+        whether they want it). Loaded on first use and kept: bench runs one kind in several modes,
+        spec:K and hf-assisted:K share a draft model, and the running drafter's own is already here."""
+        if kind not in self._by_kind:
             spec = self.pair.alternate(kind)
             if spec is None:
                 raise UserError(f"pair {self.pair.name!r} {MISSING[kind]}")
-            self._others[kind] = _drafter(spec, self.target)
-        return self._others[kind]
+            self._by_kind[kind] = _drafter(spec, self.target)
+        return self._by_kind[kind]
 
 
 def override(pair: PairSpec, target: str | None = None, draft: str | None = None, drafter: str | None = None) -> PairSpec:
@@ -84,18 +83,15 @@ def override(pair: PairSpec, target: str | None = None, draft: str | None = None
 
 def prepare(pair: PairSpec) -> Runtime:
     target = load(pair.target)
-    runtime = Runtime(pair, target, *_drafter(pair.drafter, target))
+    drafter, draft = _drafter(pair.drafter, target)
+    running = LookupFirst(drafter) if pair.drafter.lookup else drafter
+    runtime = Runtime(pair, target, running, draft, _by_kind={pair.drafter.kind: (drafter, draft)})
     if pair.pad_blocks:
         runtime.block_plan = cached_plan(target.model, f"{target.source} {pair.target.dtype}", cache_root())
     return runtime
 
 
 def _drafter(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedModel | None]:
-    drafter, draft = _learned(spec, target)
-    return (LookupFirst(drafter) if spec.lookup else drafter), draft
-
-
-def _learned(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedModel | None]:
     if spec.head is not None:
         return load_head(spec.head, target.model, target.source), None
     if spec.model is None:

@@ -48,7 +48,7 @@ def draft_from_target(target: PreTrainedModel, layers: int = 2) -> PreTrainedMod
     return draft.to(target.dtype)
 
 
-def narrow_draft(target: PreTrainedModel, hidden: int, layers: int = 4) -> PreTrainedModel:
+def narrow_draft(target: PreTrainedModel, hidden: int, layers: int = 4, seed: int = 0) -> PreTrainedModel:
     """A fresh model of the target's class, ``hidden`` wide: small enough to ship (the embedding is
     most of it). Its tied embedding starts as the target's projected onto its top ``hidden``
     principal directions, so that output layer already ranks tokens roughly as the target's does."""
@@ -66,7 +66,7 @@ def narrow_draft(target: PreTrainedModel, hidden: int, layers: int = 4) -> PreTr
     if getattr(text, "layer_types", None):
         text.layer_types = text.layer_types[:layers]
     text.tie_word_embeddings = True
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     draft = type(target)(config)
     embedding = target.get_input_embeddings().weight.detach().float()
     _, _, directions = torch.linalg.svd(embedding, full_matrices=False)
