@@ -17,12 +17,12 @@ import time
 
 import torch
 
-from specdec_cli.adaptive import AdaptiveController
-from specdec_cli.profile import read_profiles
+from specdec_cli.decoding.adaptive import AdaptiveController
+from specdec_cli.decoding.runtime import prepare
+from specdec_cli.pairs.profile import read_profiles
+from specdec_cli.pairs.registry import load_registry
+from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
-from specdec_cli.registry import load_registry
-from specdec_cli.runtime import prepare
-from specdec_cli.tokenization import encode_prompt
 
 
 def main() -> None:

@@ -11,8 +11,8 @@ from .commands.bench import bench_command
 from .commands.calibrate import calibrate_k
 from .commands.generate import generate
 from .commands.models import models
-from .commands.verify import verify_equivalence
 from .commands.train_draft import train_draft
+from .commands.verify import verify_equivalence
 
 app = typer.Typer(
     name="specdec",

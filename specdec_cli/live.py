@@ -15,9 +15,9 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from .engine import RoundEvent
-from .stats import RunStats
-from .tokenization import Detokenizer
+from .decoding.engine import RoundEvent
+from .measure.stats import RunStats
+from .pairs.tokenization import Detokenizer
 
 ACCEPTED = "green"
 REJECTED = "strike dim red"

@@ -5,11 +5,11 @@ seeded two-token speculative runs must then match it under a chi-square test.
 """
 
 import torch
+from conftest import tiny_llama
 from scipy.stats import chisquare
 
-from conftest import tiny_llama
-from specdec_cli.acceptance import distribution
-from specdec_cli.engine import SpeculativeEngine
+from specdec_cli.decoding.acceptance import distribution
+from specdec_cli.decoding.engine import SpeculativeEngine
 
 VOCAB = 8
 PROMPT = [3, 4, 5]

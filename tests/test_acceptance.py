@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec_cli.acceptance import (
+from specdec_cli.decoding.acceptance import (
     SamplingParams,
     acceptance_probability,
     distribution,

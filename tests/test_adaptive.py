@@ -4,10 +4,18 @@ import random
 
 import pytest
 
-from specdec_cli.adaptive import AdaptiveController, AdaptiveK, Prior
-from specdec_cli.engine import RoundEvent
-from specdec_cli.profile import PairProfile, ScenarioProfile
-from specdec_cli.speedup import OFF, SPECULATE, break_even_alpha, choose, expected_tokens, fill_verify_costs, predicted_speedup
+from specdec_cli.decoding.adaptive import AdaptiveController, AdaptiveK, Prior
+from specdec_cli.decoding.engine import RoundEvent
+from specdec_cli.decoding.speedup import (
+    OFF,
+    SPECULATE,
+    break_even_alpha,
+    choose,
+    expected_tokens,
+    fill_verify_costs,
+    predicted_speedup,
+)
+from specdec_cli.pairs.profile import PairProfile, ScenarioProfile
 
 ONE = 0.05  # seconds of a one-token target forward in these synthetic rounds
 COSTS = {k: 1.0 + 0.08 * k for k in range(1, 9)}

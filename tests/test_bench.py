@@ -5,11 +5,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli.bench import Mode, parse_modes
 from specdec_cli.cli import app
 from specdec_cli.errors import UserError
-from specdec_cli.profile import PairProfile, ScenarioProfile, write_profile
-from specdec_cli.registry import load_registry
+from specdec_cli.measure.bench import Mode, parse_modes
+from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, write_profile
+from specdec_cli.pairs.registry import load_registry
 
 FIELDS = {
     "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf_plain", "predicted_speedup", "acceptance_rate",
@@ -50,7 +50,7 @@ def test_bench_reports_every_figure_for_every_mode_and_scenario(pair_dir, prompt
 
 
 def test_bench_flags_a_mode_whose_tokens_differ(pair_dir, prompt_file, monkeypatch):
-    import specdec_cli.engine as engine
+    import specdec_cli.decoding.engine as engine
 
     real = engine.greedy_accept
 
@@ -111,8 +111,8 @@ def test_bench_runs_the_alternates_of_a_pair_drafted_by_ngram(pair_dir, prompt_f
 
 def test_default_modes_follow_the_pairs_drafters(pair_dir):
     from specdec_cli.commands.bench import _default_modes
-    from specdec_cli.registry import load_registry
-    from specdec_cli.runtime import override
+    from specdec_cli.decoding.runtime import override
+    from specdec_cli.pairs.registry import load_registry
 
     registry = load_registry(pair_dir / "models.yaml")
     assert _default_modes(registry.pair("tiny-alt")) == "plain,hf-plain,ngram:4,hf-lookup:4,spec:4,hf-assisted:4,head:4"
@@ -179,9 +179,9 @@ def test_auto_with_a_missing_profile_file_is_a_user_error(pair_dir, prompt_file,
 
 
 def test_the_running_drafter_takes_lookup_first_and_drafter_of_gives_it_bare(pair_dir, tmp_path):
-    from specdec_cli.drafters import LookupFirst, ModelDrafter
-    from specdec_cli.registry import load_registry
-    from specdec_cli.runtime import prepare
+    from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter
+    from specdec_cli.decoding.runtime import prepare
+    from specdec_cli.pairs.registry import load_registry
 
     models = tmp_path / "models.yaml"
     models.write_text(f"pairs:\n  p:\n    target: {pair_dir / 'target'}\n    draft: {{source: {pair_dir / 'draft'}, lookup: true}}\n")

@@ -10,13 +10,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specdec_cli.calibration import measure, parse_ks, summarise_all
 from specdec_cli.cli import app
-from specdec_cli.drafters import Draft, ModelDrafter
-from specdec_cli.engine import SpeculativeEngine
+from specdec_cli.decoding.drafters import Draft, ModelDrafter
+from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.errors import UserError
-from specdec_cli.profile import PairProfile, ScenarioProfile, read_profiles, write_profile
-from specdec_cli.registry import load_registry
+from specdec_cli.measure.calibration import measure, parse_ks, summarise_all
+from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, read_profiles, write_profile
+from specdec_cli.pairs.registry import load_registry
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
@@ -293,7 +294,7 @@ def test_a_profile_that_appears_while_running_turns_on_adaptive_k(models_file, t
 
 
 def greedy_ids(models_file, text, n):
-    from specdec_cli.runtime import prepare
+    from specdec_cli.decoding.runtime import prepare
 
     runtime = prepare(load_registry(models_file).pair("self"))
     ids = runtime.tokenizer(text)["input_ids"]

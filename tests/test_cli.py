@@ -117,7 +117,7 @@ def test_models_lists_pairs_and_offline_availability(models):
 
 
 def test_packaged_registry_has_the_offline_default_and_the_real_pairs():
-    from specdec_cli.registry import PACKAGED_REGISTRY, load_registry
+    from specdec_cli.pairs.registry import PACKAGED_REGISTRY, load_registry
 
     registry = load_registry(PACKAGED_REGISTRY)
     default = registry.pair(None)
@@ -135,7 +135,7 @@ def test_packaged_registry_has_the_offline_default_and_the_real_pairs():
 
 
 def test_registry_lookup_order(tmp_path, monkeypatch, models):
-    from specdec_cli.registry import PACKAGED_REGISTRY, registry_path
+    from specdec_cli.pairs.registry import PACKAGED_REGISTRY, registry_path
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SPECDEC_MODELS", raising=False)

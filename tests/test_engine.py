@@ -2,13 +2,13 @@
 
 import pytest
 import torch
+from exactness import VOCAB, assert_lossless, small_models
 from transformers import DynamicCache
 
-from exactness import VOCAB, assert_lossless, small_models
-from specdec_cli.acceptance import SamplingParams
-from specdec_cli.drafters import ModelDrafter, NgramDrafter
-from specdec_cli.engine import RoundEvent, SpeculativeEngine
-from specdec_cli.kv import crop_cache
+from specdec_cli.decoding.acceptance import SamplingParams
+from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter
+from specdec_cli.decoding.engine import RoundEvent, SpeculativeEngine
+from specdec_cli.decoding.kv import crop_cache
 
 PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]
 

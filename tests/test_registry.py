@@ -7,10 +7,10 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
+from specdec_cli.decoding.runtime import override
 from specdec_cli.errors import UserError
-from specdec_cli.registry import DrafterSpec, ModelSpec, load_registry
-from specdec_cli.runtime import override
-from specdec_cli.sources import ModelSource
+from specdec_cli.pairs.registry import DrafterSpec, ModelSpec, load_registry
+from specdec_cli.pairs.sources import ModelSource
 
 
 def fake_head(directory: Path) -> None:

@@ -4,20 +4,27 @@ import json
 
 import pytest
 import torch
+from exactness import (
+    VOCAB,
+    assert_lossless,
+    assert_same_distribution,
+    exact_two_token_distribution,
+    sampled_pairs,
+    small_models,
+)
 from typer.testing import CliRunner
 
-from exactness import VOCAB, assert_lossless, assert_same_distribution, exact_two_token_distribution, sampled_pairs, small_models
-from specdec_cli.acceptance import SamplingParams
 from specdec_cli.cli import app
-from specdec_cli.distill import soft_cross_entropy, top_vocab, Example
-from specdec_cli.drafters import Draft, LookupFirst, ModelDrafter
-from specdec_cli.engine import SpeculativeEngine
-from specdec_cli.head import DraftHead, HeadDrafter, head_config, load_head, read_meta
-from specdec_cli.loading import load
-from specdec_cli.registry import parse_model
-from specdec_cli.tokenization import check_compatible
+from specdec_cli.decoding.acceptance import SamplingParams
+from specdec_cli.decoding.drafters import Draft, LookupFirst, ModelDrafter
+from specdec_cli.decoding.engine import SpeculativeEngine
+from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config, load_head, read_meta
 from specdec_cli.errors import UserError
-from specdec_cli.training import draft_from_target, narrow_draft
+from specdec_cli.pairs.loading import load
+from specdec_cli.pairs.registry import parse_model
+from specdec_cli.pairs.tokenization import check_compatible
+from specdec_cli.training.distill import Example, soft_cross_entropy, top_vocab
+from specdec_cli.training.loop import draft_from_target, narrow_draft
 
 runner = CliRunner()
 PROMPTS = ["abcabcabc", "hello there", "def f(x): return x", "the cat sat on the mat", "1 2 3 4 5", "xyzzy plugh"]
@@ -89,7 +96,7 @@ def test_greedy_output_with_a_trained_drafter_is_the_targets(trained, loaded_tar
 def test_training_lowers_the_loss_and_resume_continues_without_new_answers(pair_dir, prompt_file, tmp_path, monkeypatch):
     out = tmp_path / "head"
     assert train(pair_dir, prompt_file, out, "head", "--steps", "5").exit_code == 0
-    import specdec_cli.draft_job as job
+    import specdec_cli.training.draft_job as job
 
     monkeypatch.setattr(job, "answer", lambda *a, **k: pytest.fail("resume must reuse the checkpointed data"))
     result = train(pair_dir, prompt_file, out, "head", "--steps", "60", "--resume")

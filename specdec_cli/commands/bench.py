@@ -16,9 +16,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from ..errors import UserError
-from ..profile import open_profile
+from ..pairs.profile import open_profile
+from ..pairs.registry import HEAD, MODEL, NGRAM, PairSpec
 from ..prompts import read_file
-from ..registry import HEAD, MODEL, NGRAM, PairSpec
 from .common import (
     DraftOption,
     ModelsOption,
@@ -31,7 +31,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from ..decoding.runtime import Runtime
 
 COLUMNS = [
     ("tok/s", "tokens_per_s"), ("× plain", "speedup_vs_plain"), ("× hf-plain", "speedup_vs_hf_plain"),
@@ -64,9 +64,10 @@ def bench_command(
     plain decoding's, and this loop's fixed-K speculative modes show the speed-up predicted from the
     measured acceptance, draft cost and verify cost next to the measured one.
     """
-    from .. import bench, manifest
-    from ..runtime import prepare
-    from ..tokenization import encode_prompt
+    from ..decoding.runtime import prepare
+    from ..measure import bench
+    from ..pairs import manifest
+    from ..pairs.tokenization import encode_prompt
 
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
@@ -121,7 +122,7 @@ def _default_modes(pair: PairSpec) -> str:
 
 def _drafter_entry(runtime: Runtime, kind: str):
     """What the manifest records of a drafter: a model's files, a head's weights, or 'ngram'."""
-    from .. import manifest
+    from ..pairs import manifest
 
     if kind == NGRAM:
         return "ngram"

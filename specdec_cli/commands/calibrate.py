@@ -14,11 +14,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..decoding.speedup import SPECULATE
 from ..errors import UserError
 from ..limits import MAX_K
-from ..profile import profile_path, read_profiles, write_profile
+from ..pairs.profile import profile_path, read_profiles, write_profile
 from ..prompts import read_file
-from ..speedup import SPECULATE
 from .common import (
     DrafterOption,
     DraftOption,
@@ -32,7 +32,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..calibration import ScenarioResult
+    from ..measure.calibration import ScenarioResult
 
 
 @user_errors
@@ -59,9 +59,9 @@ def calibrate_k(
     all K alike. Per scenario it reports acceptance, per-position acceptance, costs, measured and
     predicted speed-up, the best K, its break-even acceptance rate, and a verdict: speculate or off.
     """
-    from ..calibration import DEFAULT_SCENARIO, measure, parse_ks, summarise_all, to_profile
-    from ..runtime import prepare
-    from ..tokenization import encode_prompt
+    from ..decoding.runtime import prepare
+    from ..measure.calibration import DEFAULT_SCENARIO, measure, parse_ks, summarise_all, to_profile
+    from ..pairs.tokenization import encode_prompt
 
     sampling = sampling_params(temperature, 0, 1.0)
     if max_new_tokens < 1:
@@ -92,7 +92,7 @@ def calibrate_k(
         write_profile(destination, to_profile(spec, scenarios, overall, settings))
         written = str(destination)
     if plot:
-        from ..plot import plot_calibration
+        from ..measure.plot import plot_calibration
 
         plot_calibration(scenarios, Path(plot), spec.name)
     if json_out:

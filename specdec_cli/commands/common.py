@@ -13,10 +13,10 @@ from rich.console import Console
 
 from ..errors import UserError
 from ..limits import MAX_K
-from ..registry import PairSpec, load_registry
+from ..pairs.registry import PairSpec, load_registry
 
 if TYPE_CHECKING:
-    from ..acceptance import SamplingParams
+    from ..decoding.acceptance import SamplingParams
 
 PairOption = Annotated[Optional[str], typer.Option("--pair", "-p", help="Pair name from models.yaml (default: the file's `default`).")]
 ModelsOption = Annotated[
@@ -51,7 +51,7 @@ def user_errors(command):
 
 
 def resolve_pair(models: str | None, pair: str | None, target=None, draft=None, drafter=None) -> PairSpec:
-    from ..runtime import override
+    from ..decoding.runtime import override
 
     return override(load_registry(models).pair(pair), target, draft, drafter)
 
@@ -82,7 +82,7 @@ def sampling_params(temperature: float, top_k: int, top_p: float) -> SamplingPar
         raise UserError(f"--top-k must be 0 or more, got {top_k}")
     if not 0 < top_p <= 1:
         raise UserError(f"--top-p must be in (0, 1], got {top_p}")
-    from ..acceptance import SamplingParams
+    from ..decoding.acceptance import SamplingParams
 
     return SamplingParams(temperature, top_k, top_p)
 

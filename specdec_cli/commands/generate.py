@@ -12,7 +12,7 @@ import typer
 
 from ..errors import UserError
 from ..limits import MAX_K
-from ..profile import ProfileWatcher, open_profile
+from ..pairs.profile import ProfileWatcher, open_profile
 from ..prompts import Prompt, parse_lines
 from .common import (
     DrafterOption,
@@ -29,8 +29,8 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..adaptive import AdaptiveController
-    from ..runtime import Runtime
+    from ..decoding.adaptive import AdaptiveController
+    from ..decoding.runtime import Runtime
 
 
 @user_errors
@@ -60,7 +60,7 @@ def generate(
     ones struck out, tokens the target chose itself in bold, with the running acceptance rate and
     speed. Results go to stdout, as text or (--json) as JSON lines.
     """
-    from ..runtime import prepare
+    from ..decoding.runtime import prepare
 
     sampling = sampling_params(temperature, top_k, top_p)
     if max_new_tokens < 1:
@@ -94,8 +94,8 @@ def generate(
 
 def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console) -> dict:
     from ..live import LiveView
-    from ..stats import RunStats
-    from ..tokenization import encode_prompt
+    from ..measure.stats import RunStats
+    from ..pairs.tokenization import encode_prompt
 
     tokenizer = runtime.tokenizer
     ids = encode_prompt(tokenizer, item.text, raw)
@@ -138,7 +138,7 @@ def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
 
 def _controller(spec, fixed_k, watcher: ProfileWatcher | None) -> AdaptiveController | None:
     """Adaptive K for `-k auto`, and by default whenever the pair has a profile or says `adaptive: true`."""
-    from ..adaptive import AdaptiveController
+    from ..decoding.adaptive import AdaptiveController
 
     if watcher is None or (fixed_k is None and watcher.profile is None and not spec.adaptive):
         return None

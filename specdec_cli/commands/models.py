@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..registry import load_registry
+from ..pairs.registry import load_registry
 from .common import ModelsOption, user_errors
 
 

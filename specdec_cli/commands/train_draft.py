@@ -66,8 +66,8 @@ def train_draft(
     (and, for a head, its hidden states), and the drafter learns them within --steps/--minutes.
     Use the result with `--draft OUT` (a head: `--drafter head --draft OUT`) or in models.yaml.
     """
-    from .. import draft_job
-    from ..distill import AnswerSettings
+    from ..training import draft_job
+    from ..training.distill import AnswerSettings
 
     spec = resolve_pair(models, pair, target)
     settings = draft_job.JobSettings(

@@ -25,11 +25,21 @@ from ..atomic import write_atomically
 from ..errors import UserError
 from ..limits import MAX_K, NEAR_TIE_TOLERANCE, SAMPLING_PROMPTS, SAMPLING_TOKENS
 from ..prompts import read_file
-from .common import DrafterOption, DraftOption, ModelsOption, PairOption, TargetOption, parse_k, resolve_pair, stderr_console, user_errors
+from .common import (
+    DrafterOption,
+    DraftOption,
+    ModelsOption,
+    PairOption,
+    TargetOption,
+    parse_k,
+    resolve_pair,
+    stderr_console,
+    user_errors,
+)
 
 if TYPE_CHECKING:
-    from ..equivalence import GreedyResult
-    from ..sampling_check import SamplingResult
+    from ..measure.equivalence import GreedyResult
+    from ..measure.sampling_check import SamplingResult
 
 TOLERANCE_HELP = ", ".join(f"{dtype} {t:g}" for dtype, t in NEAR_TIE_TOLERANCE.items())
 
@@ -59,10 +69,10 @@ def verify_equivalence(
     Each divergence is located and classified by the target's logit margin: a `numerical
     near-tie` (round-off between a 1-token and a (K+1)-token forward) or a `mismatch` (a bug).
     """
-    from ..equivalence import check_greedy, decide, default_tolerance
-    from ..runtime import prepare
-    from ..sampling_check import check_sampling
-    from ..tokenization import encode_prompt
+    from ..decoding.runtime import prepare
+    from ..measure.equivalence import check_greedy, decide, default_tolerance
+    from ..measure.sampling_check import check_sampling
+    from ..pairs.tokenization import encode_prompt
 
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
@@ -138,7 +148,7 @@ def _progress(total: int):
 
 
 def render(console: Console, greedy: GreedyResult, sampled: SamplingResult | None, equivalent: bool, verdict: str, wall_s: float) -> None:
-    from ..equivalence import MISMATCH, NEAR_TIE
+    from ..measure.equivalence import MISMATCH, NEAR_TIE
 
     totals = greedy.totals()
     flagged = {(d.prompt_id, d.k): d.kind for d in greedy.divergences}

@@ -16,9 +16,10 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from .acceptance import SamplingParams
-from .engine import SpeculativeEngine
-from .limits import SAMPLING_PROMPTS as PROMPTS, SAMPLING_TOKENS as TOKENS  # prompts sampled, tokens per continuation
+from ..decoding.acceptance import SamplingParams
+from ..decoding.engine import SpeculativeEngine
+from ..limits import SAMPLING_PROMPTS as PROMPTS  # prompts sampled, tokens per continuation
+from ..limits import SAMPLING_TOKENS as TOKENS
 
 ALPHA = 0.01  # family-wise: split evenly over all tests (Bonferroni)
 PLAIN_SEEDS = 1_000_003  # plain draws use seeds from here, so no draw shares a seed with a speculative one

@@ -16,7 +16,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from ..decoding.head import DraftHead, head_config, head_logits
+from ..errors import UserError
 from .distill import Batch, Example, collate, soft_cross_entropy
-from .errors import UserError
-from .head import DraftHead, head_config, head_logits
 
 LAYER_KEY = re.compile(r"(^|\.)(layers|h|blocks)\.(\d+)\.")
 

@@ -14,9 +14,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..pairs.profile import PairProfile, ScenarioProfile
+from ..pairs.registry import PairSpec
 from .engine import RoundEvent
-from .profile import PairProfile, ScenarioProfile
-from .registry import PairSpec
 from .speedup import predicted_speedup
 
 DEFAULT_K_MAX = 8

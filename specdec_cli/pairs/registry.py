@@ -20,12 +20,12 @@ from pathlib import Path
 
 from ruamel.yaml import YAML, YAMLError
 
-from .errors import UserError
-from .limits import MAX_K
+from ..errors import UserError
+from ..limits import MAX_K
 from .meta import read_meta
 from .sources import ModelSource, resolve_path
 
-PACKAGED_REGISTRY = Path(__file__).with_name("models.yaml")
+PACKAGED_REGISTRY = Path(__file__).parents[1] / "models.yaml"
 MODEL = "model"
 NGRAM = "ngram"
 HEAD = "head"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 from .loading import LoadedModel
 from .sources import ModelSource
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 META_FILE = "specdec-draft.json"  # written next to every trained drafter, both kinds
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from .errors import UserError
+from ..errors import UserError
 
 
 def check_compatible(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase) -> None:

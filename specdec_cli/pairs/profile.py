@@ -18,9 +18,9 @@ from pathlib import Path
 from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.comments import CommentedMap
 
-from .atomic import write_atomically
-from .errors import UserError
-from .limits import MAX_K
+from ..atomic import write_atomically
+from ..errors import UserError
+from ..limits import MAX_K
 from .registry import PairSpec
 
 HEADER = (

@@ -21,7 +21,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .errors import UserError
+from ..errors import UserError
 from .registry import ModelSpec
 from .sources import ModelSource
 

@@ -21,18 +21,18 @@ from typing import Callable
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from .acceptance import SamplingParams
-from .adaptive import AdaptiveController
-from .drafters import LookupFirst, NgramDrafter
-from .engine import KSchedule, SpeculativeEngine
-from .errors import UserError
-from .kv import input_device
-from .limits import MAX_K
-from .profile import PairProfile
-from .prompts import Prompt
-from .registry import HEAD, MODEL, NGRAM
-from .runtime import Runtime
-from .speedup import predicted_speedup
+from ..decoding.acceptance import SamplingParams
+from ..decoding.adaptive import AdaptiveController
+from ..decoding.drafters import LookupFirst, NgramDrafter
+from ..decoding.engine import KSchedule, SpeculativeEngine
+from ..decoding.kv import input_device
+from ..decoding.runtime import Runtime
+from ..decoding.speedup import predicted_speedup
+from ..errors import UserError
+from ..limits import MAX_K
+from ..pairs.profile import PairProfile
+from ..pairs.registry import HEAD, MODEL, NGRAM
+from ..prompts import Prompt
 
 MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto")
 # run by this loop; the others by transformers' generate

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from .errors import UserError
-from .prompts import Prompt
-from .tokenization import encode_prompt
+from ..errors import UserError
+from ..pairs.tokenization import encode_prompt
+from ..prompts import Prompt
 
 
 @dataclass

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from .engine import SpeculativeEngine
-from .kv import input_device
-from .limits import NEAR_TIE_TOLERANCE
+from ..decoding.engine import SpeculativeEngine
+from ..decoding.kv import input_device
+from ..limits import NEAR_TIE_TOLERANCE
 from .stats import RunStats
 
 if TYPE_CHECKING:

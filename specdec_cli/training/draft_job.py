@@ -17,15 +17,15 @@ from typing import Protocol
 
 import torch
 
+from ..decoding.head import save_head, target_identity
+from ..errors import UserError
+from ..pairs.loading import LoadedModel, load
+from ..pairs.meta import write_meta
+from ..pairs.registry import ModelSpec
+from ..pairs.tokenization import eos_ids
+from ..prompts import read_file
 from .distill import AnswerSettings, Example, answer, encode, split, teacher, top_vocab
-from .errors import UserError
-from .head import save_head, target_identity
-from .loading import LoadedModel, load
-from .meta import write_meta
-from .prompts import read_file
-from .registry import ModelSpec
-from .tokenization import eos_ids
-from .training import Budget, HeadStudent, ModelStudent, Trainer, draft_from_target, narrow_draft, new_head, save_atomically
+from .loop import Budget, HeadStudent, ModelStudent, Trainer, draft_from_target, narrow_draft, new_head, save_atomically
 
 KINDS = ("model", "head")
 DEFAULT_LR = {"model": 1e-4, "head": 1e-3}

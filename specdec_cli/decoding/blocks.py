@@ -19,8 +19,8 @@ import torch
 import transformers
 from transformers import DynamicCache, PreTrainedModel
 
+from ..pairs.manifest import cpu_name
 from .kv import crop_cache, input_device
-from .manifest import cpu_name
 
 MEASURED_LENGTHS = 10  # blocks of 1..10 tokens: K up to 9, where speculation on a CPU can pay
 

@@ -23,10 +23,10 @@ from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from .drafters import Draft, common_prefix, autoregress
-from .errors import UserError
+from ..errors import UserError
+from ..pairs.meta import META_FILE, read_meta, write_meta
+from .drafters import Draft, autoregress, common_prefix
 from .kv import crop_cache
-from .meta import META_FILE, read_meta, write_meta
 
 WEIGHTS_FILE = "head.safetensors"
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
-from .acceptance import SamplingParams
-from .engine import RoundEvent, SpeculativeEngine
-from .errors import UserError
-from .profile import PairProfile, ScenarioProfile, drafter_name
-from .registry import PairSpec
-from .speedup import Verdict, break_even_alpha, choose, fill_verify_costs, predicted_speedup
-from .manifest import libraries, source_version
+from ..decoding.acceptance import SamplingParams
+from ..decoding.engine import RoundEvent, SpeculativeEngine
+from ..decoding.speedup import Verdict, break_even_alpha, choose, fill_verify_costs, predicted_speedup
+from ..errors import UserError
+from ..pairs.manifest import libraries, source_version
+from ..pairs.profile import PairProfile, ScenarioProfile, drafter_name
+from ..pairs.registry import PairSpec
 
 DEFAULT_SCENARIO = "default"  # prompts without a `scenario` field
 

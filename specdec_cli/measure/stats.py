@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from .engine import RoundEvent
+from ..decoding.engine import RoundEvent
 
 
 @dataclass

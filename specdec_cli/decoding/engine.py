@@ -14,11 +14,11 @@ from typing import Iterator, Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from ..errors import UserError
+from ..limits import MAX_K
 from .acceptance import SamplingParams, distribution, greedy_accept, speculative_accept
 from .drafters import Draft, Drafter
-from .errors import UserError
 from .kv import crop_cache, input_device
-from .limits import MAX_K
 
 
 @dataclass

@@ -10,15 +10,15 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ..errors import UserError
+from ..pairs.loading import LoadedModel, cache_root, load
+from ..pairs.meta import read_meta
+from ..pairs.registry import DRAFTER_KINDS, HEAD, MODEL, DrafterSpec, PairSpec, parse_drafter, parse_model
+from ..pairs.tokenization import check_compatible, eos_ids
 from .blocks import cached_plan
 from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
-from .errors import UserError
 from .head import load_head
-from .loading import LoadedModel, cache_root, load
-from .meta import read_meta
-from .registry import DRAFTER_KINDS, HEAD, MODEL, DrafterSpec, PairSpec, parse_drafter, parse_model
-from .tokenization import check_compatible, eos_ids
 
 MISSING = {
     MODEL: "has no draft model; name one with --draft SOURCE or under `drafters: {model: ...}` in models.yaml",

@@ -1,0 +1,2 @@
+"""What a pair is and how its files are loaded: the registry, model sources, loading and conversion,
+tokenizers, calibration profiles, drafter metadata and file fingerprints. Imports nothing above it."""

@@ -1,0 +1,65 @@
+"""The package's stages import downward only: commands → measure | training → decoding → pairs → base."""
+
+import ast
+from pathlib import Path
+
+import specdec_cli
+
+PACKAGE = Path(specdec_cli.__file__).parent
+BASE = {"errors", "limits", "atomic", "prompts"}  # small pieces every stage uses
+RANK = {"base": 0, "pairs": 1, "decoding": 2, "measure": 3, "training": 3, "top": 4}
+
+
+def stage(module: str) -> str:
+    """The stage of a dotted module name inside specdec_cli."""
+    parts = module.split(".")[1:]
+    if not parts or parts[0] in ("cli", "live", "commands", "__main__"):
+        return "top"
+    if parts[0] in BASE:
+        return "base"
+    assert parts[0] in RANK, f"{module} belongs to no declared stage: add it to the layout (README, this test)"
+    return parts[0]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) for every import of specdec_cli in a file, lazy ones included."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("specdec_cli"):
+                found += [(node.lineno, target)] if node.module else [(node.lineno, f"{target}.{a.name}")
+                                                                      for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("specdec_cli")]
+    return found
+
+
+def test_stage_of_every_module_is_declared_and_imports_go_downward():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        own = stage(module_name(path))
+        for line, target in imports(path):
+            other = stage(target)
+            if other != own and RANK[other] >= RANK[own]:
+                upward.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({own}) imports {target} ({other})")
+    assert not upward, "imports against the layout:\n" + "\n".join(upward)
+
+
+def test_the_check_sees_an_upward_import():
+    assert stage("specdec_cli.decoding.engine") == "decoding"
+    assert RANK[stage("specdec_cli.measure.bench")] > RANK[stage("specdec_cli.decoding.engine")]
+    assert stage("specdec_cli.commands.generate") == "top" and stage("specdec_cli.errors") == "base"
+    found = imports(PACKAGE / "decoding" / "runtime.py")
+    assert any(target == "specdec_cli.pairs.loading" for _, target in found)  # relative imports resolved
