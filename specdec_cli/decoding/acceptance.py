@@ -120,3 +120,120 @@ def _one_hot(token: torch.Tensor, size: int, like: torch.Tensor) -> torch.Tensor
 
 def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+# ---- Relaxed (lossy) rules: opt-in only, never a default -------------------------------------------
+#
+# Each accepts some draft tokens the exact test would turn down, so the output is no longer the
+# target's. They exist to measure what that costs (measure/lossy.py), not to be used unawares.
+# After the first rejected draft the target's own token is drawn as under the exact test.
+
+EXACT = "exact"
+LENIENT = "lenient"
+TYPICAL = "typical"
+TOP = "top"
+RULE_SYNTAX = "exact, lenient:L (L >= 1), typical:EPS,DELTA (both in (0, 1]) or top:N (N >= 1)"
+
+
+@dataclass(frozen=True)
+class AcceptRule:
+    """How a draft token is judged. ``exact`` is the lossless test; every other kind is lossy."""
+
+    kind: str = EXACT
+    params: tuple[float, ...] = ()
+
+    @property
+    def lossless(self) -> bool:
+        return self.kind == EXACT
+
+    def __str__(self) -> str:
+        if not self.params:
+            return self.kind
+        return f"{self.kind}:" + ",".join(f"{int(v)}" if float(v).is_integer() else f"{v:g}" for v in self.params)
+
+
+def parse_rule(text: str) -> AcceptRule:
+    """'exact', 'lenient:2', 'typical:0.3,0.09', 'top:3' → AcceptRule; anything else is a UserError."""
+    from ..errors import UserError
+
+    kind, colon, rest = text.strip().partition(":")
+    bad = UserError(f"--accept {text!r}: expected {RULE_SYNTAX}")
+    if kind == EXACT:
+        if colon:
+            raise bad
+        return AcceptRule()
+    try:
+        values = tuple(float(v) for v in rest.split(",")) if colon else ()
+    except ValueError:
+        raise bad from None
+    if kind == LENIENT and len(values) == 1 and values[0] >= 1:
+        return AcceptRule(LENIENT, values)
+    if kind == TYPICAL and len(values) == 2 and all(0 < v <= 1 for v in values):
+        return AcceptRule(TYPICAL, values)
+    if kind == TOP and len(values) == 1 and values[0] >= 1 and values[0].is_integer():
+        return AcceptRule(TOP, values)
+    raise bad
+
+
+def lenient_probability(p_x: torch.Tensor, q_x: torch.Tensor, lenience: float) -> torch.Tensor:
+    """min(1, L·p(x) / q(x)): Leviathan et al.'s lenience; L = 1 is the exact test."""
+    return torch.clamp(lenience * p_x / q_x, max=1.0)
+
+
+def typical_keep(p: torch.Tensor, draft: torch.Tensor, eps: float, delta: float) -> torch.Tensor:
+    """Medusa's typical acceptance: keep x when p(x) > min(EPS, DELTA·exp(−H(p))), row by row.
+
+    The target's most likely token is always kept, as in Medusa, so greedy output stays reachable.
+    """
+    rows = torch.arange(draft.shape[0], device=p.device)
+    entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+    threshold = torch.clamp(delta * torch.exp(-entropy), max=eps)
+    return (p[rows, draft] > threshold) | (draft == p.argmax(-1))
+
+
+def top_keep(p: torch.Tensor, draft: torch.Tensor, n: int) -> torch.Tensor:
+    """Keep x when it is among the target's N most likely tokens, row by row."""
+    top = p.topk(min(n, p.shape[-1]), dim=-1).indices
+    return (top == draft[:, None]).any(-1)
+
+
+def relaxed_accept(
+    rule: AcceptRule,
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    logits: torch.Tensor,
+    sampling: SamplingParams,
+    generator: torch.Generator | None = None,
+) -> tuple[int, int]:
+    """A lossy rule's verdict: how many draft tokens survive, and the token the target adds.
+
+    Under greedy decoding p is the softmax of the raw logits (temperature 1), which the rules need to
+    see how likely a token is; lenient then keeps x when L·p(x) ≥ max p, and the target's token
+    after a rejection is its argmax. Under sampling p is the warped distribution, and the target's
+    token is drawn from the lenient residual or, for the other rules, from p itself.
+    """
+    k = draft.shape[0]
+    p = torch.softmax(logits.float(), dim=-1) if sampling.greedy else distribution(logits, sampling)
+    rows = torch.arange(k, device=p.device)
+    if rule.kind == LENIENT:
+        lenience = rule.params[0]
+        if sampling.greedy:
+            keep = lenience * p[rows, draft] >= p[:k].max(-1).values
+        else:
+            q_x = torch.ones(k, device=p.device) if q is None else q[rows, draft].to(p)
+            u = torch.rand(k, generator=generator, device=p.device)
+            keep = u < lenient_probability(p[rows, draft], q_x, lenience)
+    elif rule.kind == TYPICAL:
+        keep = typical_keep(p[:k], draft, *rule.params)
+    elif rule.kind == TOP:
+        keep = top_keep(p[:k], draft, int(rule.params[0]))
+    else:
+        raise ValueError(f"not a relaxed rule: {rule}")
+    rejected = (~keep).nonzero()
+    n = int(rejected[0, 0]) if rejected.numel() else k
+    if sampling.greedy:
+        return n, int(p[n].argmax())
+    if n < k and rule.kind == LENIENT:
+        q_n = _one_hot(draft[n], p.shape[-1], p) if q is None else q[n].to(p)
+        return n, _sample(residual_distribution(p[n], q_n), generator)
+    return n, _sample(p[n], generator)

@@ -16,7 +16,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..errors import UserError
 from ..limits import MAX_K
-from .acceptance import SamplingParams, distribution, greedy_accept, speculative_accept
+from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept, speculative_accept
 from .drafters import Draft, Drafter
 from .kv import crop_cache, input_device
 
@@ -96,7 +96,10 @@ class SpeculativeEngine:
         sampling: SamplingParams = SamplingParams(),
         seed: int = 0,
         record_logits: bool = False,
+        rule: AcceptRule = AcceptRule(),
     ) -> Iterator[RoundEvent]:
+        """``rule`` other than exact is a lossy acceptance rule (acceptance.py): opt-in, and every
+        caller that passes one must say so in its output."""
         schedule = FixedK(k) if isinstance(k, int) else k
         if not prompt_ids:
             raise UserError("the prompt is empty")
@@ -129,7 +132,9 @@ class SpeculativeEngine:
             block = self._padded(torch.cat([tokens[-1:], draft.tokens]), tokens.shape[0] - 1)
             out = self.target(block[None].to(device), cache=cache, use_cache=True, logits_to_keep=block.shape[0], **self._extra)
             logits = out.logits[0, : len(draft) + 1, : self.vocab_size].float()
-            if sampling.greedy:
+            if not rule.lossless:
+                accepted, token = relaxed_accept(rule, draft.tokens.to(logits.device), draft.probs, logits, sampling, generator)
+            elif sampling.greedy:
                 accepted, token = greedy_accept(draft.tokens.to(logits.device), logits)
             else:
                 accepted, token = speculative_accept(

@@ -1,0 +1,139 @@
+"""Relaxed (lossy) acceptance rules: their verdicts on hand-made p and q, the one parser, and proof
+that they really change the sampled distribution (which the exact rule never does)."""
+
+import math
+
+import pytest
+import torch
+from exactness import PROMPT, VOCAB, assert_same_distribution, exact_two_token_distribution, small_models
+from scipy.stats import chisquare
+
+from specdec_cli.decoding.acceptance import (
+    AcceptRule,
+    SamplingParams,
+    lenient_probability,
+    parse_rule,
+    relaxed_accept,
+    top_keep,
+    typical_keep,
+)
+from specdec_cli.decoding.drafters import ModelDrafter
+from specdec_cli.decoding.engine import SpeculativeEngine
+from specdec_cli.errors import UserError
+
+P = torch.tensor([0.5, 0.3, 0.15, 0.05])  # target
+Q = torch.tensor([0.1, 0.2, 0.3, 0.4])  # draft
+GREEDY = SamplingParams()
+SAMPLE = SamplingParams(temperature=1.0)
+
+
+@pytest.mark.parametrize("text, rule", [
+    ("exact", AcceptRule()), ("lenient:2", AcceptRule("lenient", (2.0,))), ("typical:0.3,0.09", AcceptRule("typical", (0.3, 0.09))),
+    ("top:3", AcceptRule("top", (3.0,))), (" top:1 ", AcceptRule("top", (1.0,))),
+])
+def test_parse_rule(text, rule):
+    assert parse_rule(text) == rule
+    assert str(rule) == text.strip()
+    assert rule.lossless == (text == "exact")
+
+
+@pytest.mark.parametrize("text", ["", "exact:1", "lenient", "lenient:0.5", "lenient:x", "typical:0.3", "typical:0,0.1",
+                                  "typical:0.3,2", "top:0", "top:2.5", "top:3,4", "greedy"])
+def test_parse_rule_refuses_in_one_line(text):
+    with pytest.raises(UserError) as error:
+        parse_rule(text)
+    assert str(error.value) == (f"--accept {text!r}: expected exact, lenient:L (L >= 1), typical:EPS,DELTA (both in (0, 1]) "
+                                "or top:N (N >= 1)")
+
+
+def test_lenient_probability_is_min_one_l_p_over_q():
+    assert lenient_probability(torch.tensor(0.1), torch.tensor(0.4), 2.0).item() == pytest.approx(0.5)
+    assert lenient_probability(torch.tensor(0.1), torch.tensor(0.4), 1.0).item() == pytest.approx(0.25)  # exact
+    assert lenient_probability(torch.tensor(0.3), torch.tensor(0.4), 2.0).item() == 1.0
+
+
+def test_typical_keeps_tokens_above_the_entropy_threshold():
+    # H(P) = 1.1432 nats, exp(−H) = 0.3189: DELTA 0.4 → threshold 0.1277, DELTA 0.5 → 0.1596
+    entropy = -sum(p * math.log(p) for p in P.tolist())
+    assert 0.4 * math.exp(-entropy) == pytest.approx(0.1277, abs=1e-4)
+    p = torch.stack([P] * 4)
+    assert typical_keep(p, torch.tensor([0, 1, 2, 3]), 0.3, 0.4).tolist() == [True, True, True, False]
+    assert typical_keep(p, torch.tensor([0, 1, 2, 3]), 0.3, 0.5).tolist() == [True, True, False, False]
+    # EPS caps the threshold: at 0.2 only p > 0.2 survives (and always the argmax)
+    assert typical_keep(p, torch.tensor([0, 1, 2, 3]), 0.2, 1.0).tolist() == [True, True, False, False]
+    flat = torch.full((1, 4), 0.25)  # high entropy: a low threshold, even the argmax tie passes
+    assert typical_keep(flat, torch.tensor([3]), 0.3, 0.5).tolist() == [True]
+
+
+def test_top_keeps_the_targets_n_most_likely():
+    p = torch.stack([P] * 4)
+    assert top_keep(p, torch.tensor([0, 1, 2, 3]), 2).tolist() == [True, True, False, False]
+    assert top_keep(p, torch.tensor([3, 2, 1, 0]), 1).tolist() == [False, False, False, True]
+    assert top_keep(p[:1], torch.tensor([3]), 9).tolist() == [True]  # N past the vocabulary: all
+
+
+def _logits(*rows):
+    return torch.log(torch.stack(rows))
+
+
+def test_greedy_relaxed_verdicts():
+    logits = _logits(P, P, P, P)
+    draft = torch.tensor([1, 2, 3])
+    # top:2 keeps token 1, stops at 2; the target adds its argmax 0
+    assert relaxed_accept(AcceptRule("top", (2.0,)), draft, None, logits, GREEDY) == (1, 0)
+    assert relaxed_accept(AcceptRule("top", (4.0,)), draft, None, logits, GREEDY) == (3, 0)  # all kept: bonus
+    # lenient:2 under greedy keeps x when 2·p(x) ≥ max p = 0.5: token 1 (0.6) yes, token 2 (0.3) no
+    assert relaxed_accept(AcceptRule("lenient", (2.0,)), draft, None, logits, GREEDY) == (1, 0)
+    assert relaxed_accept(AcceptRule("lenient", (4.0,)), draft, None, logits, GREEDY) == (2, 0)
+    assert relaxed_accept(AcceptRule("typical", (0.3, 0.4)), draft, None, logits, GREEDY) == (2, 0)
+    assert relaxed_accept(AcceptRule("typical", (0.3, 0.5)), draft, None, logits, GREEDY) == (1, 0)
+    # the exact argmax is always kept
+    assert relaxed_accept(AcceptRule("top", (1.0,)), torch.tensor([0, 0]), None, logits[:3], GREEDY) == (2, 0)
+
+
+def _first_tokens(rule, draft_q, n=20000, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    logits = _logits(P, P)
+    counts = torch.zeros(4)
+    for _ in range(n):
+        x = torch.multinomial(draft_q, 1, generator=generator)
+        accepted, token = relaxed_accept(rule, x, draft_q[None], logits, SAMPLE, generator)
+        counts[int(x) if accepted else token] += 1
+    return counts
+
+
+def test_lenient_one_is_the_exact_distribution_and_lenient_two_is_not():
+    exact = _first_tokens(AcceptRule("lenient", (1.0,)), Q)
+    assert chisquare(exact, P * exact.sum()).pvalue > 1e-3
+    lossy = _first_tokens(AcceptRule("lenient", (2.0,)), Q)
+    assert chisquare(lossy, P * lossy.sum()).pvalue < 1e-6
+    # lenient:2 accepts x with min(1, 2p/q): 1, 1, 1, 0.25 → P(emit 3) = 0.4·0.25 = 0.1 instead of 0.05
+    assert lossy[3] / lossy.sum() == pytest.approx(0.1, abs=0.01)
+
+
+@pytest.mark.parametrize("rule", ["top:3", "typical:0.3,0.3"])
+def test_top_and_typical_change_the_first_token_distribution(rule):
+    counts = _first_tokens(parse_rule(rule), Q)
+    assert chisquare(counts, P * counts.sum()).pvalue < 1e-6
+
+
+def _engine_pairs(rule, n):
+    target, disagreeing = small_models()
+    engine = SpeculativeEngine(target, ModelDrafter(disagreeing, VOCAB), set())
+    counts = torch.zeros(VOCAB * VOCAB)
+    for seed in range(n):
+        tokens = [t for e in engine.generate(PROMPT, k=2, max_new_tokens=2, sampling=SAMPLE, seed=seed, rule=rule)
+                  for t in e.emitted]
+        counts[tokens[0] * VOCAB + tokens[1]] += 1
+    return counts, exact_two_token_distribution(target, PROMPT, SAMPLE)
+
+
+def test_engine_with_a_lossy_rule_fails_the_exact_distribution_test():
+    counts, exact = _engine_pairs(parse_rule("lenient:3"), 3000)
+    with pytest.raises(AssertionError):
+        assert_same_distribution(counts, exact)
+
+
+def test_engine_with_the_exact_rule_passes_it():
+    counts, exact = _engine_pairs(AcceptRule(), 3000)
+    assert_same_distribution(counts, exact)
