@@ -103,7 +103,10 @@ def sparkline(values, top: float) -> str:
 
 def summary(stats: RunStats) -> Text:
     """One line per prompt: the figures that only mean something together."""
-    line = Text(f"{stats.new_tokens} tokens in {stats.wall_s:.2f} s ({stats.tokens_per_s:.1f} tok/s) · ")
+    line = Text()
+    if not stats.lossless:
+        line.append(f"LOSSY ({stats.accept}): not the target's own output · ", style="bold yellow reverse")
+    line.append(f"{stats.new_tokens} tokens in {stats.wall_s:.2f} s ({stats.tokens_per_s:.1f} tok/s) · ")
     line.append(f"acceptance {stats.acceptance_rate:.1%}", ACCEPTED)
     line.append(
         f" ({stats.accepted}/{stats.drafted} drafts) · {stats.mean_accepted_length:.2f} tokens/round over "

@@ -1,7 +1,8 @@
 """Prompts from the command line, a file or standard input.
 
 Each non-blank line is one prompt: plain text, or a JSON object with ``prompt`` and optional
-``id`` and ``scenario`` (a line whose first character is ``{`` is read as JSON).
+``id`` and ``scenario`` (a line whose first character is ``{`` is read as JSON), and ``answer`` for a
+task whose output can be checked (measure/tasks.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class Prompt:
     id: str | int
     text: str
     scenario: str | None = None
+    answer: str | None = None
 
 
 def parse_lines(lines: Iterable[str], origin: str = "stdin") -> Iterator[Prompt]:
@@ -52,5 +54,6 @@ def _from_json(line: str, number: int, origin: str, count: int) -> Prompt:
         raise UserError(f"{origin} line {number}: malformed JSON ({exc.msg})") from None
     if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"].strip():
         raise UserError(f"{origin} line {number}: a JSON prompt line needs a non-empty string field 'prompt'")
-    scenario = record.get("scenario")
-    return Prompt(record.get("id", count), record["prompt"], None if scenario is None else str(scenario))
+    scenario, answer = record.get("scenario"), record.get("answer")
+    return Prompt(record.get("id", count), record["prompt"], None if scenario is None else str(scenario),
+                  None if answer is None else str(answer))

@@ -16,7 +16,7 @@ from ..limits import MAX_K
 from ..pairs.registry import PairSpec, load_registry
 
 if TYPE_CHECKING:
-    from ..decoding.acceptance import SamplingParams
+    from ..decoding.acceptance import AcceptRule, SamplingParams
 
 PairOption = Annotated[Optional[str], typer.Option("--pair", "-p", help="Pair name from models.yaml (default: the file's `default`).")]
 ModelsOption = Annotated[
@@ -26,6 +26,10 @@ ModelsOption = Annotated[
 TargetOption = Annotated[Optional[str], typer.Option("--target", help="Override the pair's target: hf:ID, package:PKG/FILE, a directory or a .gguf.")]
 DraftOption = Annotated[Optional[str], typer.Option("--draft", help="Override the pair's draft: a model source as for --target, a head directory from train-draft, or 'ngram'.")]
 DrafterOption = Annotated[Optional[str], typer.Option("--drafter", help="Drafter kind: 'model' (the pair's draft model), 'head' (its draft head) or 'ngram' (prompt lookup, always there); the pair's default `draft:` or one listed under `drafters:`.")]
+AcceptOption = Annotated[
+    str,
+    typer.Option("--accept", metavar="RULE", help="Acceptance rule: exact (the default: lossless) or a LOSSY relaxed rule, lenient:L, typical:EPS,DELTA or top:N, whose output is no longer the target's and is flagged as such (README: 'Why specdec is lossless by default')."),
+]
 
 
 def stderr_console() -> Console:
@@ -86,3 +90,17 @@ def sampling_params(temperature: float, top_k: int, top_p: float) -> SamplingPar
 
     return SamplingParams(temperature, top_k, top_p)
 
+
+
+def accept_rule(text: str) -> AcceptRule:
+    """The --accept rule; a lossy one is announced on stderr, once, before anything runs."""
+    from ..decoding.acceptance import parse_rule
+
+    rule = parse_rule(text)
+    if not rule.lossless:
+        stderr_console().print(lossy_warning(rule), markup=False, soft_wrap=True)
+    return rule
+
+
+def lossy_warning(rule) -> str:
+    return f"specdec: warning: --accept {rule} is lossy: the output is not the target's own (lossless: false)"

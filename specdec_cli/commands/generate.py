@@ -15,6 +15,7 @@ from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
 from ..prompts import Prompt, parse_lines
 from .common import (
+    AcceptOption,
     DrafterOption,
     DraftOption,
     ModelsOption,
@@ -24,6 +25,7 @@ from .common import (
     resolve_pair,
     sampling_params,
     stderr_console,
+    accept_rule,
     stdin_is_interactive,
     user_errors,
 )
@@ -53,6 +55,7 @@ def generate(
     draft: DraftOption = None,
     models: ModelsOption = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibration profile (from calibrate-k --write). Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")] = None,
+    accept: AcceptOption = "exact",
 ) -> None:
     """Generate with speculative decoding, showing which draft tokens the target accepted.
 
@@ -66,6 +69,7 @@ def generate(
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     fixed_k = parse_k(k, allow_auto=True)
+    rule = accept_rule(accept)
     prompts = _prompts(prompt)
     spec = resolve_pair(models, pair, target, draft, drafter)
     console = stderr_console()
@@ -81,7 +85,7 @@ def generate(
             if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
                 controller = _controller(spec, fixed_k, watcher)
             k_for_item = controller.schedule(item.scenario) if controller else fixed_k
-            result = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None)
+            result = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule)
             if json_lines:
                 print(json.dumps(result, ensure_ascii=False), flush=True)
             elif not (live and sys.stdout.isatty()):  # on one terminal the live view already shows it
@@ -92,7 +96,7 @@ def generate(
         raise typer.Exit(130) from None
 
 
-def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console) -> dict:
+def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console, rule) -> dict:
     from ..live import LiveView
     from ..measure.stats import RunStats
     from ..pairs.tokenization import encode_prompt
@@ -101,9 +105,9 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
     ids = encode_prompt(tokenizer, item.text, raw)
     k = runtime.pair.k_for(item.scenario) if fixed_k is None else fixed_k
     adaptive = not isinstance(k, int)
-    stats = RunStats("auto" if adaptive else k)
+    stats = RunStats("auto" if adaptive else k, str(rule))
     emitted: list[int] = []
-    events = runtime.engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+    events = runtime.engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, rule=rule)
     if console is None:
         for event in events:
             stats.add(event)

@@ -1,7 +1,8 @@
 """`specdec verify-equivalence`: show, prompt by prompt and K by K, that speculation changed nothing.
 
 Exit code 0 when equivalent, 1 when a divergence that round-off cannot explain (a `mismatch`), or
-with --strict any divergence, or a failed sampling test was found; 2 for bad input.
+with --strict any divergence, or a failed sampling test was found, or always under a lossy --accept
+rule (it runs and shows what it changed); 2 for bad input.
 """
 
 # torch and transformers are imported inside the command bodies, so that --help and bad options answer without them.
@@ -26,12 +27,14 @@ from ..errors import UserError
 from ..limits import MAX_K, NEAR_TIE_TOLERANCE, SAMPLING_PROMPTS, SAMPLING_TOKENS
 from ..prompts import read_file
 from .common import (
+    AcceptOption,
     DrafterOption,
     DraftOption,
     ModelsOption,
     PairOption,
     TargetOption,
     parse_k,
+    accept_rule,
     resolve_pair,
     stderr_console,
     user_errors,
@@ -62,6 +65,7 @@ def verify_equivalence(
     draft: DraftOption = None,
     drafter: DrafterOption = None,
     models: ModelsOption = None,
+    accept: AcceptOption = "exact",
 ) -> None:
     """Prove that speculative decoding gives the target's own output, token for token.
 
@@ -85,6 +89,7 @@ def verify_equivalence(
     if report and not Path(report).parent.is_dir():
         raise UserError(f"--report: directory not found: {Path(report).parent}")
     ks = parse_k_list(k)
+    rule = accept_rule(accept)  # a lossy rule runs, shows its divergences, and exits 1
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft, drafter)
     runtime = prepare(spec)
@@ -95,14 +100,14 @@ def verify_equivalence(
     steps = len(encoded) * len(ks) + (min(SAMPLING_PROMPTS, len(encoded)) * (len(ks) + 1) if sampling else 0)
     try:
         with _progress(steps) as step:
-            greedy = check_greedy(runtime.engine, runtime.tokenizer, encoded, ks, max_new_tokens, tolerance, step)
-            sampled = check_sampling(runtime.engine, encoded, ks, sampling, temperature, seed, step) if sampling else None
+            greedy = check_greedy(runtime.engine, runtime.tokenizer, encoded, ks, max_new_tokens, tolerance, step, rule)
+            sampled = check_sampling(runtime.engine, encoded, ks, sampling, temperature, seed, step, rule) if sampling else None
     except KeyboardInterrupt:
         stderr_console().print("specdec: interrupted; nothing was verified to the end")
         raise typer.Exit(130) from None
-    equivalent, verdict = decide(greedy, sampled, strict)
+    equivalent, verdict = decide(greedy, sampled, strict, rule)
     result = dict(pair=spec.name, drafter=runtime.drafter.name, dtype=str(runtime.target.model.dtype).removeprefix("torch."),
-                  prompts=len(encoded), strict=strict, equivalent=equivalent, verdict=verdict,
+                  prompts=len(encoded), strict=strict, lossless=rule.lossless, accept=str(rule), equivalent=equivalent, verdict=verdict,
                   wall_s=round(time.perf_counter() - started, 3), **greedy.as_dict(),
                   sampling=sampled.as_dict() if sampled else None)
     if report:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from ..decoding.acceptance import AcceptRule
 from ..decoding.engine import SpeculativeEngine
 from ..decoding.kv import input_device
 from ..limits import NEAR_TIE_TOLERANCE
@@ -155,9 +156,9 @@ class GreedyResult:
         )
 
 
-def decode(engine: SpeculativeEngine, ids: list[int], k: int, max_new_tokens: int) -> Decoded:
-    stats, tokens = RunStats(k), []
-    for event in engine.generate(ids, k=k, max_new_tokens=max_new_tokens):
+def decode(engine: SpeculativeEngine, ids: list[int], k: int, max_new_tokens: int, rule: AcceptRule = AcceptRule()) -> Decoded:
+    stats, tokens = RunStats(k, str(rule)), []
+    for event in engine.generate(ids, k=k, max_new_tokens=max_new_tokens, rule=rule):
         stats.add(event)
         tokens += event.emitted
     return Decoded(tokens, stats.finish())
@@ -190,8 +191,8 @@ def reference_decode(engine: SpeculativeEngine, ids: list[int], max_new_tokens: 
 class _Locator:
     """Recomputes the target's logits at a divergence, by rerunning the prompt with record_logits."""
 
-    def __init__(self, engine, tokenizer, prompt_id, ids, plain: Decoded, max_new_tokens, tolerance):
-        self.engine, self.tokenizer, self.prompt_id, self.ids = engine, tokenizer, prompt_id, ids
+    def __init__(self, engine, tokenizer, prompt_id, ids, plain: Decoded, max_new_tokens, tolerance, rule=AcceptRule()):
+        self.engine, self.tokenizer, self.prompt_id, self.ids, self.rule = engine, tokenizer, prompt_id, ids, rule
         self.plain, self.max_new_tokens, self.tolerance = plain, max_new_tokens, tolerance
         self._plain_rows: dict[int, tuple[torch.Tensor | None, bool]] = {}
 
@@ -221,7 +222,7 @@ class _Locator:
     def _engine_row(self, k: int, position: int):
         """The target's logits row scoring ``position``, and the tokens the rerun emitted up to it."""
         tokens, rows = [], []
-        for event in self.engine.generate(self.ids, k=k, max_new_tokens=self.max_new_tokens, record_logits=True):
+        for event in self.engine.generate(self.ids, k=k, max_new_tokens=self.max_new_tokens, record_logits=True, rule=self.rule):
             tokens += event.emitted
             rows.append(event.logits)
             if len(tokens) > position:
@@ -250,18 +251,21 @@ def check_greedy(
     max_new_tokens: int,
     tolerance: float,
     step: Callable[[str], None] = lambda _: None,
+    rule: AcceptRule = AcceptRule(),
 ) -> GreedyResult:
-    """Decode every prompt plainly, with transformers, and at every K; locate each divergence."""
+    """Decode every prompt plainly, with transformers, and at every K; locate each divergence.
+
+    Under a lossy ``rule`` the speculative runs use it, and their divergences are what it costs."""
     result = GreedyResult(list(ks), max_new_tokens, tolerance)
     for prompt_id, ids in prompts:
         plain = decode(engine, ids, 0, max_new_tokens)
         reference, _ = reference_decode(engine, ids, max_new_tokens)
-        locator = _Locator(engine, tokenizer, prompt_id, ids, plain, max_new_tokens, tolerance)
+        locator = _Locator(engine, tokenizer, prompt_id, ids, plain, max_new_tokens, tolerance, rule)
         result.references.append(Reference(prompt_id, reference.stats, reference.tokens == plain.tokens))
         if reference.tokens != plain.tokens:
             result.divergences.append(locator.against(reference, None))
         for k in ks:
-            speculative = decode(engine, ids, k, max_new_tokens)
+            speculative = decode(engine, ids, k, max_new_tokens, rule)
             if speculative.tokens != plain.tokens:
                 result.divergences.append(locator.against(speculative, k))
             result.rows.append(Row(prompt_id, k, plain.stats, speculative.stats,
@@ -270,8 +274,9 @@ def check_greedy(
     return result
 
 
-def decide(greedy: GreedyResult, sampled: SamplingResult | None, strict: bool) -> tuple[bool, str]:
-    """Equivalent unless a mismatch, a failed sampling test, or (strict) any divergence was found."""
+def decide(greedy: GreedyResult, sampled: SamplingResult | None, strict: bool, rule: AcceptRule = AcceptRule()) -> tuple[bool, str]:
+    """Equivalent unless a mismatch, a failed sampling test, or (strict) any divergence was found;
+    never under a lossy rule, which is not equivalent by construction however few tokens it changed."""
     mismatches, near_ties = greedy.count(MISMATCH), greedy.count(NEAR_TIE)
     failed = mismatches > 0 or (strict and near_ties > 0) or (sampled is not None and not sampled.passed)
     runs = len(greedy.rows)
@@ -284,4 +289,6 @@ def decide(greedy: GreedyResult, sampled: SamplingResult | None, strict: bool) -
         parts.append("--strict counts near-ties as failures")
     if sampled is not None:
         parts.append(f"sampling: {sampled.verdict()}")
+    if not rule.lossless:
+        return False, f"NOT EQUIVALENT: lossy rule --accept {rule} (lossless: false); " + "; ".join(parts)
     return not failed, ("EQUIVALENT: " if not failed else "NOT EQUIVALENT: ") + "; ".join(parts)

@@ -16,7 +16,7 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from ..decoding.acceptance import SamplingParams
+from ..decoding.acceptance import AcceptRule, SamplingParams
 from ..decoding.engine import SpeculativeEngine
 from ..limits import SAMPLING_PROMPTS as PROMPTS  # prompts sampled, tokens per continuation
 from ..limits import SAMPLING_TOKENS as TOKENS
@@ -115,12 +115,13 @@ class SamplingResult:
                     tests=[asdict(t) for t in self.tests])
 
 
-def draw(engine: SpeculativeEngine, ids: list[int], k: int, n: int, first_seed: int, sampling: SamplingParams):
+def draw(engine: SpeculativeEngine, ids: list[int], k: int, n: int, first_seed: int, sampling: SamplingParams,
+         rule: AcceptRule = AcceptRule()):
     """N continuations of TOKENS tokens, and the draft tokens proposed / accepted while drawing them."""
     samples, drafted, accepted = [], 0, 0
     for seed in range(first_seed, first_seed + n):
         tokens = []
-        for event in engine.generate(ids, k=k, max_new_tokens=TOKENS, sampling=sampling, seed=seed):
+        for event in engine.generate(ids, k=k, max_new_tokens=TOKENS, sampling=sampling, seed=seed, rule=rule):
             tokens += event.emitted
             drafted += len(event.drafted)
             accepted += event.accepted
@@ -136,6 +137,7 @@ def check_sampling(
     temperature: float = 1.0,
     seed: int = 0,
     step: Callable[[str], None] = lambda _: None,
+    rule: AcceptRule = AcceptRule(),
 ) -> SamplingResult:
     sampling = SamplingParams(temperature)
     result = SamplingResult(n, temperature)
@@ -144,7 +146,7 @@ def check_sampling(
         plain, _, _ = draw(engine, ids, 0, n, seed + PLAIN_SEEDS, sampling)
         step(f"sampling prompt {prompt_id} plainly")
         for k in ks:
-            speculative, drafted, accepted = draw(engine, ids, k, n, seed, sampling)
+            speculative, drafted, accepted = draw(engine, ids, k, n, seed, sampling, rule)
             result.drafted += drafted
             result.accepted += accepted
             pending += [(prompt_id, k, name, [s[:m] for s in speculative], [s[:m] for s in plain])

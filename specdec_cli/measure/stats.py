@@ -15,6 +15,7 @@ from ..decoding.engine import RoundEvent
 @dataclass
 class RunStats:
     k: int | str
+    accept: str = "exact"  # the acceptance rule; anything else is lossy and says so in every output
     drafted: int = 0
     accepted: int = 0
     rounds: int = 0
@@ -51,12 +52,17 @@ class RunStats:
         return self.new_tokens / self.rounds if self.rounds else 0.0
 
     @property
+    def lossless(self) -> bool:
+        return self.accept == "exact"
+
+    @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def as_dict(self) -> dict:
         figures = {k: v for k, v in asdict(self).items() if k not in ("started", "ended")}
         figures.update(
+            lossless=self.lossless,
             acceptance_rate=round(self.acceptance_rate, 4),
             mean_accepted_length=round(self.mean_accepted_length, 4),
             wall_s=round(self.wall_s, 4),
@@ -65,5 +71,5 @@ class RunStats:
             verify_s=round(self.verify_s, 4),
         )
         order = ["k", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds",
-                 "new_tokens", "wall_s", "tokens_per_s", "draft_s", "verify_s"]
+                 "new_tokens", "wall_s", "tokens_per_s", "draft_s", "verify_s", "lossless", "accept"]
         return {key: figures[key] for key in order}
