@@ -16,14 +16,18 @@ from rich.progress import Progress
 from rich.table import Table
 
 from ..errors import UserError
+from ..measure import lossy
 from ..pairs.profile import open_profile
 from ..pairs.registry import HEAD, MODEL, NGRAM, PairSpec
 from ..prompts import read_file
 from .common import (
+    AcceptOption,
     DraftOption,
     ModelsOption,
     PairOption,
     TargetOption,
+    accept_rule,
+    lossy_warning,
     resolve_pair,
     sampling_params,
     stderr_console,
@@ -46,7 +50,7 @@ ONLY_WHEN_MEASURED = {"mean_k"}  # auto's alone: a column of dashes for every ot
 @user_errors
 def bench_command(
     prompts: Annotated[Path, typer.Option("--prompts", help="Prompt file: one prompt per line, text or JSON with 'prompt', 'id', 'scenario'.")],
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K, ngram+spec:K, ngram+head:K (prompt lookup first, the model or head where it finds nothing), auto (the default drafter with adaptive K, as `generate -k auto`, seeded from the calibration profile). Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
+    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K, ngram+spec:K, ngram+head:K (prompt lookup first, the model or head where it finds nothing), auto (the default drafter with adaptive K, as `generate -k auto`, seeded from the calibration profile). MODE@RULE runs a speculative mode under a LOSSY acceptance rule (head:3@top:3, spec:3@lenient:2, head:3@typical:0.3,0.09) beside the same mode lossless, and reports what the rule cost. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
     pair: PairOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per prompt and mode.")] = 64,
     temperature: Annotated[float, typer.Option(help="0: greedy (the default, so outputs can be compared token by token).")] = 0.0,
@@ -57,6 +61,8 @@ def bench_command(
     draft: DraftOption = None,
     models: ModelsOption = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibration profile that seeds mode auto (read only). Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml; without one, auto starts from the pair's K.")] = None,
+    samples: Annotated[int, typer.Option("--samples", help="Runs per prompt and mode, with seeds seed, seed+1, … shared by all modes (paired).")] = 1,
+    accept: AcceptOption = "exact",
 ) -> None:
     """Measure speed, acceptance and latency per mode against plain decoding of the same target.
 
@@ -71,21 +77,27 @@ def bench_command(
 
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if samples < 1:
+        raise UserError(f"--samples must be at least 1, got {samples}")
     sampling = sampling_params(temperature, 0, 1.0)
+    rule = accept_rule(accept)
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
-    chosen = bench.parse_modes(modes or _default_modes(spec))
+    chosen = bench.with_rule(bench.parse_modes(modes or _default_modes(spec)), rule)
     console = stderr_console()
+    lossy_modes = [m for m in chosen if not m.rule.lossless]
+    if lossy_modes and rule.lossless:  # --accept already said so
+        console.print(lossy_warning(", ".join(str(m) for m in lossy_modes)), markup=False, soft_wrap=True)
     watcher = None
     if bench.Mode("auto") in chosen:
         watcher = open_profile(profile, spec, warn=lambda message: console.print(f"specdec: {message}"))
     runtime = prepare(spec)
-    runner = bench.Bench(runtime, max_new_tokens, sampling, seed, watcher.profile if watcher else None)
+    runner = bench.Bench(runtime, max_new_tokens, sampling, seed, watcher.profile if watcher else None, samples)
     encode = lambda p: encode_prompt(runtime.tokenizer, p.text)  # noqa: E731
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task("benchmarking", total=len(items) * len(chosen))
-        samples = bench.run(runner, chosen, items, encode, lambda: progress.advance(task))
-    result = bench.report(samples)
+        task = progress.add_task("benchmarking", total=len(items) * len(chosen) * samples)
+        measured = bench.run(runner, chosen, items, encode, lambda: progress.advance(task))
+    result = bench.report(measured, samples, seed)
     result["manifest"] = {
         "command": "specdec " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "specdec bench",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -96,6 +108,7 @@ def bench_command(
         "libraries": manifest.libraries(),
         "machine": manifest.machine(),
         "seed": seed, "temperature": temperature, "max_new_tokens": max_new_tokens, "prompts": len(items),
+        "samples": samples, "lossless": not lossy_modes,
     }
     if watcher:  # what seeded auto: a profile file, or (None) the pair's K
         result["manifest"]["profile"] = str(watcher.path) if watcher.profile else None
@@ -106,10 +119,14 @@ def bench_command(
         for scenario, by_mode in result["scenarios"].items():
             if len(result["scenarios"]) > 1:
                 Console().print(table(by_mode, f"scenario {scenario}"))
+        if result["lossy"]:
+            Console().print(lossy_table(result["lossy"]))
+            for mode, figures in result["lossy"].items():
+                Console(highlight=False).print(lossy.headline(mode, figures), markup=False, soft_wrap=True)
     if markdown:
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(markdown_page(result))
-    differing = [mode for mode, f in result["modes"].items() if not f["identical_to_plain"]]
+    differing = [mode for mode, f in result["modes"].items() if not f["identical_to_plain"] and f["lossless"]]
     if differing and sampling.greedy:
         console.print(f"[yellow]modes whose tokens differ from plain decoding: {', '.join(differing)}[/]")
 
@@ -156,6 +173,16 @@ def table(by_mode: dict, title: str) -> Table:
     return grid
 
 
+def lossy_table(report: dict) -> Table:
+    grid = Table(title="lossy rules against the same mode lossless (95 % paired bootstrap intervals)", title_justify="left")
+    grid.add_column("mode")
+    for header, _ in lossy.COLUMNS:
+        grid.add_column(header, justify="right")
+    for mode, figures in report.items():
+        grid.add_row(mode, *(lossy.cell(figures.get(key)) for _, key in lossy.COLUMNS))
+    return grid
+
+
 def markdown_page(result: dict) -> str:
     meta = result["manifest"]
     lines = ["# Benchmark", "", f"Made with `{meta['command']}` on {meta['date']}.", ""]
@@ -165,5 +192,6 @@ def markdown_page(result: dict) -> str:
                   "|---" * (len(columns) + 1) + "|"]
         lines += [f"| {mode} | " + " | ".join(_cell(k, f.get(k)) for _, k in columns) + " |" for mode, f in by_mode.items()]
         lines.append("")
+    lines += lossy.markdown_section(result.get("lossy", {}))
     lines += ["## Manifest", "", "```json", json.dumps(meta, indent=2), "```", ""]
     return "\n".join(lines)

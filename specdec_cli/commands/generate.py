@@ -21,11 +21,11 @@ from .common import (
     ModelsOption,
     PairOption,
     TargetOption,
+    accept_rule,
     parse_k,
     resolve_pair,
     sampling_params,
     stderr_console,
-    accept_rule,
     stdin_is_interactive,
     user_errors,
 )

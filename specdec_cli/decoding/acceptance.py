@@ -25,6 +25,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from ..errors import UserError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -152,12 +154,10 @@ class AcceptRule:
         return f"{self.kind}:" + ",".join(f"{int(v)}" if float(v).is_integer() else f"{v:g}" for v in self.params)
 
 
-def parse_rule(text: str) -> AcceptRule:
+def parse_rule(text: str, origin: str = "--accept") -> AcceptRule:
     """'exact', 'lenient:2', 'typical:0.3,0.09', 'top:3' → AcceptRule; anything else is a UserError."""
-    from ..errors import UserError
-
     kind, colon, rest = text.strip().partition(":")
-    bad = UserError(f"--accept {text!r}: expected {RULE_SYNTAX}")
+    bad = UserError(f"{origin} {text!r}: expected {RULE_SYNTAX}")
     if kind == EXACT:
         if colon:
             raise bad

@@ -9,6 +9,10 @@ Each mode takes the pair's drafter of its kind (``Runtime.drafter_of``), not onl
 a pair drafted by n-gram lookup by default still benches its draft model and its draft head.
 ``auto`` is `generate -k auto`: the default drafter, K chosen round by round, seeded from the
 pair's calibration profile (read, never written).
+
+``MODE@RULE`` runs a mode under a lossy acceptance rule (``head:3@top:3``); its lossless twin runs
+beside it, interleaved, and ``lossy.py`` reports what the rule cost. With ``samples`` > 1 each prompt
+runs that many times per mode, with seeds seed, seed+1, … shared by every mode (paired).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Callable
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from ..decoding.acceptance import SamplingParams
+from ..decoding.acceptance import AcceptRule, SamplingParams, parse_rule
 from ..decoding.adaptive import AdaptiveController
 from ..decoding.drafters import LookupFirst, NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
@@ -33,6 +37,7 @@ from ..limits import MAX_K
 from ..pairs.profile import PairProfile
 from ..pairs.registry import HEAD, MODEL, NGRAM
 from ..prompts import Prompt
+from . import lossy
 
 MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto")
 # run by this loop; the others by transformers' generate
@@ -47,9 +52,15 @@ NEEDS = {MODEL: "a draft model", HEAD: "a draft head"}
 class Mode:
     kind: str
     k: int = 0
+    rule: AcceptRule = AcceptRule()
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.k}" if self.kind not in WITHOUT_K else self.kind
+        name = f"{self.kind}:{self.k}" if self.kind not in WITHOUT_K else self.kind
+        return name if self.rule.lossless else f"{name}@{self.rule}"
+
+    @property
+    def lossless_twin(self) -> "Mode":
+        return Mode(self.kind, self.k)
 
     @property
     def drafter_kind(self) -> str | None:
@@ -58,26 +69,53 @@ class Mode:
         return DRAFTER_OF_MODE.get(self.kind)
 
 
+def _items(text: str) -> list[str]:
+    """Comma-separated modes, where a rule's own comma (``head:3@typical:0.3,0.09``) stays with it."""
+    items: list[str] = []
+    for part in filter(None, (part.strip() for part in text.split(","))):
+        if items and "@" in items[-1] and part.replace(".", "", 1).isdigit():
+            items[-1] += "," + part
+        else:
+            items.append(part)
+    return items
+
+
 def parse_modes(text: str) -> list[Mode]:
+    """Modes in order, plain first; a lossy mode brings its lossless twin (what it is measured against)."""
     modes = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    for full in _items(text):
+        item, at, rule_text = full.partition("@")
+        rule = parse_rule(rule_text, f"mode {full!r}: rule") if at else AcceptRule()
         kind, _, k = item.partition(":")
+        if at and (kind not in ENGINE_KINDS or kind == "plain"):
+            raise UserError(f"mode {full!r}: a rule applies to this loop's speculative modes (spec, ngram, head, "
+                            "ngram+spec, ngram+head, auto), not to plain decoding or transformers' generate")
         if kind not in MODE_KINDS:
             raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, "
                             "head:K, ngram+spec:K, ngram+head:K, auto")
         if kind in WITHOUT_K:
             if k:
                 raise UserError(f"mode {kind!r} takes no K")
-            modes.append(Mode(kind))
+            modes.append(Mode(kind, 0, rule))
             continue
         if not k.isdigit() or not 1 <= int(k) <= MAX_K:
             raise UserError(f"mode {item!r} needs a K from 1 to {MAX_K}, as in {kind}:4")
-        modes.append(Mode(kind, int(k)))
+        modes.append(Mode(kind, int(k), rule))
     if not modes:
         raise UserError("no modes given")
     if Mode("plain") not in modes:
         modes.insert(0, Mode("plain"))  # every figure is relative to it
+    for mode in [m for m in modes if not m.rule.lossless and m.lossless_twin not in modes]:
+        modes.insert(modes.index(mode), mode.lossless_twin)
     return list(dict.fromkeys(modes))
+
+
+def with_rule(modes: list[Mode], rule: AcceptRule) -> list[Mode]:
+    """``bench --accept RULE``: every speculative mode of this loop also runs under the rule."""
+    if rule.lossless:
+        return modes
+    extra = [Mode(m.kind, m.k, rule) for m in modes if m.kind in ENGINE_KINDS and m.kind != "plain" and m.rule.lossless]
+    return list(dict.fromkeys(modes + extra))
 
 
 @dataclass
@@ -96,6 +134,9 @@ class Sample:
     judged: int = 0  # drafts the target tested (RoundEvent.judged)
     draft_s: float = 0.0
     verify_s: float = 0.0
+    seed: int = 0
+    nll: float | None = None  # the target's NLL of the tokens, summed (lossy runs only; lossy.score)
+    correct: bool | None = None  # the task's answer found (prompts with an answer, lossy runs only)
 
 
 @dataclass
@@ -105,13 +146,15 @@ class Bench:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int = 0
     profile: PairProfile | None = None  # seeds mode auto
+    samples: int = 1  # runs per prompt and mode, seeds seed .. seed + samples - 1
 
-    def runner(self, mode: Mode) -> Callable[[list[int], Prompt], Sample]:
+    def runner(self, mode: Mode) -> Callable[[list[int], Prompt, int], Sample]:
         """A fresh runner: for auto, a fresh controller that has learnt nothing yet."""
         if mode.kind == "auto":
             engine = self.runtime.engine
             controller = AdaptiveController.for_pair(self.runtime.pair, self.profile)
-            return lambda ids, prompt: self._run_engine(engine, controller.schedule(prompt.scenario), ids, prompt)
+            return lambda ids, prompt, seed: self._run_engine(engine, controller.schedule(prompt.scenario), ids, prompt,
+                                                              seed, mode.rule)
         if mode.kind in ENGINE_KINDS:
             drafter = None
             if mode.kind == "ngram":
@@ -123,7 +166,7 @@ class Bench:
                 drafter = LookupFirst(drafter) if mode.kind.startswith("ngram+") else drafter
             engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.eos_token_ids,
                                        self.runtime.block_plan)
-            return lambda ids, prompt: self._run_engine(engine, mode.k, ids, prompt)
+            return lambda ids, prompt, seed: self._run_engine(engine, mode.k, ids, prompt, seed, mode.rule)
         kwargs = {}
         if mode.kind == "hf-assisted":
             # A constant schedule and no confidence cut-off: K drafts every round, like spec:K.
@@ -131,7 +174,7 @@ class Bench:
                           num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
         elif mode.kind == "hf-lookup":
             kwargs = dict(prompt_lookup_num_tokens=mode.k, max_matching_ngram_size=NgramDrafter().max_ngram)
-        return lambda ids, prompt: self._run_hf(kwargs, ids, prompt)
+        return lambda ids, prompt, seed: self._run_hf(kwargs, ids, prompt, seed)
 
     def _drafter(self, mode: Mode):
         """The pair's drafter for a spec, hf-assisted or head mode, refused in the mode's words."""
@@ -141,10 +184,12 @@ class Bench:
                             f"(use --draft, or list one under `drafters:` in models.yaml)")
         return self.runtime.drafter_of(kind)
 
-    def _run_engine(self, engine: SpeculativeEngine, k: int | KSchedule, ids: list[int], prompt: Prompt) -> Sample:
-        stamps, tokens, sample = [], [], Sample(prompt, [], 0.0, 0.0, [], 0)
+    def _run_engine(self, engine: SpeculativeEngine, k: int | KSchedule, ids: list[int], prompt: Prompt, seed: int,
+                    rule: AcceptRule) -> Sample:
+        stamps, tokens, sample = [], [], Sample(prompt, [], 0.0, 0.0, [], 0, seed=seed)
         started = time.perf_counter()
-        for event in engine.generate(ids, k=k, max_new_tokens=self.max_new_tokens, sampling=self.sampling, seed=self.seed):
+        for event in engine.generate(ids, k=k, max_new_tokens=self.max_new_tokens, sampling=self.sampling, seed=seed,
+                                     rule=rule):
             stamps.append((time.perf_counter(), len(event.emitted)))
             tokens += event.emitted
             sample.k_total += event.k
@@ -155,14 +200,14 @@ class Bench:
             sample.verify_s += event.verify_s
         return _timed(sample, tokens, started, stamps)
 
-    def _run_hf(self, kwargs: dict, ids: list[int], prompt: Prompt) -> Sample:
+    def _run_hf(self, kwargs: dict, ids: list[int], prompt: Prompt, seed: int) -> Sample:
         model = self.runtime.target.model
         streamer = _StampStreamer()
         sampling = self.sampling
         options = dict(do_sample=False) if sampling.greedy else dict(
             do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
         eos = sorted(self.runtime.eos_token_ids)
-        torch.manual_seed(self.seed)
+        torch.manual_seed(seed)
         started = time.perf_counter()
         model.generate(
             torch.tensor([ids], device=input_device(model)), attention_mask=None, max_new_tokens=self.max_new_tokens,
@@ -170,7 +215,7 @@ class Bench:
             **options, **kwargs,
         )
         stamps = [(at, len(chunk)) for at, chunk in streamer.chunks]
-        sample = _timed(Sample(prompt, [], 0.0, 0.0, [], 0), [t for _, chunk in streamer.chunks for t in chunk], started, stamps)
+        sample = _timed(Sample(prompt, [], 0.0, 0.0, [], 0, seed=seed), [t for _, chunk in streamer.chunks for t in chunk], started, stamps)
         if "assistant_model" in kwargs:
             # Constant schedule: K drafts a round, and each round after the first token (which
             # prefill gives) emits accepted + 1. Prompt lookup drafts a varying number that the
@@ -210,20 +255,29 @@ def _timed(sample: Sample, tokens: list[int], started: float, stamps: list[tuple
 
 
 def run(bench: Bench, modes: list[Mode], prompts: list[Prompt], encode, progress=None) -> dict[Mode, list[Sample]]:
-    """Every mode on every prompt, interleaved with a rotating order; one warm-up pass excluded."""
+    """Every mode on every prompt (``bench.samples`` times), interleaved with a rotating order; one
+    warm-up pass excluded. With a lossy mode, engine outputs are scored (NLL, task answers) after
+    their timed region."""
     runners = {mode: bench.runner(mode) for mode in modes}
     encoded = [encode(p) for p in prompts]
+    scored = any(not mode.rule.lossless for mode in modes)
     for mode in modes:  # warm-up: first-call allocations and lazy inits are nobody's cost
-        runners[mode](encoded[0][:], prompts[0])
+        runners[mode](encoded[0][:], prompts[0], bench.seed)
     # auto learns from every round: it starts afresh, untaught by first-call costs and prompt 0
     runners.update({mode: bench.runner(mode) for mode in modes if mode.kind == "auto"})
     samples: dict[Mode, list[Sample]] = {mode: [] for mode in modes}
-    for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
-        order = modes[index % len(modes) :] + modes[: index % len(modes)]
-        for mode in order:
-            samples[mode].append(runners[mode](ids, prompt))
-            if progress:
-                progress()
+    turn = 0
+    for prompt, ids in zip(prompts, encoded):
+        for seed in range(bench.seed, bench.seed + bench.samples):
+            order = modes[turn % len(modes) :] + modes[: turn % len(modes)]
+            turn += 1
+            for mode in order:
+                sample = runners[mode](ids, prompt, seed)
+                if scored and mode.kind in ENGINE_KINDS:
+                    lossy.score(sample, bench.runtime.target.model, bench.runtime.tokenizer, ids)
+                samples[mode].append(sample)
+                if progress:
+                    progress()
     return samples
 
 
@@ -256,8 +310,9 @@ def _quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def report(samples: dict[Mode, list[Sample]]) -> dict:
-    """Per mode and per scenario, with predicted next to measured speed-up for this loop's modes."""
+def report(samples: dict[Mode, list[Sample]], draws: int = 1, seed: int = 0) -> dict:
+    """Per mode and per scenario, with predicted next to measured speed-up for this loop's modes; and
+    per lossy mode, its bill against its lossless twin (``lossy.compare``)."""
     plain = samples[Mode("plain")]
     one_token_s = sum(s.verify_s for s in plain) / max(sum(s.rounds for s in plain), 1)
     scenarios = sorted({s.prompt.scenario or "default" for s in plain})
@@ -272,6 +327,8 @@ def report(samples: dict[Mode, list[Sample]]) -> dict:
             hf_tps = sum(len(s.tokens) for s in hf_chosen) / max(sum(s.wall_s for s in hf_chosen), 1e-9)
             result["speedup_vs_hf_plain"] = round(result["tokens_per_s"] / hf_tps, 3)
         result["predicted_speedup"] = None
+        result["lossless"] = mode.rule.lossless
+        result["accept"] = str(mode.rule)
         drafted, rounds = sum(s.drafted for s in chosen), sum(s.rounds for s in chosen)
         if mode.kind == "auto":
             result["mean_k"] = round(sum(s.k_total for s in chosen) / rounds, 3) if rounds else 0.0
@@ -291,5 +348,10 @@ def report(samples: dict[Mode, list[Sample]]) -> dict:
             scenario: {str(mode): mode_figures(mode, lambda s, sc=scenario: (s.prompt.scenario or "default") == sc)
                        for mode in samples}
             for scenario in scenarios
+        },
+        "lossy": {
+            str(mode): {"against": str(mode.lossless_twin), "rule": str(mode.rule),
+                        **lossy.compare(samples[mode], samples[mode.lossless_twin], draws, seed)}
+            for mode in samples if not mode.rule.lossless
         },
     }
