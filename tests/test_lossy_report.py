@@ -175,3 +175,22 @@ def test_bench_reports_a_lossy_mode_against_its_twin(pair_dir, tmp_path):
         assert bill[name]["low"] <= bill[name]["value"] <= bill[name]["high"], name
     text = page.read_text()
     assert "## Lossy rules against the same mode lossless" in text and "- `spec:3@top:3`: per-round gain" in text
+
+
+def test_calibrate_k_with_a_lossy_rule_reports_length_and_quality(pair_dir, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("abcabcabc\nhello\n")
+    args = ["calibrate-k", "--models", str(pair_dir / "models.yaml"), "--prompts", str(prompts), "-k", "0,2",
+            "--max-new-tokens", "8", "--json"]
+    result = runner.invoke(app, args + ["--accept", "top:3"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == WARNING
+    record = json.loads(result.stdout)
+    assert record["lossless"] is False and record["accept"] == "top:3"
+    plain, two = record["overall"]["per_k"]
+    assert plain["length_ratio"] == 1.0 and two["length_ratio"] > 0 and plain["nll"] > 0 and two["nll"] > 0
+    exact = json.loads(runner.invoke(app, args).stdout)
+    assert exact["lossless"] is True and "nll" not in exact["overall"]["per_k"][1]
+    refused = runner.invoke(app, args + ["--accept", "top:3", "--write"])
+    assert refused.exit_code == 2 and refused.stderr.splitlines()[-1] == (
+        "specdec: error: --write keeps K for lossless decoding; a K measured under the lossy rule top:3 is not written")

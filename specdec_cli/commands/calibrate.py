@@ -20,11 +20,13 @@ from ..limits import MAX_K
 from ..pairs.profile import profile_path, read_profiles, write_profile
 from ..prompts import read_file
 from .common import (
+    AcceptOption,
     DrafterOption,
     DraftOption,
     ModelsOption,
     PairOption,
     TargetOption,
+    accept_rule,
     resolve_pair,
     sampling_params,
     stderr_console,
@@ -52,6 +54,7 @@ def calibrate_k(
     draft: DraftOption = None,
     drafter: DrafterOption = None,
     models: ModelsOption = None,
+    accept: AcceptOption = "exact",
 ) -> None:
     """Measure acceptance and speed at every K on your prompts and pick K per scenario.
 
@@ -67,6 +70,9 @@ def calibrate_k(
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     ks = parse_ks(k, MAX_K)
+    rule = accept_rule(accept)
+    if write and not rule.lossless:
+        raise UserError(f"--write keeps K for lossless decoding; a K measured under the lossy rule {rule} is not written")
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft, drafter)
     destination = profile_path(profile, spec) if write else None
@@ -82,7 +88,7 @@ def calibrate_k(
         runtime = prepare(spec)
     encoded = [(item.scenario or DEFAULT_SCENARIO, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
     with _progress(console, len(ks)) as report:
-        measured = measure(runtime.engine, encoded, ks, max_new_tokens, sampling, seed, report)
+        measured = measure(runtime.engine, encoded, ks, max_new_tokens, sampling, seed, report, rule)
     scenarios, overall = summarise_all(measured)
 
     written = None
@@ -96,12 +102,12 @@ def calibrate_k(
 
         plot_calibration(scenarios, Path(plot), spec.name)
     if json_out:
-        print(json.dumps(_as_json(spec.name, runtime.drafter.name, ks, scenarios, overall, written), ensure_ascii=False))
+        print(json.dumps(_as_json(spec.name, runtime.drafter.name, ks, scenarios, overall, written, rule), ensure_ascii=False))
     else:
         out = Console()
         if not out.is_terminal:
             out = Console(width=150)  # a file or a pipe: keep each row on one line
-        _print_tables(out, scenarios, overall, len(scenarios) > 1)
+        _print_tables(out, scenarios, overall, len(scenarios) > 1, not rule.lossless)
     if written:
         console.print(f"wrote the profile of {spec.name} to {written}")
 
@@ -143,14 +149,17 @@ def _scenario_json(result: ScenarioResult) -> dict:
         "prompts": result.prompts,
         "alpha": round(result.alpha, 4),
         "c": round(result.c, 5),
-        "per_k": [{name: _round(value) for name, value in vars(f).items()} for f in result.per_k],
+        "per_k": [{name: _round(value) for name, value in vars(f).items() if name not in LOSSY_ONLY or value is not None}
+                  for f in result.per_k],
     }
 
 
-def _as_json(pair, drafter, ks, scenarios, overall, written) -> dict:
+def _as_json(pair, drafter, ks, scenarios, overall, written, rule) -> dict:
     return {
         "pair": pair,
         "drafter": drafter,
+        "lossless": rule.lossless,
+        "accept": str(rule),
         "ks": ks,
         "scenarios": {name: _scenario_json(result) for name, result in scenarios.items()},
         "overall": _scenario_json(overall),
@@ -166,11 +175,12 @@ def _round(value):
     return value
 
 
-def _print_tables(console: Console, scenarios: dict[str, ScenarioResult], overall: ScenarioResult, with_overall: bool) -> None:
+def _print_tables(console: Console, scenarios: dict[str, ScenarioResult], overall: ScenarioResult, with_overall: bool,
+                  lossy: bool = False) -> None:
     for result in list(scenarios.values()) + ([overall] if with_overall else []):
-        table = Table(title=f"{result.name} · {result.prompts} prompt(s)", title_justify="left", box=box.SIMPLE_HEAD,
-                      pad_edge=False)
-        for column in COLUMNS:
+        title = f"{result.name} · {result.prompts} prompt(s)" + (" · LOSSY rule for K > 0" if lossy else "")
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for column in COLUMNS + (LOSSY_COLUMNS if lossy else ()):
             table.add_column(column, justify="left" if column == "per position" else "right")
         for f in result.per_k:
             best = f.k == result.verdict.best_k
@@ -181,6 +191,7 @@ def _print_tables(console: Console, scenarios: dict[str, ScenarioResult], overal
                 _fmt(None if f.draft_s_per_token is None else f.draft_s_per_token * 1000, ".2f"), _fmt(f.c, ".3f"),
                 f"{f.verify_cost:.2f}", f"{f.tokens_per_s:.1f}",
                 f"[bold]{f.speedup:.2f}×[/]" if best else f"{f.speedup:.2f}×", _fmt(f.predicted_speedup, ".2f", "×"),
+                *((_fmt(f.length_ratio, ".2f", "×"), _fmt(f.nll, ".3f")) if lossy else ()),
             )
         console.print(table)
         console.print(_verdict_line(result), highlight=False)
@@ -188,6 +199,8 @@ def _print_tables(console: Console, scenarios: dict[str, ScenarioResult], overal
 
 COLUMNS = ("K", "α", "accepted", "per position", "acc/rd", "tok/rd", "rounds", "tokens", "draft ms/tok", "c", "verify",
            "tok/s", "speed-up", "predicted")
+LOSSY_COLUMNS = ("length", "NLL")  # beside speed, what a lossy rule's K costs: completion length over K=0's, target NLL/token
+LOSSY_ONLY = {"length_ratio", "nll"}
 
 
 def _verdict_line(result: ScenarioResult) -> str:
@@ -196,7 +209,13 @@ def _verdict_line(result: ScenarioResult) -> str:
             else f"break-even α {result.break_even_alpha:.2f}")
     colour = "green" if v.verdict == SPECULATE else "yellow"
     advice = f"use K={v.best_k}" if v.verdict == SPECULATE else "plain decoding is faster: speculation off"
-    return (f"{result.name}: best K {v.best_k} ({v.speedup:.2f}× over K=0; measured α {result.alpha:.2f}, {even}) "
+    best = next((f for f in result.per_k if f.k == v.best_k), None)
+    base = next((f for f in result.per_k if f.k == 0), None)
+    cost = ""
+    if best and base and best.k and best.nll is not None:  # a lossy rule: what that speed costs
+        cost = (f"; [bold yellow]lossy[/]: length {best.length_ratio:.2f}× and NLL {best.nll:.3f} vs {base.nll:.3f} "
+                f"nats/token at K=0")
+    return (f"{result.name}: best K {v.best_k} ({v.speedup:.2f}× over K=0; measured α {result.alpha:.2f}, {even}{cost}) "
             f"→ [bold {colour}]{v.verdict}[/] ({advice})\n")
 
 

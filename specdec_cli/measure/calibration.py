@@ -4,6 +4,9 @@ Runs are interleaved (for each prompt, every K in an order rotated by the prompt
 drift of a shared machine hits all K alike; one warm-up run is excluded. The figures come from
 round events only, so the engine needs no timing hooks. The decision itself (best K, verdict,
 break-even) is the pure math of ``speedup.py``.
+
+Under a lossy acceptance rule every K > 0 runs with it, and each output is also scored by the target
+(its NLL, outside the timed region), so the chosen K shows its length and quality beside its speed.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
-from ..decoding.acceptance import SamplingParams
+from ..decoding.acceptance import AcceptRule, SamplingParams
 from ..decoding.engine import RoundEvent, SpeculativeEngine
 from ..decoding.speedup import Verdict, break_even_alpha, choose, fill_verify_costs, predicted_speedup
 from ..errors import UserError
 from ..pairs.manifest import libraries, source_version
 from ..pairs.profile import PairProfile, ScenarioProfile, drafter_name
 from ..pairs.registry import PairSpec
+from .lossy import target_nll
 
 DEFAULT_SCENARIO = "default"  # prompts without a `scenario` field
 
@@ -40,6 +44,7 @@ class Tally:
     wall_s: float = 0.0
     offered: list[int] = field(default_factory=list)  # rounds that drafted position i
     kept: list[int] = field(default_factory=list)  # rounds where draft position i survived
+    nll: float | None = None  # the target's NLL of the outputs, summed (lossy rules only)
 
     def add(self, event: RoundEvent) -> None:
         n = len(event.drafted)
@@ -58,6 +63,8 @@ class Tally:
     def merge(self, other: "Tally") -> None:
         for name in ("runs", "rounds", "drafted", "accepted", "rejections", "new_tokens", "draft_s", "verify_s", "wall_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        if other.nll is not None:
+            self.nll = (self.nll or 0.0) + other.nll
         for mine, theirs in ((self.offered, other.offered), (self.kept, other.kept)):
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, count in enumerate(theirs):
@@ -82,10 +89,12 @@ class Measurements:
     per_k: dict[str, dict[int, Tally]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(Tally)))
     blocks: dict[str, dict[int, list[float]]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(list)))
 
-    def record(self, scenario: str, k: int, events: list[RoundEvent], wall_s: float) -> None:
+    def record(self, scenario: str, k: int, events: list[RoundEvent], wall_s: float, nll: float | None = None) -> None:
         tally = self.per_k[scenario][k]
         tally.runs += 1
         tally.wall_s += wall_s
+        if nll is not None:
+            tally.nll = (tally.nll or 0.0) + nll
         for event in events:
             tally.add(event)
             self.blocks[scenario][len(event.drafted) + 1].append(event.verify_s)
@@ -126,28 +135,31 @@ def measure(
     sampling: SamplingParams = SamplingParams(),
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    rule: AcceptRule = AcceptRule(),
 ) -> Measurements:
-    """Run every (scenario, prompt ids) at every K, rotating the K order per prompt."""
+    """Run every (scenario, prompt ids) at every K, rotating the K order per prompt; under a lossy
+    ``rule``, score each output's NLL after its timed run."""
     if not prompts:
         raise UserError("no prompts to calibrate on")
     for k in (max(ks), 0):  # warm-up: first-call costs (allocations, caches) stay out of the figures
-        _run(engine, prompts[0][1], k, min(max_new_tokens, 16), sampling, seed)
+        _run(engine, prompts[0][1], k, min(max_new_tokens, 16), sampling, seed, rule)
     result = Measurements(ks)
     total, done = len(prompts) * len(ks), 0
     for index, (scenario, ids) in enumerate(prompts):
         shift = index % len(ks)
         for k in ks[shift:] + ks[:shift]:
-            events, wall_s = _run(engine, ids, k, max_new_tokens, sampling, seed)
-            result.record(scenario, k, events, wall_s)
+            events, wall_s = _run(engine, ids, k, max_new_tokens, sampling, seed, rule)
+            nll = None if rule.lossless else target_nll(engine.target, ids, [t for e in events for t in e.emitted])
+            result.record(scenario, k, events, wall_s, nll)
             done += 1
             if progress:
                 progress(done, total)
     return result
 
 
-def _run(engine, ids, k, max_new_tokens, sampling, seed) -> tuple[list[RoundEvent], float]:
+def _run(engine, ids, k, max_new_tokens, sampling, seed, rule=AcceptRule()) -> tuple[list[RoundEvent], float]:
     started = time.perf_counter()
-    events = list(engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed))
+    events = list(engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, rule=rule))
     return events, time.perf_counter() - started
 
 
@@ -167,6 +179,8 @@ class KFigures:
     tokens_per_s: float
     speedup: float
     predicted_speedup: float | None
+    length_ratio: float | None = None  # completion length over K=0's (lossy rules only)
+    nll: float | None = None  # the target's mean NLL per token of the outputs (lossy rules only)
 
 
 @dataclass
@@ -212,6 +226,9 @@ def summarise(name: str, per_k: dict[int, Tally], blocks: dict[int, list[float]]
             tokens_per_s=tps,
             speedup=tps / base if base else 0.0,
             predicted_speedup=predicted_speedup(tally.alpha, k, k_c or 0.0, costs[k]) if k else 1.0,
+            length_ratio=(tally.new_tokens / per_k[0].new_tokens if 0 in per_k and per_k[0].new_tokens else None)
+            if tally.nll is not None else None,
+            nll=tally.nll / tally.new_tokens if tally.nll is not None and tally.new_tokens else None,
         ))
     verdict = choose({f.k: f.speedup for f in figures})
     best = next((f for f in figures if f.k == verdict.best_k), None)
