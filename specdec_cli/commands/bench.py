@@ -120,9 +120,11 @@ def bench_command(
             if len(result["scenarios"]) > 1:
                 Console().print(table(by_mode, f"scenario {scenario}"))
         if result["lossy"]:
-            Console().print(lossy_table(result["lossy"]))
+            out = Console()
+            out = out if out.is_terminal else Console(width=250)  # a file or a pipe: one row a line
+            out.print(lossy_table(result["lossy"]))
             for mode, figures in result["lossy"].items():
-                Console(highlight=False).print(lossy.headline(mode, figures), markup=False, soft_wrap=True)
+                out.print(lossy.headline(mode, figures), markup=False, highlight=False, soft_wrap=True)
     if markdown:
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(markdown_page(result))
