@@ -161,7 +161,7 @@ def test_bench_reports_a_lossy_mode_against_its_twin(pair_dir, tmp_path):
                                  "--max-new-tokens", "8", "--json", "--modes", "spec:3@top:3", "--samples", "2",
                                  "--temperature", "1", "--markdown", str(page)])
     assert result.exit_code == 0, result.output
-    assert result.stderr.splitlines() == ["specdec: warning: --accept spec:3@top:3 is lossy: the output is not the "
+    assert result.stderr.splitlines() == ["specdec: warning: mode spec:3@top:3 is lossy: the output is not the "
                                           "target's own (lossless: false)"]
     report = json.loads(result.stdout)
     assert list(report["modes"]) == ["plain", "spec:3", "spec:3@top:3"]

@@ -87,7 +87,9 @@ def bench_command(
     console = stderr_console()
     lossy_modes = [m for m in chosen if not m.rule.lossless]
     if lossy_modes and rule.lossless:  # --accept already said so
-        console.print(lossy_warning(", ".join(str(m) for m in lossy_modes)), markup=False, soft_wrap=True)
+        names = ", ".join(str(m) for m in lossy_modes)
+        console.print(lossy_warning(f"mode{'s' if len(lossy_modes) > 1 else ''} {names} {'are' if len(lossy_modes) > 1 else 'is'}"),
+                      markup=False, soft_wrap=True)
     watcher = None
     if bench.Mode("auto") in chosen:
         watcher = open_profile(profile, spec, warn=lambda message: console.print(f"specdec: {message}"))

@@ -98,9 +98,10 @@ def accept_rule(text: str) -> AcceptRule:
 
     rule = parse_rule(text)
     if not rule.lossless:
-        stderr_console().print(lossy_warning(rule), markup=False, soft_wrap=True)
+        stderr_console().print(lossy_warning(f"--accept {rule} is"), markup=False, soft_wrap=True)
     return rule
 
 
-def lossy_warning(rule) -> str:
-    return f"specdec: warning: --accept {rule} is lossy: the output is not the target's own (lossless: false)"
+def lossy_warning(subject: str) -> str:
+    """``subject``: '--accept RULE is', or the lossy bench modes with their verb."""
+    return f"specdec: warning: {subject} lossy: the output is not the target's own (lossless: false)"
