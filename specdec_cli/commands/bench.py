@@ -16,7 +16,6 @@ from rich.progress import Progress
 from rich.table import Table
 
 from ..errors import UserError
-from ..measure import lossy
 from ..pairs.profile import open_profile
 from ..pairs.registry import HEAD, MODEL, NGRAM, PairSpec
 from ..prompts import read_file
@@ -71,7 +70,7 @@ def bench_command(
     measured acceptance, draft cost and verify cost next to the measured one.
     """
     from ..decoding.runtime import prepare
-    from ..measure import bench
+    from ..measure import bench, lossy
     from ..pairs import manifest
     from ..pairs.tokenization import encode_prompt
 
@@ -178,6 +177,8 @@ def table(by_mode: dict, title: str) -> Table:
 
 
 def lossy_table(report: dict) -> Table:
+    from ..measure import lossy
+
     grid = Table(title="lossy rules against the same mode lossless (95 % paired bootstrap intervals)", title_justify="left")
     grid.add_column("mode")
     for header, _ in lossy.COLUMNS:
@@ -188,6 +189,8 @@ def lossy_table(report: dict) -> Table:
 
 
 def markdown_page(result: dict) -> str:
+    from ..measure import lossy
+
     meta = result["manifest"]
     lines = ["# Benchmark", "", f"Made with `{meta['command']}` on {meta['date']}.", ""]
     for scope, by_mode in [("all prompts", result["modes"])] + [(f"scenario `{s}`", m) for s, m in result["scenarios"].items()]:
