@@ -89,6 +89,8 @@ def test_greedy_relaxed_verdicts():
     assert relaxed_accept(AcceptRule("typical", (0.3, 0.5)), draft, None, logits, GREEDY) == (1, 0)
     # the exact argmax is always kept
     assert relaxed_accept(AcceptRule("top", (1.0,)), torch.tensor([0, 0]), None, logits[:3], GREEDY) == (2, 0)
+    for rule in ("lenient:2", "typical:0.3,0.4", "top:2"):  # K = 0 (a budget's last round): the target's argmax
+        assert relaxed_accept(parse_rule(rule), torch.tensor([], dtype=torch.long), None, logits[:1], GREEDY) == (0, 0)
 
 
 def _first_tokens(rule, draft_q, n=20000, seed=0):

@@ -214,13 +214,14 @@ def relaxed_accept(
     """
     k = draft.shape[0]
     p = torch.softmax(logits.float(), dim=-1) if sampling.greedy else distribution(logits, sampling)
+    q = None if q is None else q.to(p)
     rows = torch.arange(k, device=p.device)
     if rule.kind == LENIENT:
         lenience = rule.params[0]
         if sampling.greedy:
             keep = lenience * p[rows, draft] >= p[:k].max(-1).values
         else:
-            q_x = torch.ones(k, device=p.device) if q is None else q[rows, draft].to(p)
+            q_x = torch.ones(k, device=p.device) if q is None else q[rows, draft]
             u = torch.rand(k, generator=generator, device=p.device)
             keep = u < lenient_probability(p[rows, draft], q_x, lenience)
     elif rule.kind == TYPICAL:
@@ -234,6 +235,6 @@ def relaxed_accept(
     if sampling.greedy:
         return n, int(p[n].argmax())
     if n < k and rule.kind == LENIENT:
-        q_n = _one_hot(draft[n], p.shape[-1], p) if q is None else q[n].to(p)
+        q_n = _one_hot(draft[n], p.shape[-1], p) if q is None else q[n]
         return n, _sample(residual_distribution(p[n], q_n), generator)
     return n, _sample(p[n], generator)
