@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Iterable, Optional
 
 import typer
 
+from .. import threads as thread_policy
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
@@ -17,9 +18,17 @@ from ..prompts import Prompt, parse_lines
 from .common import (
     DrafterOption,
     DraftOption,
+    MaxNewTokensOption,
     ModelsOption,
     PairOption,
+    ProfileOption,
+    RawOption,
+    SeedOption,
     TargetOption,
+    TemperatureOption,
+    ThreadsOption,
+    check_count,
+    check_sampling,
     parse_k,
     resolve_pair,
     sampling_params,
@@ -40,19 +49,20 @@ def generate(
         typer.Argument(help="The prompt. '-', or nothing with a pipe, reads one prompt per line from stdin: text, or JSON with 'prompt' and optional 'id', 'scenario'."),
     ] = None,
     pair: PairOption = None,
-    k: Annotated[Optional[str], typer.Option("-k", "--k", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}, or auto (adapt online, starting from the calibration profile). Default: auto when the pair has a profile or `adaptive: true`, else the pair's K for the prompt's scenario.")] = None,
+    k: Annotated[Optional[str], typer.Option("--k", "-k", metavar="K", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}, or auto (adapt online, starting from the calibration profile). Default: auto when the pair has a profile or `adaptive: true`, else the pair's K for the prompt's scenario.")] = None,
     drafter: DrafterOption = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate per prompt.")] = 128,
-    temperature: Annotated[float, typer.Option(help="0 decodes greedily; above 0 samples (speculative sampling keeps the target's distribution).")] = 0.0,
-    top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens only (0: all).")] = 0,
-    top_p: Annotated[float, typer.Option(help="Sample from the smallest set of tokens with this much probability (1: all).")] = 1.0,
-    seed: Annotated[int, typer.Option(help="Random seed for sampling; each prompt starts from it.")] = 0,
-    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")] = False,
+    max_new_tokens: MaxNewTokensOption = 128,
+    temperature: TemperatureOption = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", metavar="N", help="Sample among the N most likely tokens only (0: all).")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", metavar="P", help="Sample from the smallest set of tokens with this much probability (1: all).")] = 1.0,
+    seed: SeedOption = 0,
+    raw: RawOption = False,
     json_lines: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout: id, prompt, text, token_ids, stats.")] = False,
     target: TargetOption = None,
     draft: DraftOption = None,
     models: ModelsOption = None,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Calibration profile (from calibrate-k --write). Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")] = None,
+    profile: ProfileOption = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Generate with speculative decoding, showing which draft tokens the target accepted.
 
@@ -60,14 +70,18 @@ def generate(
     ones struck out, tokens the target chose itself in bold, with the running acceptance rate and
     speed. Results go to stdout, as text or (--json) as JSON lines.
     """
-    from ..decoding.runtime import prepare
-
-    sampling = sampling_params(temperature, top_k, top_p)
-    if max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    # Everything that needs no model is checked before torch is imported (under a second).
+    check_sampling(temperature, top_k, top_p)
+    check_count("--max-new-tokens", max_new_tokens, 1)
+    check_count("--threads", threads, 1)
     fixed_k = parse_k(k, allow_auto=True)
     prompts = _prompts(prompt)
     spec = resolve_pair(models, pair, target, draft, drafter)
+
+    from ..decoding.runtime import prepare
+
+    thread_policy.apply(threads)
+    sampling = sampling_params(temperature, top_k, top_p)
     console = stderr_console()
     watcher = _profile_watcher(spec, fixed_k, profile, console)
     controller = _controller(spec, fixed_k, watcher)

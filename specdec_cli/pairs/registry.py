@@ -216,3 +216,30 @@ def _k(value, where: str) -> int:
     if not isinstance(value, int) or not 0 <= value <= MAX_K:
         raise UserError(f"{where}: K must be an integer from 0 to {MAX_K}, got {value!r}")
     return value
+
+
+MISSING = {
+    MODEL: "has no draft model; name one with --draft SOURCE or under `drafters: {model: ...}` in models.yaml",
+    HEAD: "has no draft head; name one with --draft DIR (made by `specdec train-draft --kind head`) or under `drafters: {head: ...}`",
+}
+
+
+def override(pair: PairSpec, target: str | None = None, draft: str | None = None, drafter: str | None = None) -> PairSpec:
+    """Apply --target / --draft / --drafter to a registry pair.
+
+    --draft becomes the default drafter and replaces the pair's alternate of its kind (so bench's
+    modes of that kind use it too); --drafter KIND then picks the pair's drafter of that kind.
+    """
+    if target:
+        pair = replace(pair, target=replace(pair.target, source=parse_model(target).source))
+    if draft:
+        chosen = parse_drafter(draft, pair.target.dtype, "--draft")
+        pair = replace(pair, drafter=chosen, alternates={**pair.alternates, chosen.kind: chosen})
+    if drafter:
+        if drafter not in DRAFTER_KINDS:
+            raise UserError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
+        chosen = pair.alternate(drafter)
+        if chosen is None:
+            raise UserError(f"pair {pair.name!r} {MISSING[drafter]}")
+        pair = replace(pair, drafter=chosen)
+    return pair
