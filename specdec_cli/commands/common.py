@@ -5,6 +5,7 @@ one line on stderr with exit code 2 instead of a traceback."""
 from __future__ import annotations
 
 import functools
+import io
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Callable, Optional
@@ -50,6 +51,33 @@ def error_line(message: str) -> None:
 def warning_line(message: str) -> None:
     """`specdec: warning: MESSAGE` on stderr, on one line: a warning that wraps mid-sentence reads as two."""
     stderr_console().print(Text.assemble(("specdec: warning:", "yellow"), " ", message), soft_wrap=True)
+
+
+class _RightTrimmed(io.TextIOBase):
+    """Passes text on line by line without the trailing blanks that rich pads table cells with."""
+
+    def __init__(self, out):
+        self.out, self.pending = out, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.out.write(line.rstrip() + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.out.write(self.pending)
+            self.pending = ""
+        self.out.flush()
+
+
+def plain_console() -> Console:
+    """The console for results on stdout: the terminal's own width there; to a file or a pipe, one
+    line per table row (no value split across lines) and no trailing padding."""
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(file=_RightTrimmed(sys.stdout), width=1000, highlight=False, color_system=None)
 
 
 def stderr_console() -> Console:

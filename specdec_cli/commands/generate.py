@@ -35,6 +35,7 @@ from .common import (
     stderr_console,
     stdin_is_interactive,
     user_errors,
+    warning_line,
 )
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
     """The pair's calibration profile, watched for changes; none is needed for a fixed K."""
     if isinstance(fixed_k, int):
         return None
-    return open_profile(explicit, spec, warn=lambda message: console.print(f"specdec: {message}"))
+    return open_profile(explicit, spec, warn=warning_line)
 
 
 def _controller(spec, fixed_k, watcher: ProfileWatcher | None) -> AdaptiveController | None:

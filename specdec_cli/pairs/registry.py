@@ -108,12 +108,21 @@ def registry_path(explicit: str | Path | None = None) -> Path:
     return local if local.is_file() else PACKAGED_REGISTRY
 
 
+def yaml_problem(path: Path, exc: Exception) -> str:
+    """`FILE, line L, column C: not valid YAML (what the parser found)`: where to look, in one line."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    return f"{path}{where}: not valid YAML ({problem}{f' {context}' if context else ''})"
+
+
 def load_registry(explicit: str | Path | None = None) -> Registry:
     path = registry_path(explicit)
     try:
         data = YAML(typ="safe").load(path.read_text())
     except YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise UserError(yaml_problem(path, exc)) from None
     if not isinstance(data, dict) or not isinstance(data.get("pairs"), dict) or not data["pairs"]:
         raise UserError(f"{path}: expected a mapping with a non-empty 'pairs' section")
     pairs = {name: _parse_pair(path, str(name), body) for name, body in data["pairs"].items()}
