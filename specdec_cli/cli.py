@@ -8,7 +8,7 @@ import sys
 
 import typer
 from typer._click import exceptions as click_errors  # typer 0.29 carries its own click
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperGroup
 
 from . import threads
 
@@ -48,6 +48,13 @@ class SpecdecGroup(TyperGroup):
         if standalone_mode:
             sys.exit(code)
         return code
+
+    def get_command(self, ctx, name):
+        command = super().get_command(ctx, name)
+        for param in getattr(command, "params", ()):
+            if isinstance(param, TyperArgument):  # `PROMPT <str>`: the name says it, the type adds noise
+                param.display_type_rich = lambda ctx: None
+        return command
 
     def invoke(self, ctx):
         try:

@@ -41,13 +41,14 @@ from .common import (
 if TYPE_CHECKING:
     from ..decoding.adaptive import AdaptiveController
     from ..decoding.runtime import Runtime
+    from ..live import LiveView
 
 
 @user_errors
 def generate(
     prompt: Annotated[
         Optional[str],
-        typer.Argument(help="The prompt. '-', or nothing with a pipe, reads one prompt per line from stdin: text, or JSON with 'prompt' and optional 'id', 'scenario'."),
+        typer.Argument(metavar="PROMPT", help="The prompt. '-', or nothing with a pipe, reads one prompt per line from stdin: text, or JSON with 'prompt' and optional 'id', 'scenario'."),
     ] = None,
     pair: PairOption = None,
     k: Annotated[Optional[str], typer.Option("--k", "-k", metavar="K", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}, or auto (adapt online, starting from the calibration profile). Default: auto when the pair has a profile or `adaptive: true`, else the pair's K for the prompt's scenario.")] = None,
@@ -69,7 +70,8 @@ def generate(
 
     On a terminal, stderr shows the answer as it is written: accepted draft tokens in green, rejected
     ones struck out, tokens the target chose itself in bold, with the running acceptance rate and
-    speed. Results go to stdout, as text or (--json) as JSON lines.
+    speed. When a prompt is done the view gives way to the answer alone and a summary line.
+    Results always go to stdout, as text or (--json) as JSON lines.
     """
     # Everything that needs no model is checked before torch is imported (under a second).
     check_sampling(temperature, top_k, top_p)
@@ -96,18 +98,22 @@ def generate(
             if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
                 controller = _controller(spec, fixed_k, watcher)
             k_for_item = controller.schedule(item.scenario) if controller else fixed_k
-            result = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None)
+            result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None)
+            if view is not None and not sys.stdout.isatty():
+                view.show_answer()  # stdout goes elsewhere: the terminal keeps its own copy
             if json_lines:
                 print(json.dumps(result, ensure_ascii=False), flush=True)
-            elif not (live and sys.stdout.isatty()):  # on one terminal the live view already shows it
+            else:  # always, terminal or not: copy, tee and script get the clean answer
                 print(result["text"], flush=True)
+            if view is not None:
+                view.show_summary()
             finished += 1
     except KeyboardInterrupt:
         console.print(f"specdec: interrupted after {finished} finished prompt(s)")
         raise typer.Exit(130) from None
 
 
-def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console) -> dict:
+def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console) -> tuple[dict, LiveView | None]:
     from ..live import LiveView
     from ..measure.stats import RunStats
     from ..pairs.tokenization import encode_prompt
@@ -118,6 +124,7 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
     adaptive = not isinstance(k, int)
     stats = RunStats("auto" if adaptive else k)
     emitted: list[int] = []
+    view = None
     events = runtime.engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
     if console is None:
         for event in events:
@@ -126,7 +133,7 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
         stats.finish()
     else:
         title = f"{runtime.pair.name} · {runtime.drafter.name} drafter · prompt {item.id}"
-        with LiveView(console, tokenizer, title) as view:
+        with LiveView(console, tokenizer, title) as view:  # transient: gone when the prompt is done
             for event in events:
                 stats.add(event)
                 emitted += event.emitted
@@ -141,7 +148,7 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
     }
     if item.scenario is not None:
         result["scenario"] = item.scenario
-    return result
+    return result, view
 
 
 def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
