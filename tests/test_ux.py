@@ -18,7 +18,6 @@ from specdec_cli.cli import app
 from specdec_cli.commands import calibrate as calibrate_module
 from specdec_cli.commands import verify as verify_module
 from specdec_cli.decoding.engine import RoundEvent
-from specdec_cli.live import LiveView, fit
 
 runner = CliRunner()
 ROOT = Path(specdec_cli.__file__).parents[1]  # this very copy of specdec_cli
@@ -251,6 +250,7 @@ def event(drafted, accepted, token, emitted):
 
 
 def test_the_finished_answer_holds_no_rejected_draft_and_the_status_fits_the_width():
+    from specdec_cli.live import LiveView
     from specdec_cli.measure.stats import RunStats
 
     tokenizer = char_tokenizer()
@@ -273,5 +273,7 @@ def test_the_finished_answer_holds_no_rejected_draft_and_the_status_fits_the_wid
 
 def test_fit_cuts_a_line_to_the_width():
     from rich.text import Text
+
+    from specdec_cli.live import fit
 
     assert fit(Text("x" * 50), 20).plain == "x" * 18 + "…"
