@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Annotated, Iterable, Optional
@@ -99,8 +101,8 @@ def generate(
                 controller = _controller(spec, fixed_k, watcher)
             k_for_item = controller.schedule(item.scenario) if controller else fixed_k
             result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None)
-            if view is not None and not sys.stdout.isatty():
-                view.show_answer()  # stdout goes elsewhere: the terminal keeps its own copy
+            if view is not None and _stdout_is_a_file():
+                view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
             if json_lines:
                 print(json.dumps(result, ensure_ascii=False), flush=True)
             else:  # always, terminal or not: copy, tee and script get the clean answer
@@ -111,6 +113,15 @@ def generate(
     except KeyboardInterrupt:
         console.print(f"specdec: interrupted after {finished} finished prompt(s)")
         raise typer.Exit(130) from None
+
+
+def _stdout_is_a_file() -> bool:
+    """stdout redirected to a file, not a terminal nor a pipe (`| tee`, `| less` show it themselves)."""
+    try:
+        mode = os.fstat(sys.stdout.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return not sys.stdout.isatty() and not stat.S_ISFIFO(mode)
 
 
 def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console) -> tuple[dict, LiveView | None]:
