@@ -14,13 +14,13 @@ from . import threads
 
 threads.passive_wait_unless_set()  # before any command imports torch: see threads.py
 
-from .commands.bench import bench_command  # noqa: E402
-from .commands.calibrate import calibrate_k  # noqa: E402
-from .commands.common import error_line  # noqa: E402
-from .commands.generate import generate  # noqa: E402
-from .commands.models import models  # noqa: E402
-from .commands.train_draft import train_draft  # noqa: E402
-from .commands.verify import verify_equivalence  # noqa: E402
+from .commands.bench import bench_command
+from .commands.calibrate import calibrate_k
+from .commands.common import error_line
+from .commands.generate import generate
+from .commands.models import models
+from .commands.train_draft import train_draft
+from .commands.verify import verify_equivalence
 
 
 class SpecdecGroup(TyperGroup):

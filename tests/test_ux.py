@@ -53,7 +53,7 @@ def test_typer_usage_errors_are_one_line_and_exit_2(args, message):
 def test_a_reader_that_closes_the_pipe_ends_the_command_with_exit_0(models, command):
     prompts = "\n".join(f"prompt {i}" for i in range(60)) + "\n"
     shell = f"set -o pipefail; {sys.executable} -m specdec_cli {command} --models {models} | head -c 10"
-    done = subprocess.run(["bash", "-c", shell], input=prompts, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = subprocess.run(["bash", "-c", shell], input=prompts, capture_output=True, text=True, check=False, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert len(done.stdout) == 10 and done.stderr == ""
 
@@ -176,14 +176,14 @@ for args in (["generate", "-k", "abc", "x"], ["generate", "--max-new-tokens", "0
 
 
 def test_option_errors_answer_before_torch_is_imported():
-    done = subprocess.run([sys.executable, "-c", LIGHT], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", LIGHT], capture_output=True, text=True, check=False, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
 
 
 def help_text(*command: str) -> str:
     """In a process of its own: CliRunner pins help to 80 columns."""
     done = subprocess.run([sys.executable, "-m", "specdec_cli", *command, "--help"], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT, env=os.environ | {"COLUMNS": "100"})
+                          check=False, timeout=60, cwd=ROOT, env=os.environ | {"COLUMNS": "100"})
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -220,7 +220,7 @@ WAIT = "import os, specdec_cli.cli; print(os.environ['OMP_WAIT_POLICY'])"
 @pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
 def test_the_cli_asks_for_a_passive_openmp_wait_unless_the_user_chose_one(given, expected):
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | ({"OMP_WAIT_POLICY": given} if given else {})
-    done = subprocess.run([sys.executable, "-c", WAIT], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    done = subprocess.run([sys.executable, "-c", WAIT], capture_output=True, text=True, check=False, timeout=120, cwd=ROOT, env=env)
     assert done.stdout.strip() == expected, done.stderr
 
 
@@ -254,7 +254,7 @@ def test_the_finished_answer_holds_no_rejected_draft_and_the_status_fits_the_wid
     from specdec_cli.measure.stats import RunStats
 
     tokenizer = char_tokenizer()
-    ids = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    ids = lambda text: tokenizer.encode(text, add_special_tokens=False)
     console = Console(file=io.StringIO(), force_terminal=True, width=40, height=20)
     stats = RunStats(3)
     view = LiveView(console, tokenizer, "tiny")
@@ -277,3 +277,17 @@ def test_fit_cuts_a_line_to_the_width():
     from specdec_cli.live import fit
 
     assert fit(Text("x" * 50), 20).plain == "x" * 18 + "…"
+
+
+def test_a_profile_for_other_models_is_one_warning_line_that_says_what_differs(models, pair_dir, tmp_path):
+    from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, write_profile
+
+    section = ScenarioProfile(k=2, verdict="speculate", best_k=2, speedup=1.5, alpha=0.8, c=0.1, verify_cost={2: 1.2})
+    profile = tmp_path / "profile.yaml"
+    write_profile(profile, PairProfile(pair="tiny", calibrated="2026-01-01T00:00:00", target="/elsewhere/target",
+                                       draft=str(pair_dir / "draft"), scenarios={"default": section}))
+    result = runner.invoke(app, ["generate", "--models", models, "--profile", str(profile), "-k", "auto", "--json",
+                                 "--max-new-tokens", "2", "x"], env={"COLUMNS": "60"})
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (f"specdec: warning: {profile}: ignoring the profile of 'tiny': calibrated with other models: "
+                             f"target '/elsewhere/target' then, '{pair_dir / 'target'}' now\n")
