@@ -25,7 +25,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from ..errors import UserError
+from .rules import EXACT, LENIENT, TOP, TYPICAL, AcceptRule, parse_rule  # noqa: F401  (the rules' names live beside their math)
 
 
 @dataclass(frozen=True)
@@ -129,51 +129,6 @@ def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 # Each accepts some draft tokens the exact test would turn down, so the output is no longer the
 # target's. They exist to measure what that costs (measure/lossy.py), not to be used unawares.
 # After the first rejected draft the target's own token is drawn as under the exact test.
-
-EXACT = "exact"
-LENIENT = "lenient"
-TYPICAL = "typical"
-TOP = "top"
-RULE_SYNTAX = "exact, lenient:L (L >= 1), typical:EPS,DELTA (both in (0, 1]) or top:N (N >= 1)"
-
-
-@dataclass(frozen=True)
-class AcceptRule:
-    """How a draft token is judged. ``exact`` is the lossless test; every other kind is lossy."""
-
-    kind: str = EXACT
-    params: tuple[float, ...] = ()
-
-    @property
-    def lossless(self) -> bool:
-        return self.kind == EXACT
-
-    def __str__(self) -> str:
-        if not self.params:
-            return self.kind
-        return f"{self.kind}:" + ",".join(f"{int(v)}" if float(v).is_integer() else f"{v:g}" for v in self.params)
-
-
-def parse_rule(text: str, origin: str = "--accept") -> AcceptRule:
-    """'exact', 'lenient:2', 'typical:0.3,0.09', 'top:3' → AcceptRule; anything else is a UserError."""
-    kind, colon, rest = text.strip().partition(":")
-    bad = UserError(f"{origin} {text!r}: expected {RULE_SYNTAX}")
-    if kind == EXACT:
-        if colon:
-            raise bad
-        return AcceptRule()
-    try:
-        values = tuple(float(v) for v in rest.split(",")) if colon else ()
-    except ValueError:
-        raise bad from None
-    if kind == LENIENT and len(values) == 1 and values[0] >= 1:
-        return AcceptRule(LENIENT, values)
-    if kind == TYPICAL and len(values) == 2 and all(0 < v <= 1 for v in values):
-        return AcceptRule(TYPICAL, values)
-    if kind == TOP and len(values) == 1 and values[0] >= 1 and values[0].is_integer():
-        return AcceptRule(TOP, values)
-    raise bad
-
 
 def lenient_probability(p_x: torch.Tensor, q_x: torch.Tensor, lenience: float) -> torch.Tensor:
     """min(1, L·p(x) / q(x)): Leviathan et al.'s lenience; L = 1 is the exact test."""

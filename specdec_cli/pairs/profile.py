@@ -21,7 +21,7 @@ from ruamel.yaml.comments import CommentedMap
 from ..atomic import write_atomically
 from ..errors import UserError
 from ..limits import MAX_K
-from .registry import PairSpec
+from .registry import PairSpec, yaml_problem
 
 HEADER = (
     "specdec calibration profiles, written by `specdec calibrate-k --write` (one section per pair).\n"
@@ -78,6 +78,12 @@ class PairProfile:
         """The scenario's section; prompts without one use `default`, unknown scenarios `overall`."""
         return self.scenarios.get(scenario or "default") or self.overall
 
+    def difference(self, pair: PairSpec) -> str:
+        """What differs between the models this profile was calibrated with and the pair's now."""
+        parts = [f"{what} {was!r} then, {now!r} now" for what, was, now in
+                 (("target", self.target, str(pair.target.source)), ("draft", self.draft, drafter_name(pair))) if was != now]
+        return "calibrated with other models: " + "; ".join(parts)
+
     def matches(self, pair: PairSpec) -> bool:
         """True when calibrated with the models the pair now names."""
         return self.target == str(pair.target.source) and self.draft == drafter_name(pair)
@@ -107,7 +113,7 @@ def _load(path: Path):
     try:
         return YAML(typ="rt").load(path.read_text(encoding="utf-8"))
     except (YAMLError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise UserError(yaml_problem(path, exc)) from None
 
 
 def _pair(path: Path, name: str, body) -> PairProfile:
@@ -236,7 +242,7 @@ class ProfileWatcher:
             self.warn(f"{exc}; keeping the profile read before")
             return False
         if profile is not None and not profile.matches(self.pair):
-            self.warn(f"{self.path}: the profile of {self.pair.name!r} was calibrated with other models; ignoring it")
+            self.warn(f"{self.path}: ignoring the profile of {self.pair.name!r}: {profile.difference(self.pair)}")
             profile = None
         before, self.profile = self.profile, profile
         return profile != before
