@@ -194,3 +194,26 @@ def test_calibrate_k_with_a_lossy_rule_reports_length_and_quality(pair_dir, tmp_
     refused = runner.invoke(app, args + ["--accept", "top:3", "--write"])
     assert refused.exit_code == 2 and refused.stderr.splitlines()[-1] == (
         "specdec: error: --write keeps K for lossless decoding; a K measured under the lossy rule top:3 is not written")
+
+
+LIGHT = r"""
+import sys
+from typer.testing import CliRunner
+from specdec_cli.cli import app
+
+for command in (["generate", "x"], ["bench", "--prompts", "p"], ["calibrate-k", "--prompts", "p"],
+                ["verify-equivalence", "--prompts", "p"]):
+    result = CliRunner().invoke(app, command + ["--accept", "top:0"])
+    assert result.exit_code == 2 and result.stderr.startswith("specdec: error: --accept 'top:0': expected"), result.output
+    assert "torch" not in sys.modules, command
+"""
+
+
+def test_a_bad_rule_is_refused_by_every_command_before_torch_loads():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", LIGHT], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
