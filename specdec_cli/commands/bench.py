@@ -79,6 +79,7 @@ def bench_command(
     watcher = None
     if bench.Mode("auto") in chosen:
         watcher = open_profile(profile, spec, warn=lambda message: console.print(f"specdec: {message}"))
+        console.print(f"specdec: {watcher.seeded()}")
     runtime = prepare(spec)
     runner = bench.Bench(runtime, max_new_tokens, sampling, seed, watcher.profile if watcher else None)
     encode = lambda p: encode_prompt(runtime.tokenizer, p.text)  # noqa: E731

@@ -70,7 +70,7 @@ def generate(
     spec = resolve_pair(models, pair, target, draft, drafter)
     console = stderr_console()
     watcher = _profile_watcher(spec, fixed_k, profile, console)
-    controller = _controller(spec, fixed_k, watcher)
+    controller = _controller(spec, fixed_k, watcher, console)
     live = not json_lines and console.is_terminal
     with console.status(f"loading {spec.name}…") if live else nullcontext():
         runtime = prepare(spec)
@@ -79,7 +79,7 @@ def generate(
     try:
         for item in prompts:
             if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
-                controller = _controller(spec, fixed_k, watcher)
+                controller = _controller(spec, fixed_k, watcher, console)
             k_for_item = controller.schedule(item.scenario) if controller else fixed_k
             result = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None)
             if json_lines:
@@ -136,12 +136,14 @@ def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
     return open_profile(explicit, spec, warn=lambda message: console.print(f"specdec: {message}"))
 
 
-def _controller(spec, fixed_k, watcher: ProfileWatcher | None) -> AdaptiveController | None:
-    """Adaptive K for `-k auto`, and by default whenever the pair has a profile or says `adaptive: true`."""
+def _controller(spec, fixed_k, watcher: ProfileWatcher | None, console) -> AdaptiveController | None:
+    """Adaptive K for `-k auto`, and by default whenever the pair has a profile or says `adaptive: true`;
+    stderr says which profile (if any) seeds it."""
     from ..decoding.adaptive import AdaptiveController
 
     if watcher is None or (fixed_k is None and watcher.profile is None and not spec.adaptive):
         return None
+    console.print(f"specdec: {watcher.seeded()}")
     return AdaptiveController.for_pair(spec, watcher.profile)
 
 

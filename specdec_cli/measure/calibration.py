@@ -19,7 +19,7 @@ from ..decoding.engine import RoundEvent, SpeculativeEngine
 from ..decoding.speedup import Verdict, break_even_alpha, choose, fill_verify_costs, predicted_speedup
 from ..errors import UserError
 from ..pairs.manifest import libraries, source_version
-from ..pairs.profile import PairProfile, ScenarioProfile, drafter_name
+from ..pairs.profile import PairProfile, ScenarioProfile, drafter_identity, drafter_name
 from ..pairs.registry import PairSpec
 
 DEFAULT_SCENARIO = "default"  # prompts without a `scenario` field
@@ -253,6 +253,7 @@ def to_profile(pair: PairSpec, scenarios: dict[str, ScenarioResult], overall: Sc
         overall=_section(overall),
         versions=versions,
         settings=settings,
+        drafter=drafter_identity(pair),
     )
 
 
