@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from specdec_cli.cli import app
 from specdec_cli.errors import UserError
 from specdec_cli.measure.bench import Mode, parse_modes
-from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, write_profile
+from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, drafter_identity, write_profile
 from specdec_cli.pairs.registry import load_registry
 
 FIELDS = {
@@ -131,7 +131,8 @@ def write_tiny_profile(pair_dir, path, off: str, on: str):
     speculate = ScenarioProfile(k=3, verdict="speculate", best_k=3, speedup=1.6, alpha=0.8, c=0.01, verify_cost=costs)
     never = ScenarioProfile(k=0, verdict="off", best_k=1, speedup=0.9, alpha=0.05, c=0.01, verify_cost=costs)
     write_profile(path, PairProfile("tiny", "2025-01-01T00:00:00+00:00", str(pair.target.source),
-                                    str(pair.drafter.model.source), {off: never, on: speculate}))
+                                    str(pair.drafter.model.source), {off: never, on: speculate},
+                                    drafter=drafter_identity(pair)))
 
 
 @pytest.mark.parametrize("off, on", [("code", "chat"), ("chat", "code")])
