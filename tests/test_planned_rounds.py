@@ -101,6 +101,7 @@ def test_choosing_between_lookup_and_the_learned_drafter_keeps_the_targets_exact
 
     class Coin(Scripted):
         def plan(self, offer, offer_source, learned, room):
+            self.seen.append((offer, offer_source, learned))
             if offer and rng.random() < 0.5:
                 return min(2, offer), offer_source
             return min(2, room), learned
