@@ -147,7 +147,7 @@ def test_auto_takes_each_scenarios_k_from_the_profile(pair_dir, prompt_file, tmp
     auto = report["modes"]["auto"]
     assert FIELDS - {"speedup_vs_hf_plain"} | {"mean_k"} <= set(auto) and "mean_k" not in report["modes"]["spec:3"]
     assert auto["identical_to_plain"] is True
-    assert auto["predicted_speedup"] is None  # K varies: no single-K prediction to show
+    assert auto["predicted_speedup"] is not None or auto["acceptance_rate"] is None  # per round: K may vary
     silent, drafting = report["scenarios"][off]["auto"], report["scenarios"][on]["auto"]
     assert silent["acceptance_rate"] is None and silent["mean_k"] == 0.0
     assert silent["rounds"] == silent["completion_length"]  # one prompt, one token a round: plain decoding
