@@ -2,37 +2,111 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
 import typer
+from typer._click import exceptions as click_errors  # typer 0.29 carries its own click
+from typer.core import TyperArgument, TyperGroup
+
+from . import threads
+
+threads.passive_wait_unless_set()  # before any command imports torch: see threads.py
 
 from .commands.bench import bench_command
 from .commands.calibrate import calibrate_k
+from .commands.common import error_line
 from .commands.generate import generate
 from .commands.models import models
 from .commands.train_draft import train_draft
 from .commands.verify import verify_equivalence
 
+
+class SpecdecGroup(TyperGroup):
+    """Every way out of a command through one door: usage errors as one `specdec: error:` line with
+    exit 2, a reader that closed the pipe as a quiet exit 0, whatever the command was."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            code = super().main(args, prog_name or "specdec", complete_var, standalone_mode=False, **extra)
+            _flush_stdout()
+        except click_errors.NoArgsIsHelpError as exc:
+            print(exc.ctx.get_help() if exc.ctx else "")
+            code = 0
+        except click_errors.UsageError as exc:
+            error_line(_usage_message(exc))
+            code = 2
+        except click_errors.ClickException as exc:
+            error_line(exc.format_message())
+            code = exc.exit_code
+        except typer.Abort:
+            code = 130
+        except BrokenPipeError:
+            code = _quiet_after_broken_pipe()
+        code = code if isinstance(code, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+    def get_command(self, ctx, name):
+        command = super().get_command(ctx, name)
+        for param in getattr(command, "params", ()):
+            if isinstance(param, TyperArgument):  # `PROMPT <str>`: the name says it, the type adds noise
+                param.display_type_rich = lambda ctx: None
+        return command
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            # Caught here because click's own handler turns a broken pipe into exit code 1.
+            if isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE:
+                return _quiet_after_broken_pipe()
+            raise
+
+
+def _usage_message(exc: click_errors.UsageError) -> str:
+    command = exc.ctx.command_path if exc.ctx else "specdec"
+    message = exc.format_message().rstrip(".")
+    return f"{message} (see `{command} --help`)"
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_after_broken_pipe()
+
+
+def _quiet_after_broken_pipe() -> int:
+    """`specdec ... | head -c 10`: the reader left, which is its right; no traceback, no error, exit 0.
+
+    stdout is pointed at /dev/null so that the interpreter's last flush cannot fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (a test runner's buffer)
+        pass
+    return 0
+
+
 app = typer.Typer(
     name="specdec",
+    cls=SpecdecGroup,
     help="Lossless speculative decoding: a draft proposes, the target decides, the output stays the target's.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help: paragraphs as written, flags without a <bool>
+    context_settings={"max_content_width": 120, "help_option_names": ["-h", "--help"]},
 )
-app.command()(generate)
-app.command()(models)
-app.command("verify-equivalence")(verify_equivalence)
-app.command("bench")(bench_command)
-app.command("calibrate-k")(calibrate_k)
-app.command("train-draft")(train_draft)
+app.command(short_help="Generate with speculative decoding and a live view of acceptance.")(generate)
+app.command(short_help="List the pairs in models.yaml and whether each runs offline.")(models)
+app.command("verify-equivalence", short_help="Prove that speculation gives the target's own tokens.")(verify_equivalence)
+app.command("bench", short_help="Speed, acceptance and latency per mode against plain decoding.")(bench_command)
+app.command("calibrate-k", short_help="Measure every K on your prompts and pick K per scenario.")(calibrate_k)
+app.command("train-draft", short_help="Distil a drafter (a small model or a head) from the target.")(train_draft)
 
 
 def main() -> None:
-    try:
-        app()
-    except BrokenPipeError:
-        # `specdec generate ... | head -1`: the reader left; end quietly, without a traceback.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+    app()

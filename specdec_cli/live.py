@@ -1,9 +1,13 @@
 """The live acceptance view on stderr: every token marked by how it came to be, and running figures.
 
-Accepted draft tokens are green, rejected ones are shown struck out and dimmed where the target
-replaced them, and tokens the target chose itself (correction or bonus) are bold. Strike and bold
-survive NO_COLOR, so the marking stays readable without colour. Two sparklines of the recent
-rounds, acceptance above speed, make a collapse of acceptance (and what it costs) visible.
+While a prompt runs, accepted draft tokens are green, rejected ones are shown struck out and dimmed
+where the target replaced them, and tokens the target chose itself (correction or bonus) are bold.
+Strike and bold survive NO_COLOR, so the marking stays readable without colour. Two sparklines of
+the recent rounds, acceptance above speed, make a collapse of acceptance (and what it costs) visible.
+
+When the prompt is done the view goes, and what stays is the answer as the target wrote it: the
+rejected drafts are counted in the summary line, never left between the words, so that text copied
+from the screen (or captured by `script`/tmux) is the answer. Every line fits the terminal's width.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ class LiveView:
         self.console = console
         self.detok = Detokenizer(tokenizer)
         self.title = title
-        self.text = Text()
+        self.text = Text()  # what the running view shows: rejected drafts included
+        self.clean = Text()  # the answer alone: accepted drafts (green) and the target's own tokens
         self.k: int | str = 0
         self.stats: RunStats | None = None
         self.note: str | None = None  # the adaptive controller's state, under `-k auto`
@@ -45,22 +50,30 @@ class LiveView:
 
     def __exit__(self, *exc) -> None:
         self.live.stop()
-        self.console.print(Panel(self.text, title=self.title, title_align="left", border_style="dim"))
+
+    def show_answer(self) -> None:
+        """The finished answer in its panel on stderr: for when stdout is not this terminal."""
+        self.console.print(Panel(self.clean, title=self.title, title_align="left", border_style="dim"))
+
+    def show_summary(self) -> None:
         if self.stats:
-            self.console.print(summary(self.stats), highlight=False)
+            self.console.print(summary(self.stats), highlight=False, soft_wrap=True)
 
     def update(self, event: RoundEvent, stats: RunStats, note: str | None = None) -> None:
         self.stats, self.k, self.note = stats, event.k, note
         self.acceptance.append(event.accepted / len(event.drafted) if event.drafted else None)
         seconds = event.draft_s + event.verify_s
         self.speed.append(len(event.emitted) / seconds if seconds > 0 else 0.0)
-        kept = event.emitted[: min(event.accepted, len(event.emitted))]
-        self.text.append(self.detok.push(kept), ACCEPTED)
+        kept = self.detok.push(event.emitted[: min(event.accepted, len(event.emitted))])
+        self.text.append(kept, ACCEPTED)
+        self.clean.append(kept, ACCEPTED)
         if event.rejected and event.token is not None:
             # A rejected line break would break the layout with nothing visible to strike out.
             self.text.append(self.detok.peek(event.rejected).replace("\n", "⏎"), REJECTED)
         if event.token is not None:
-            self.text.append(self.detok.push([event.token]), TARGET)
+            own = self.detok.push([event.token])
+            self.text.append(own, TARGET)
+            self.clean.append(own)
         self.live.update(self._render(), refresh=True)
 
     def _render(self) -> Group:
@@ -69,7 +82,7 @@ class LiveView:
         room = max(3, self.console.height - 6)
         tail = Text("\n").join(lines[-room:]) if len(lines) > room else self.text
         panel = Panel(tail, title=self.title, title_align="left", border_style="dim")
-        return Group(panel, self._status(), self._history())
+        return Group(panel, fit(self._status(), self.console.width), fit(self._history(), self.console.width))
 
     def _history(self) -> Text:
         line = Text(" acceptance ", style="dim").append(sparkline(self.acceptance, 1.0), ACCEPTED)
@@ -89,6 +102,14 @@ class LiveView:
         return status
 
 
+def fit(line: Text, width: int) -> Text:
+    """One line, cut to the terminal's width: a status line that wraps pushes the view down a row
+    per refresh and leaves its old copies behind."""
+    line.no_wrap = True
+    line.truncate(max(width - 1, 1), overflow="ellipsis")
+    return line
+
+
 def sparkline(values, top: float) -> str:
     """One bar per value scaled to ``top``; a blank for a round with nothing to show (no draft)."""
     bars = []
@@ -106,7 +127,8 @@ def summary(stats: RunStats) -> Text:
     line = Text(f"{stats.new_tokens} tokens in {stats.wall_s:.2f} s ({stats.tokens_per_s:.1f} tok/s) · ")
     line.append(f"acceptance {stats.acceptance_rate:.1%}", ACCEPTED)
     line.append(
-        f" ({stats.accepted}/{stats.drafted} drafts) · {stats.mean_accepted_length:.2f} tokens/round over "
+        f" ({stats.accepted}/{stats.drafted} drafts, {stats.drafted - stats.accepted} rejected) · "
+        f"{stats.mean_accepted_length:.2f} tokens/round over "
         f"{stats.rounds} rounds · K={stats.k} · draft {stats.draft_s:.2f} s, verify {stats.verify_s:.2f} s"
     )
     return line

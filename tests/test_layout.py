@@ -6,7 +6,7 @@ from pathlib import Path
 import specdec_cli
 
 PACKAGE = Path(specdec_cli.__file__).parent
-BASE = {"errors", "limits", "atomic", "prompts"}  # small pieces every stage uses
+BASE = {"errors", "limits", "atomic", "prompts", "threads"}  # small pieces every stage uses
 RANK = {"base": 0, "pairs": 1, "decoding": 2, "measure": 3, "training": 3, "top": 4}
 
 

@@ -280,7 +280,7 @@ def test_permutation_test_agrees_with_scipy_and_can_reject():
         (["--prompts", "{tmp}/ok.jsonl", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
         (["--prompts", "{tmp}/ok.jsonl", "--sampling", "-3"], "--sampling must be 0"),
         (["--prompts", "{tmp}/ok.jsonl", "--tolerance", "0"], "--tolerance must be above 0"),
-        (["--prompts", "{tmp}/ok.jsonl", "--report", "{tmp}/no/dir/r.json"], "--report: directory not found"),
+        (["--prompts", "{tmp}/ok.jsonl", "--report", "{tmp}"], "is a directory; give a file name"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(pair_dir, tmp_path, args, message):

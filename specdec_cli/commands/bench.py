@@ -11,23 +11,33 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from ..errors import UserError
+from .. import threads as thread_policy
+from ..atomic import check_writable, write_atomically
 from ..pairs.profile import open_profile
 from ..pairs.registry import HEAD, MODEL, NGRAM, PairSpec
 from ..prompts import read_file
 from .common import (
+    WRITE_FAILED,
     DraftOption,
+    MaxNewTokensOption,
     ModelsOption,
     PairOption,
+    ProfileOption,
+    PromptsOption,
     TargetOption,
+    ThreadsOption,
+    check_count,
+    check_sampling,
+    plain_console,
     resolve_pair,
     sampling_params,
     stderr_console,
     user_errors,
+    warning_line,
+    write_output,
 )
 
 if TYPE_CHECKING:
@@ -45,41 +55,50 @@ ONLY_WHEN_MEASURED = {"mean_k"}  # auto's alone: a column of dashes for every ot
 
 @user_errors
 def bench_command(
-    prompts: Annotated[Path, typer.Option("--prompts", help="Prompt file: one prompt per line, text or JSON with 'prompt', 'id', 'scenario'.")],
-    modes: Annotated[Optional[str], typer.Option(help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K, ngram+spec:K, ngram+head:K (prompt lookup first, the model or head where it finds nothing), auto (the default drafter with adaptive K, as `generate -k auto`, seeded from the calibration profile). Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
+    prompts: PromptsOption,
+    modes: Annotated[Optional[str], typer.Option("--modes", metavar="MODE,MODE,...", help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K, ngram+spec:K, ngram+head:K (prompt lookup first, the model or head where it finds nothing), auto (the default drafter with adaptive K, as `generate -k auto`, seeded from the calibration profile). Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
     pair: PairOption = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens per prompt and mode.")] = 64,
-    temperature: Annotated[float, typer.Option(help="0: greedy (the default, so outputs can be compared token by token).")] = 0.0,
-    seed: Annotated[int, typer.Option(help="Seed for sampling modes.")] = 0,
+    max_new_tokens: MaxNewTokensOption = 64,
+    temperature: Annotated[float, typer.Option("--temperature", metavar="T", help="0: greedy (the default, so outputs can be compared token by token).")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed for sampling modes.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="The whole result as one JSON object on stdout.")] = False,
-    markdown: Annotated[Optional[Path], typer.Option(help="Also write the table, the command and the manifest as a Markdown page.")] = None,
+    markdown: Annotated[Optional[Path], typer.Option("--markdown", metavar="FILE", help="Also write the table, the command and the manifest as a Markdown page (missing directories are created).")] = None,
     target: TargetOption = None,
     draft: DraftOption = None,
     models: ModelsOption = None,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Calibration profile that seeds mode auto (read only). Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml; without one, auto starts from the pair's K.")] = None,
+    profile: ProfileOption = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Measure speed, acceptance and latency per mode against plain decoding of the same target.
 
     Modes run interleaved prompt by prompt after a warm-up; each mode's tokens are checked against
     plain decoding's, and this loop's fixed-K speculative modes show the speed-up predicted from the
-    measured acceptance, draft cost and verify cost next to the measured one.
+    measured acceptance, draft cost and verify cost next to the measured one. Mode auto reads the
+    calibration profile (--profile) to start from; without one it starts from the pair's K.
+
+    Exit codes: 0 done; 2 bad input; 3 the result was printed but --markdown could not be written.
     """
+    check_count("--max-new-tokens", max_new_tokens, 1)
+    check_count("--threads", threads, 1)
+    check_sampling(temperature, 0, 1.0)
+    if markdown:
+        check_writable(markdown, "--markdown")
+    items = read_file(prompts)
+    spec = resolve_pair(models, pair, target, draft)
+
     from ..decoding.runtime import prepare
     from ..measure import bench
     from ..pairs import manifest
     from ..pairs.tokenization import encode_prompt
 
-    if max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    thread_policy.apply(threads)
     sampling = sampling_params(temperature, 0, 1.0)
-    items = read_file(prompts)
-    spec = resolve_pair(models, pair, target, draft)
     chosen = bench.parse_modes(modes or _default_modes(spec))
     console = stderr_console()
     watcher = None
     if bench.Mode("auto") in chosen:
-        watcher = open_profile(profile, spec, warn=lambda message: console.print(f"specdec: {message}"))
-        console.print(f"specdec: {watcher.seeded()}")
+        watcher = open_profile(profile, spec, warn=warning_line)
+        console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
     runtime = prepare(spec)
     runner = bench.Bench(runtime, max_new_tokens, sampling, seed, watcher.profile if watcher else None)
     encode = lambda p: encode_prompt(runtime.tokenizer, p.text)  # noqa: E731
@@ -96,6 +115,7 @@ def bench_command(
         "drafters": {kind: _drafter_entry(runtime, kind) for kind in dict.fromkeys(m.drafter_kind for m in chosen) if kind},
         "libraries": manifest.libraries(),
         "machine": manifest.machine(),
+        "threads": thread_policy.policy(threads),
         "seed": seed, "temperature": temperature, "max_new_tokens": max_new_tokens, "prompts": len(items),
     }
     if watcher:  # what seeded auto: a profile file, or (None) the pair's K
@@ -103,16 +123,16 @@ def bench_command(
     if json_out:
         print(json.dumps(result, indent=2))
     else:
-        Console().print(table(result["modes"], f"{spec.name}: {len(items)} prompts, {max_new_tokens} new tokens"))
+        out = plain_console()
+        out.print(table(result["modes"], f"{spec.name}: {len(items)} prompts, {max_new_tokens} new tokens"))
         for scenario, by_mode in result["scenarios"].items():
             if len(result["scenarios"]) > 1:
-                Console().print(table(by_mode, f"scenario {scenario}"))
-    if markdown:
-        markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(markdown_page(result))
+                out.print(table(by_mode, f"scenario {scenario}"))
     differing = [mode for mode, f in result["modes"].items() if not f["identical_to_plain"]]
     if differing and sampling.greedy:
         console.print(f"[yellow]modes whose tokens differ from plain decoding: {', '.join(differing)}[/]")
+    if markdown and not write_output("--markdown", markdown, lambda: write_atomically(markdown, markdown_page(result))):
+        raise typer.Exit(WRITE_FAILED)
 
 
 def _default_modes(pair: PairSpec) -> str:

@@ -14,21 +14,32 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .. import threads as thread_policy
+from ..atomic import check_writable
 from ..decoding.speedup import SPECULATE
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import profile_path, read_profiles, write_profile
 from ..prompts import read_file
 from .common import (
+    WRITE_FAILED,
     DrafterOption,
     DraftOption,
+    MaxNewTokensOption,
     ModelsOption,
     PairOption,
+    PromptsOption,
+    RawOption,
     TargetOption,
+    ThreadsOption,
+    check_count,
+    check_sampling,
+    plain_console,
     resolve_pair,
     sampling_params,
     stderr_console,
     user_errors,
+    write_output,
 )
 
 if TYPE_CHECKING:
@@ -37,46 +48,53 @@ if TYPE_CHECKING:
 
 @user_errors
 def calibrate_k(
-    prompts: Annotated[str, typer.Option("--prompts", help="JSONL prompts with 'prompt' and optional 'id', 'scenario' (or plain lines).")],
+    prompts: PromptsOption,
     pair: PairOption = None,
-    k: Annotated[str, typer.Option("--k", "-k", help=f"K values to measure: a range like 0..8 or a list like 0,2,4 (0..{MAX_K}; 0 is always measured).")] = "0..8",
-    max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate per prompt and K.")] = 128,
-    temperature: Annotated[float, typer.Option(help="0 decodes greedily; above 0 measures speculative sampling.")] = 0.0,
-    seed: Annotated[int, typer.Option(help="Random seed for sampling.")] = 0,
-    raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the chat template.")] = False,
+    k: Annotated[str, typer.Option("--k", "-k", metavar="KS", help=f"K values to measure: a range like 0..8 or a list like 0,2,4 (0..{MAX_K}; 0 is always measured).")] = "0..8",
+    max_new_tokens: MaxNewTokensOption = 128,
+    temperature: Annotated[float, typer.Option("--temperature", metavar="T", help="0 decodes greedily; above 0 measures speculative sampling.")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Random seed for sampling.")] = 0,
+    raw: RawOption = False,
     write: Annotated[bool, typer.Option("--write", help="Write the result into the profile file (only this pair's section changes).")] = False,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile file for --write. Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG of speed-up and acceptance against K per scenario.")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", metavar="FILE", help="Profile file for --write (missing directories are created). Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", help="Write a PNG of speed-up and acceptance against K per scenario (missing directories are created).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object on stdout instead of tables.")] = False,
     target: TargetOption = None,
     draft: DraftOption = None,
     drafter: DrafterOption = None,
     models: ModelsOption = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Measure acceptance and speed at every K on your prompts and pick K per scenario.
 
     Every prompt runs at every K (K=0 is plain decoding), interleaved so that a busy machine slows
     all K alike. Per scenario it reports acceptance, per-position acceptance, costs, measured and
     predicted speed-up, the best K, its break-even acceptance rate, and a verdict: speculate or off.
+
+    Exit codes: 0 done; 2 bad input; 3 the result was printed but --profile or --plot could not be
+    written.
     """
+    check_sampling(temperature, 0, 1.0)
+    check_count("--max-new-tokens", max_new_tokens, 1)
+    check_count("--threads", threads, 1)
+    if profile and not write:
+        raise UserError("--profile names the file for --write; add --write")
+    if plot:
+        check_writable(plot, "--plot")
+        _check_plotting()
+    items = read_file(prompts)
+    spec = resolve_pair(models, pair, target, draft, drafter)
+    destination = check_writable(profile_path(profile, spec), "--profile") if write else None
+    if destination is not None:
+        read_profiles(destination)  # a damaged profile stops us now, not after the measuring
+
     from ..decoding.runtime import prepare
     from ..measure.calibration import DEFAULT_SCENARIO, measure, parse_ks, summarise_all, to_profile
     from ..pairs.tokenization import encode_prompt
 
-    sampling = sampling_params(temperature, 0, 1.0)
-    if max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     ks = parse_ks(k, MAX_K)
-    items = read_file(prompts)
-    spec = resolve_pair(models, pair, target, draft, drafter)
-    destination = profile_path(profile, spec) if write else None
-    if destination is not None:
-        read_profiles(destination)  # a damaged profile stops us now, not after the measuring
-    if profile and not write:
-        raise UserError("--profile names the file for --write; add --write")
-    if plot:
-        _check_plotting()
-
+    thread_policy.apply(threads)
+    sampling = sampling_params(temperature, 0, 1.0)
     console = stderr_console()
     with console.status(f"loading {spec.name}…") if console.is_terminal else nullcontext():
         runtime = prepare(spec)
@@ -85,25 +103,28 @@ def calibrate_k(
         measured = measure(runtime.engine, encoded, ks, max_new_tokens, sampling, seed, report)
     scenarios, overall = summarise_all(measured)
 
-    written = None
+    # The files first, each failure one line; the result goes to stdout either way.
+    written, failed = None, False
     if destination is not None:
         settings = dict(prompts=str(prompts), prompt_count=len(items), k=k, max_new_tokens=max_new_tokens,
-                        temperature=temperature)
-        write_profile(destination, to_profile(spec, scenarios, overall, settings))
-        written = str(destination)
+                        temperature=temperature, threads=thread_policy.policy(threads))
+        pair_profile = to_profile(spec, scenarios, overall, settings)
+        if write_output("--profile", destination, lambda: write_profile(destination, pair_profile)):
+            written = str(destination)
+        else:
+            failed = True
     if plot:
         from ..measure.plot import plot_calibration
 
-        plot_calibration(scenarios, Path(plot), spec.name)
+        failed |= not write_output("--plot", plot, lambda: plot_calibration(scenarios, plot, spec.name))
     if json_out:
         print(json.dumps(_as_json(spec.name, runtime.drafter.name, ks, scenarios, overall, written), ensure_ascii=False))
     else:
-        out = Console()
-        if not out.is_terminal:
-            out = Console(width=150)  # a file or a pipe: keep each row on one line
-        _print_tables(out, scenarios, overall, len(scenarios) > 1)
+        _print_tables(plain_console(), scenarios, overall, len(scenarios) > 1)
     if written:
         console.print(f"wrote the profile of {spec.name} to {written}")
+    if failed:
+        raise typer.Exit(WRITE_FAILED)
 
 
 def _progress(console: Console, per_prompt: int):

@@ -5,27 +5,79 @@ one line on stderr with exit code 2 instead of a traceback."""
 from __future__ import annotations
 
 import functools
+import io
 import sys
-from typing import TYPE_CHECKING, Annotated, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from ..errors import UserError
 from ..limits import MAX_K
-from ..pairs.registry import PairSpec, load_registry
+from ..pairs.registry import PairSpec, load_registry, override
 
 if TYPE_CHECKING:
     from ..decoding.acceptance import SamplingParams
 
-PairOption = Annotated[Optional[str], typer.Option("--pair", "-p", help="Pair name from models.yaml (default: the file's `default`).")]
+# One definition per option that several commands take, so that its spelling, type name and help
+# read the same everywhere. Defaults that differ between commands stay in each signature.
+PairOption = Annotated[Optional[str], typer.Option("--pair", "-p", metavar="NAME", help="Pair name from models.yaml (default: the file's `default`).")]
 ModelsOption = Annotated[
     Optional[str],
-    typer.Option("--models", help="Pair registry file. Else $SPECDEC_MODELS, ./models.yaml, then the packaged copy.", envvar=None),
+    typer.Option("--models", metavar="FILE", help="Pair registry file. Else $SPECDEC_MODELS, ./models.yaml, then the packaged copy.", envvar=None),
 ]
-TargetOption = Annotated[Optional[str], typer.Option("--target", help="Override the pair's target: hf:ID, package:PKG/FILE, a directory or a .gguf.")]
-DraftOption = Annotated[Optional[str], typer.Option("--draft", help="Override the pair's draft: a model source as for --target, a head directory from train-draft, or 'ngram'.")]
-DrafterOption = Annotated[Optional[str], typer.Option("--drafter", help="Drafter kind: 'model' (the pair's draft model), 'head' (its draft head) or 'ngram' (prompt lookup, always there); the pair's default `draft:` or one listed under `drafters:`.")]
+TargetOption = Annotated[Optional[str], typer.Option("--target", metavar="SOURCE", help="Override the pair's target: hf:ID, package:PKG/FILE, a directory or a .gguf.")]
+DraftOption = Annotated[Optional[str], typer.Option("--draft", metavar="SOURCE", help="Override the pair's draft: a model source as for --target, a head directory from train-draft, or 'ngram'.")]
+DrafterOption = Annotated[Optional[str], typer.Option("--drafter", metavar="KIND", help="Drafter kind: 'model' (the pair's draft model), 'head' (its draft head) or 'ngram' (prompt lookup, always there); the pair's default `draft:` or one listed under `drafters:`.")]
+PromptsOption = Annotated[Path, typer.Option("--prompts", metavar="FILE", help="Prompt file: one prompt per line, plain text or JSON with 'prompt' and optional 'id', 'scenario'.")]
+MaxNewTokensOption = Annotated[int, typer.Option("--max-new-tokens", metavar="N", help="Most new tokens per answer (per prompt, and per K or mode where there are several).")]
+TemperatureOption = Annotated[float, typer.Option("--temperature", metavar="T", help="0 decodes greedily; above 0 samples (speculative sampling keeps the target's distribution).")]
+SeedOption = Annotated[int, typer.Option("--seed", metavar="N", help="Random seed for sampling; each prompt starts from it.")]
+RawOption = Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the model's chat template.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Results as JSON on stdout instead of text and tables.")]
+ProfileOption = Annotated[Optional[str], typer.Option("--profile", metavar="FILE", help="Calibration profile. Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")]
+ThreadsOption = Annotated[Optional[int], typer.Option("--threads", metavar="N", help="Torch CPU threads (default: OMP_NUM_THREADS, else torch's choice, one per core).")]
+
+WRITE_FAILED = 3  # the result went to stdout, but a file that was asked for could not be written
+
+
+def error_line(message: str) -> None:
+    """`specdec: error: MESSAGE` on stderr, on one line whatever the terminal's width."""
+    stderr_console().print(Text.assemble(("specdec: error:", "bold red"), " ", message), soft_wrap=True)
+
+
+def warning_line(message: str) -> None:
+    """`specdec: warning: MESSAGE` on stderr, on one line: a warning that wraps mid-sentence reads as two."""
+    stderr_console().print(Text.assemble(("specdec: warning:", "yellow"), " ", message), soft_wrap=True)
+
+
+class _RightTrimmed(io.TextIOBase):
+    """Passes text on line by line without the trailing blanks that rich pads table cells with."""
+
+    def __init__(self, out):
+        self.out, self.pending = out, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.out.write(line.rstrip() + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.out.write(self.pending)
+            self.pending = ""
+        self.out.flush()
+
+
+def plain_console() -> Console:
+    """The console for results on stdout: the terminal's own width there; to a file or a pipe, one
+    line per table row (no value split across lines) and no trailing padding."""
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(file=_RightTrimmed(sys.stdout), width=1000, highlight=False, color_system=None)
 
 
 def stderr_console() -> Console:
@@ -33,8 +85,24 @@ def stderr_console() -> Console:
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    stderr_console().print(f"[bold red]specdec: error:[/] {message}", markup=True, soft_wrap=True)
+    error_line(message)
     return typer.Exit(code)
+
+
+def check_count(option: str, value: int | None, least: int) -> None:
+    if value is not None and value < least:
+        raise UserError(f"{option} must be at least {least}, got {value}")
+
+
+def write_output(option: str, path: Path, write: Callable[[], object]) -> bool:
+    """Write a file at the end of a run; a failure is one error line, not the loss of the result,
+    which has gone to stdout already. Returns whether the file was written."""
+    try:
+        write()
+        return True
+    except OSError as exc:
+        error_line(f"could not write {option} {path}: {exc.strerror or exc} (the result is on stdout)")
+        return False
 
 
 def user_errors(command):
@@ -51,8 +119,6 @@ def user_errors(command):
 
 
 def resolve_pair(models: str | None, pair: str | None, target=None, draft=None, drafter=None) -> PairSpec:
-    from ..decoding.runtime import override
-
     return override(load_registry(models).pair(pair), target, draft, drafter)
 
 
@@ -76,13 +142,18 @@ def stdin_is_interactive() -> bool:
 
 
 def sampling_params(temperature: float, top_k: int, top_p: float) -> SamplingParams:
+    check_sampling(temperature, top_k, top_p)
+    from ..decoding.acceptance import SamplingParams
+
+    return SamplingParams(temperature, top_k, top_p)
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """The sampling options' bounds, checked without importing torch."""
     if temperature < 0:
         raise UserError(f"--temperature must be 0 or more, got {temperature}")
     if top_k < 0:
         raise UserError(f"--top-k must be 0 or more, got {top_k}")
     if not 0 < top_p <= 1:
         raise UserError(f"--top-p must be in (0, 1], got {top_p}")
-    from ..decoding.acceptance import SamplingParams
-
-    return SamplingParams(temperature, top_k, top_p)
 

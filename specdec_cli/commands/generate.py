@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Annotated, Iterable, Optional
 
 import typer
 
+from .. import threads as thread_policy
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
@@ -17,60 +20,76 @@ from ..prompts import Prompt, parse_lines
 from .common import (
     DrafterOption,
     DraftOption,
+    MaxNewTokensOption,
     ModelsOption,
     PairOption,
+    ProfileOption,
+    RawOption,
+    SeedOption,
     TargetOption,
+    TemperatureOption,
+    ThreadsOption,
+    check_count,
+    check_sampling,
     parse_k,
     resolve_pair,
     sampling_params,
     stderr_console,
     stdin_is_interactive,
     user_errors,
+    warning_line,
 )
 
 if TYPE_CHECKING:
     from ..decoding.adaptive import AdaptiveController
     from ..decoding.runtime import Runtime
+    from ..live import LiveView
 
 
 @user_errors
 def generate(
     prompt: Annotated[
         Optional[str],
-        typer.Argument(help="The prompt. '-', or nothing with a pipe, reads one prompt per line from stdin: text, or JSON with 'prompt' and optional 'id', 'scenario'."),
+        typer.Argument(metavar="PROMPT", help="The prompt. '-', or nothing with a pipe, reads one prompt per line from stdin: text, or JSON with 'prompt' and optional 'id', 'scenario'."),
     ] = None,
     pair: PairOption = None,
-    k: Annotated[Optional[str], typer.Option("-k", "--k", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}, or auto (adapt online, starting from the calibration profile). Default: auto when the pair has a profile or `adaptive: true`, else the pair's K for the prompt's scenario.")] = None,
+    k: Annotated[Optional[str], typer.Option("--k", "-k", metavar="K", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}, or auto (adapt online, starting from the calibration profile). Default: auto when the pair has a profile or `adaptive: true`, else the pair's K for the prompt's scenario.")] = None,
     drafter: DrafterOption = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate per prompt.")] = 128,
-    temperature: Annotated[float, typer.Option(help="0 decodes greedily; above 0 samples (speculative sampling keeps the target's distribution).")] = 0.0,
-    top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens only (0: all).")] = 0,
-    top_p: Annotated[float, typer.Option(help="Sample from the smallest set of tokens with this much probability (1: all).")] = 1.0,
-    seed: Annotated[int, typer.Option(help="Random seed for sampling; each prompt starts from it.")] = 0,
-    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the model's chat template.")] = False,
+    max_new_tokens: MaxNewTokensOption = 128,
+    temperature: TemperatureOption = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", metavar="N", help="Sample among the N most likely tokens only (0: all).")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", metavar="P", help="Sample from the smallest set of tokens with this much probability (1: all).")] = 1.0,
+    seed: SeedOption = 0,
+    raw: RawOption = False,
     json_lines: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout: id, prompt, text, token_ids, stats.")] = False,
     target: TargetOption = None,
     draft: DraftOption = None,
     models: ModelsOption = None,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Calibration profile (from calibrate-k --write). Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")] = None,
+    profile: ProfileOption = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Generate with speculative decoding, showing which draft tokens the target accepted.
 
     On a terminal, stderr shows the answer as it is written: accepted draft tokens in green, rejected
     ones struck out, tokens the target chose itself in bold, with the running acceptance rate and
-    speed. Results go to stdout, as text or (--json) as JSON lines.
+    speed. When a prompt is done the view gives way to the answer alone and a summary line.
+    Results always go to stdout, as text or (--json) as JSON lines.
     """
-    from ..decoding.runtime import prepare
-
-    sampling = sampling_params(temperature, top_k, top_p)
-    if max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    # Everything that needs no model is checked before torch is imported (under a second).
+    check_sampling(temperature, top_k, top_p)
+    check_count("--max-new-tokens", max_new_tokens, 1)
+    check_count("--threads", threads, 1)
     fixed_k = parse_k(k, allow_auto=True)
     prompts = _prompts(prompt)
     spec = resolve_pair(models, pair, target, draft, drafter)
+
+    from ..decoding.runtime import prepare
+
+    thread_policy.apply(threads)
+    sampling = sampling_params(temperature, top_k, top_p)
     console = stderr_console()
     watcher = _profile_watcher(spec, fixed_k, profile, console)
-    controller = _controller(spec, fixed_k, watcher, console)
+    controller = _controller(spec, fixed_k, watcher, console, not json_lines)
     live = not json_lines and console.is_terminal
     with console.status(f"loading {spec.name}…") if live else nullcontext():
         runtime = prepare(spec)
@@ -79,20 +98,35 @@ def generate(
     try:
         for item in prompts:
             if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
-                controller = _controller(spec, fixed_k, watcher, console)
+                controller = _controller(spec, fixed_k, watcher, console, not json_lines)
             k_for_item = controller.schedule(item.scenario) if controller else fixed_k
-            result = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None)
+            result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None)
+            if view is not None and _stdout_is_a_file():
+                view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
+            if controller is not None:  # which profile seeded auto (None: the pair's K)
+                result["stats"]["profile"] = str(watcher.path) if watcher.profile else None
             if json_lines:
                 print(json.dumps(result, ensure_ascii=False), flush=True)
-            elif not (live and sys.stdout.isatty()):  # on one terminal the live view already shows it
+            else:  # always, terminal or not: copy, tee and script get the clean answer
                 print(result["text"], flush=True)
+            if view is not None:
+                view.show_summary()
             finished += 1
     except KeyboardInterrupt:
         console.print(f"specdec: interrupted after {finished} finished prompt(s)")
         raise typer.Exit(130) from None
 
 
-def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console) -> dict:
+def _stdout_is_a_file() -> bool:
+    """stdout redirected to a file, not a terminal nor a pipe (`| tee`, `| less` show it themselves)."""
+    try:
+        mode = os.fstat(sys.stdout.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return not sys.stdout.isatty() and not stat.S_ISFIFO(mode)
+
+
+def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console) -> tuple[dict, LiveView | None]:
     from ..live import LiveView
     from ..measure.stats import RunStats
     from ..pairs.tokenization import encode_prompt
@@ -103,6 +137,7 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
     adaptive = not isinstance(k, int)
     stats = RunStats("auto" if adaptive else k)
     emitted: list[int] = []
+    view = None
     events = runtime.engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
     if console is None:
         for event in events:
@@ -111,7 +146,7 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
         stats.finish()
     else:
         title = f"{runtime.pair.name} · {runtime.drafter.name} drafter · prompt {item.id}"
-        with LiveView(console, tokenizer, title) as view:
+        with LiveView(console, tokenizer, title) as view:  # transient: gone when the prompt is done
             for event in events:
                 stats.add(event)
                 emitted += event.emitted
@@ -126,24 +161,25 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
     }
     if item.scenario is not None:
         result["scenario"] = item.scenario
-    return result
+    return result, view
 
 
 def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
     """The pair's calibration profile, watched for changes; none is needed for a fixed K."""
     if isinstance(fixed_k, int):
         return None
-    return open_profile(explicit, spec, warn=lambda message: console.print(f"specdec: {message}"))
+    return open_profile(explicit, spec, warn=warning_line)
 
 
-def _controller(spec, fixed_k, watcher: ProfileWatcher | None, console) -> AdaptiveController | None:
+def _controller(spec, fixed_k, watcher: ProfileWatcher | None, console, say: bool) -> AdaptiveController | None:
     """Adaptive K for `-k auto`, and by default whenever the pair has a profile or says `adaptive: true`;
-    stderr says which profile (if any) seeds it."""
+    stderr (or, with --json, each result's stats) says which profile seeds it."""
     from ..decoding.adaptive import AdaptiveController
 
     if watcher is None or (fixed_k is None and watcher.profile is None and not spec.adaptive):
         return None
-    console.print(f"specdec: {watcher.seeded()}")
+    if say:
+        console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
     return AdaptiveController.for_pair(spec, watcher.profile)
 
 

@@ -10,11 +10,10 @@ import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..pairs.registry import load_registry
-from .common import ModelsOption, user_errors
+from .common import ModelsOption, plain_console, user_errors
 
 
 @user_errors
@@ -45,4 +44,4 @@ def models(
         others = "\n".join(f"{kind}: {d}" for kind, d in row["drafters"].items() if d != row["draft"])
         table.add_row(row["name"] + (" (default)" if row["default"] else ""), row["target"], row["draft"], others, k,
                       "[green]yes[/]" if row["offline"] else "[dim]no[/]")
-    Console().print(table)
+    plain_console().print(table)

@@ -10,7 +10,21 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .common import ModelsOption, PairOption, TargetOption, resolve_pair, stderr_console, user_errors
+from .. import threads as thread_policy
+from ..atomic import check_writable
+from .common import (
+    MaxNewTokensOption,
+    ModelsOption,
+    PairOption,
+    PromptsOption,
+    RawOption,
+    TargetOption,
+    ThreadsOption,
+    check_count,
+    resolve_pair,
+    stderr_console,
+    user_errors,
+)
 
 
 class ProgressReporter:
@@ -35,30 +49,31 @@ class ProgressReporter:
 
 @user_errors
 def train_draft(
-    out: Annotated[Path, typer.Option("--out", help="Directory for the drafter, its held-out prompts and its checkpoint.")],
-    kind: Annotated[str, typer.Option("--kind", help="'model': a stand-alone draft LM (see --hidden-size); 'head': an EAGLE-style head on the target's features.")],
-    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Prompt file: one prompt per line, text or JSON with 'prompt' (and 'id', 'scenario'). Not needed with --resume or --data-from.")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Stop after this many optimiser steps in all (counted across --resume).")] = None,
-    minutes: Annotated[Optional[float], typer.Option(help="Stop training after this many minutes of this run.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for the held-out split, sampled answers, initialisation and batches.")] = 0,
-    top_k: Annotated[int, typer.Option("--top-k", help="Teacher log-probs kept per position for the soft cross-entropy.")] = 64,
-    top_vocab: Annotated[int, typer.Option("--top-vocab", help="Restrict the draft's output layer to the N tokens the target writes most (0: the whole vocabulary).")] = 0,
-    holdout: Annotated[float, typer.Option(help="Fraction of prompts held out to measure agreement.")] = 0.1,
-    lr: Annotated[Optional[float], typer.Option(help="Learning rate (default 1e-4 for a model, 1e-3 for a head).")] = None,
-    batch_size: Annotated[int, typer.Option(help="Sequences per batch, for the teacher pass and training.")] = 8,
-    answer_batch_size: Annotated[int, typer.Option(help="Prompts the target answers at once (larger is faster on a CPU, up to memory).")] = 32,
-    max_new_tokens: Annotated[int, typer.Option(help="Length of the target's answers to the prompts.")] = 128,
-    temperature: Annotated[float, typer.Option(help="Temperature of the sampled answers (a greedy answer is made too).")] = 0.8,
+    out: Annotated[Path, typer.Option("--out", metavar="DIR", help="Directory for the drafter, its held-out prompts and its checkpoint (created, with missing parents).")],
+    kind: Annotated[str, typer.Option("--kind", metavar="model|head", help="'model': a stand-alone draft LM (see --hidden-size); 'head': an EAGLE-style head on the target's features.")],
+    prompts: Annotated[Optional[Path], PromptsOption.__metadata__[0]] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", metavar="N", help="Stop after N optimiser steps in all (counted across --resume).")] = None,
+    minutes: Annotated[Optional[float], typer.Option("--minutes", metavar="M", help="Stop training after M minutes of this run.")] = None,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed for the held-out split, sampled answers, initialisation and batches.")] = 0,
+    top_k: Annotated[int, typer.Option("--top-k", metavar="N", help="Teacher log-probs kept per position for the soft cross-entropy.")] = 64,
+    top_vocab: Annotated[int, typer.Option("--top-vocab", metavar="N", help="Restrict the draft's output layer to the N tokens the target writes most (0: the whole vocabulary).")] = 0,
+    holdout: Annotated[float, typer.Option("--holdout", metavar="FRACTION", help="Share of the prompts held out to measure agreement.")] = 0.1,
+    lr: Annotated[Optional[float], typer.Option("--lr", metavar="RATE", help="Learning rate (default 1e-4 for a model, 1e-3 for a head).")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", metavar="N", help="Sequences per batch, for the teacher pass and training.")] = 8,
+    answer_batch_size: Annotated[int, typer.Option("--answer-batch-size", metavar="N", help="Prompts the target answers at once (larger is faster on a CPU, up to memory).")] = 32,
+    max_new_tokens: MaxNewTokensOption = 128,
+    temperature: Annotated[float, typer.Option("--temperature", metavar="T", help="Temperature of the sampled answers (a greedy answer is made too).")] = 0.8,
     sampled: Annotated[bool, typer.Option("--sampled/--greedy-only", help="Also a sampled answer per prompt, or the greedy one alone (more prompts beat more answers per prompt).")] = True,
-    raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the chat template.")] = False,
+    raw: RawOption = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the checkpoint in --out (data and trainer state).")] = False,
-    data_from: Annotated[Optional[Path], typer.Option("--data-from", help="Reuse the target's answers from another run's --out (same target) instead of generating new ones.")] = None,
-    hidden_size: Annotated[int, typer.Option("--hidden-size", help="--kind model: width of a fresh, small draft (its embedding starts as the target's, projected); 0 copies 2 of the target's layers at full width.")] = 0,
-    layers: Annotated[int, typer.Option("--layers", help="--kind model: decoder layers (default 2 copied from the target, or 4 in a --hidden-size draft).")] = 0,
+    data_from: Annotated[Optional[Path], typer.Option("--data-from", metavar="DIR", help="Reuse the target's answers from another run's --out (same target) instead of generating new ones.")] = None,
+    hidden_size: Annotated[Optional[int], typer.Option("--hidden-size", metavar="H", help="--kind model: width of a fresh, small draft (its embedding starts as the target's, projected). Default: 2 of the target's layers at full width.")] = None,
+    layers: Annotated[Optional[int], typer.Option("--layers", metavar="N", help="--kind model: decoder layers. Default: 2 copied from the target, or 4 in a --hidden-size draft.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="The summary as one JSON object on stdout.")] = False,
     pair: PairOption = None,
     target: TargetOption = None,
     models: ModelsOption = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Train a drafter for the pair's target by distillation from the target's own answers.
 
@@ -66,14 +81,20 @@ def train_draft(
     (and, for a head, its hidden states), and the drafter learns them within --steps/--minutes.
     Use the result with `--draft OUT` (a head: `--drafter head --draft OUT`) or in models.yaml.
     """
+    check_count("--threads", threads, 1)
+    check_count("--layers", layers, 1)
+    check_count("--hidden-size", hidden_size, 1)
+    check_writable(out, "--out", directory=True)
+    spec = resolve_pair(models, pair, target)
+
     from ..training import draft_job
     from ..training.distill import AnswerSettings
 
-    spec = resolve_pair(models, pair, target)
+    thread_policy.apply(threads)
     settings = draft_job.JobSettings(
         kind=kind, prompts=prompts, out=out, target=spec.target, steps=steps, minutes=minutes, seed=seed, top_k=top_k,
         top_vocab=top_vocab, holdout=holdout, lr=lr, batch_size=batch_size, raw=raw, resume=resume, data_from=data_from,
-        hidden_size=hidden_size, layers=layers,
+        hidden_size=hidden_size or 0, layers=layers or 0,
         answers=AnswerSettings(max_new_tokens, temperature, answer_batch_size, seed, sampled),
     )
     settings.check()

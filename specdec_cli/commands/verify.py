@@ -8,7 +8,6 @@ with --strict any divergence, or a failed sampling test was found; 2 for bad inp
 from __future__ import annotations
 
 import json
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -21,20 +20,29 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ..atomic import write_atomically
+from .. import threads as thread_policy
+from ..atomic import check_writable, write_atomically
 from ..errors import UserError
 from ..limits import MAX_K, NEAR_TIE_TOLERANCE, SAMPLING_PROMPTS, SAMPLING_TOKENS
 from ..prompts import read_file
 from .common import (
+    WRITE_FAILED,
     DrafterOption,
     DraftOption,
+    MaxNewTokensOption,
     ModelsOption,
     PairOption,
+    PromptsOption,
+    RawOption,
     TargetOption,
+    ThreadsOption,
+    check_count,
     parse_k,
+    plain_console,
     resolve_pair,
     stderr_console,
     user_errors,
+    write_output,
 )
 
 if TYPE_CHECKING:
@@ -46,47 +54,53 @@ TOLERANCE_HELP = ", ".join(f"{dtype} {t:g}" for dtype, t in NEAR_TIE_TOLERANCE.i
 
 @user_errors
 def verify_equivalence(
-    prompts: Annotated[str, typer.Option("--prompts", help="Prompt file: one prompt per line, text or JSON with 'prompt' and optional 'id'.")],
+    prompts: PromptsOption,
     pair: PairOption = None,
-    k: Annotated[str, typer.Option("-k", "--k", help=f"Comma-separated K values to check, each 0 to {MAX_K}.")] = "1,4,8",
-    max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate per prompt.")] = 128,
-    tolerance: Annotated[Optional[float], typer.Option(help=f"Largest logit margin a near-tie may have. Default by the target's dtype: {TOLERANCE_HELP}.")] = None,
+    k: Annotated[str, typer.Option("--k", "-k", metavar="K,K,...", help=f"Comma-separated K values to check, each 0 to {MAX_K}.")] = "1,4,8",
+    max_new_tokens: MaxNewTokensOption = 128,
+    tolerance: Annotated[Optional[float], typer.Option("--tolerance", metavar="MARGIN", help=f"Largest logit margin a near-tie may have. Default by the target's dtype: {TOLERANCE_HELP}.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Fail on any divergence, near-ties included.")] = False,
-    sampling: Annotated[int, typer.Option("--sampling", help=f"Also draw N sampled continuations ({SAMPLING_TOKENS} tokens) per side for the first {SAMPLING_PROMPTS} prompts and test that speculative and plain sampling agree (0: skip).")] = 0,
-    temperature: Annotated[float, typer.Option(help="Temperature for --sampling.")] = 1.0,
-    seed: Annotated[int, typer.Option(help="First seed for --sampling.")] = 0,
-    raw: Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the model's chat template.")] = False,
+    sampling: Annotated[int, typer.Option("--sampling", metavar="N", help=f"Also draw N sampled continuations ({SAMPLING_TOKENS} tokens) per side for the first {SAMPLING_PROMPTS} prompts and test that speculative and plain sampling agree (0: skip).")] = 0,
+    temperature: Annotated[float, typer.Option("--temperature", metavar="T", help="Temperature for --sampling.")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="First seed for --sampling.")] = 0,
+    raw: RawOption = False,
     json_out: Annotated[bool, typer.Option("--json", help="The whole result as one JSON object on stdout.")] = False,
-    report: Annotated[Optional[str], typer.Option("--report", help="Also write the JSON result to this file (atomically).")] = None,
+    report: Annotated[Optional[Path], typer.Option("--report", metavar="FILE", help="Also write the JSON result to this file (atomically; missing directories are created).")] = None,
     target: TargetOption = None,
     draft: DraftOption = None,
     drafter: DrafterOption = None,
     models: ModelsOption = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Prove that speculative decoding gives the target's own output, token for token.
 
     Every prompt is decoded plainly, by transformers' generate, and with speculation at each K.
     Each divergence is located and classified by the target's logit margin: a `numerical
     near-tie` (round-off between a 1-token and a (K+1)-token forward) or a `mismatch` (a bug).
-    """
-    from ..decoding.runtime import prepare
-    from ..measure.equivalence import check_greedy, decide, default_tolerance
-    from ..measure.sampling_check import check_sampling
-    from ..pairs.tokenization import encode_prompt
 
-    if max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    Exit codes: 0 equivalent; 1 not (see the README); 2 bad input; 3 the result was printed but
+    --report could not be written.
+    """
+    check_count("--max-new-tokens", max_new_tokens, 1)
+    check_count("--threads", threads, 1)
     if tolerance is not None and tolerance <= 0:
         raise UserError(f"--tolerance must be above 0, got {tolerance}")
     if sampling < 0:
         raise UserError(f"--sampling must be 0 (off) or a number of draws, got {sampling}")
     if sampling and temperature <= 0:
         raise UserError(f"--temperature must be above 0 for --sampling, got {temperature}")
-    if report and not Path(report).parent.is_dir():
-        raise UserError(f"--report: directory not found: {Path(report).parent}")
+    if report:
+        check_writable(report, "--report")
     ks = parse_k_list(k)
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft, drafter)
+
+    from ..decoding.runtime import prepare
+    from ..measure.equivalence import check_greedy, decide, default_tolerance
+    from ..measure.sampling_check import check_sampling
+    from ..pairs.tokenization import encode_prompt
+
+    thread_policy.apply(threads)
     runtime = prepare(spec)
     encoded = [(item.id, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
     tolerance = tolerance or default_tolerance(runtime.target.model.dtype)
@@ -105,12 +119,13 @@ def verify_equivalence(
                   prompts=len(encoded), strict=strict, equivalent=equivalent, verdict=verdict,
                   wall_s=round(time.perf_counter() - started, 3), **greedy.as_dict(),
                   sampling=sampled.as_dict() if sampled else None)
-    if report:
-        write_atomically(Path(report), json.dumps(result, ensure_ascii=False, indent=2) + "\n")
     if json_out:
         print(json.dumps(result, ensure_ascii=False), flush=True)
     else:
-        render(Console(highlight=False, width=None if sys.stdout.isatty() else 120), greedy, sampled, equivalent, verdict, result["wall_s"])
+        render(plain_console(), greedy, sampled, equivalent, verdict, result["wall_s"])
+    text = json.dumps(result, ensure_ascii=False, indent=2) + "\n"
+    if report and not write_output("--report", report, lambda: write_atomically(report, text)):
+        raise typer.Exit(WRITE_FAILED)
     raise typer.Exit(0 if equivalent else 1)
 
 

@@ -34,7 +34,8 @@ class Acceptance:
         """Conditional acceptance of positions 0..k-1."""
         rates, fallback = [], min(max(self.prior, 0.0), 1.0)
         for i in range(min(k, MAX_K)):
-            fallback = (self.hits[i] + self.weight * fallback) / (self.trials[i] + self.weight)
+            if self.trials[i] + self.weight > 0:  # else never judged and no prior weight: the one before
+                fallback = (self.hits[i] + self.weight * fallback) / (self.trials[i] + self.weight)
             rates.append(fallback)
         return rates
 

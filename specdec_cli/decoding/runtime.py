@@ -1,29 +1,24 @@
 """A pair made ready to run: the target and its drafter loaded, checked against each other, and
-wired into an engine. Command-line overrides of the registry are applied here.
+wired into an engine. (Command-line overrides of the registry live in pairs/registry.py.)
 
 The pair's other drafters (``drafters:`` in models.yaml) load only when asked for
 (``drafter_of``), so a command that uses one drafter never pays for the rest."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import UserError
 from ..pairs.loading import LoadedModel, cache_root, load
 from ..pairs.meta import read_meta
-from ..pairs.registry import DRAFTER_KINDS, HEAD, MODEL, DrafterSpec, PairSpec, parse_drafter, parse_model
+from ..pairs.registry import HEAD, MISSING, MODEL, DrafterSpec, PairSpec, override  # noqa: F401 (override: its old home)
 from ..pairs.tokenization import check_compatible, eos_ids
 from .blocks import cached_plan
 from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
 from .head import load_head
-
-MISSING = {
-    MODEL: "has no draft model; name one with --draft SOURCE or under `drafters: {model: ...}` in models.yaml",
-    HEAD: "has no draft head; name one with --draft DIR (made by `specdec train-draft --kind head`) or under `drafters: {head: ...}`",
-}
 
 
 @dataclass
@@ -58,27 +53,6 @@ class Runtime:
                 raise UserError(f"pair {self.pair.name!r} {MISSING[kind]}")
             self._by_kind[kind] = _drafter(spec, self.target)
         return self._by_kind[kind]
-
-
-def override(pair: PairSpec, target: str | None = None, draft: str | None = None, drafter: str | None = None) -> PairSpec:
-    """Apply --target / --draft / --drafter to a registry pair.
-
-    --draft becomes the default drafter and replaces the pair's alternate of its kind (so bench's
-    modes of that kind use it too); --drafter KIND then picks the pair's drafter of that kind.
-    """
-    if target:
-        pair = replace(pair, target=replace(pair.target, source=parse_model(target).source))
-    if draft:
-        chosen = parse_drafter(draft, pair.target.dtype, "--draft")
-        pair = replace(pair, drafter=chosen, alternates={**pair.alternates, chosen.kind: chosen})
-    if drafter:
-        if drafter not in DRAFTER_KINDS:
-            raise UserError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
-        chosen = pair.alternate(drafter)
-        if chosen is None:
-            raise UserError(f"pair {pair.name!r} {MISSING[drafter]}")
-        pair = replace(pair, drafter=chosen)
-    return pair
 
 
 def prepare(pair: PairSpec) -> Runtime:

@@ -49,6 +49,8 @@ def load(spec: ModelSpec) -> LoadedModel:
     directory, gguf_file = _resolve(spec.source)
     if gguf_file:
         directory, gguf_file = _converted(spec.source, directory, gguf_file), None
+    elif spec.source.local_path() is not None:
+        _check_files(Path(directory))
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
         model = AutoModelForCausalLM.from_pretrained(
@@ -71,6 +73,26 @@ def _resolve(source: ModelSource) -> tuple[str, str | None]:
             raise UserError(f"{path} is a file but not a .gguf; give a model directory or a GGUF file")
         return str(path.parent), path.name
     return str(path), None
+
+
+WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
+
+
+def _check_files(directory: Path) -> None:
+    """Name what a model directory lacks, rather than let the tokenizer's loader fail half-way
+    through a sentence about backends."""
+    missing = []
+    if not (directory / "config.json").is_file():
+        missing.append("config.json")
+    if not any(any(directory.glob(pattern)) for pattern in WEIGHTS):
+        missing.append("weights (model.safetensors or pytorch_model.bin)")
+    if not any((directory / name).is_file() for name in TOKENIZER):
+        missing.append("a tokenizer (tokenizer.json or tokenizer.model)")
+    if missing:
+        ggufs = sorted(path.name for path in directory.glob("*.gguf"))
+        hint = f"; it holds {ggufs[0]}: give that file instead" if ggufs else ""
+        raise UserError(f"{directory} is not a model directory: missing {', '.join(missing)}{hint}")
 
 
 def _converted(source: ModelSource, directory: str, gguf_file: str) -> str:

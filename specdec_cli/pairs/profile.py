@@ -22,7 +22,7 @@ from ruamel.yaml.comments import CommentedMap
 from ..atomic import write_atomically
 from ..errors import UserError
 from ..limits import MAX_K
-from .registry import PairSpec
+from .registry import PairSpec, yaml_problem
 
 HEADER = (
     "specdec calibration profiles, written by `specdec calibrate-k --write` (one section per pair).\n"
@@ -87,12 +87,13 @@ class PairProfile:
     def mismatch(self, pair: PairSpec) -> str | None:
         """Why this profile does not fit the pair (one clause), or None when it does."""
         if self.target != str(pair.target.source):
-            return f"was calibrated for target {self.target}, not {pair.target.source}"
+            return f"calibrated with other models: target {self.target!r} then, {str(pair.target.source)!r} now"
         mine = drafter_identity(pair)
         if not self.drafter:
-            return "names no drafter (written by an older specdec); recalibrate with `specdec calibrate-k --write`"
+            return "it names no drafter (written by an older specdec); recalibrate with `specdec calibrate-k --write`"
         if not same_drafter(self.drafter, mine):
-            return f"was calibrated with drafter {describe_drafter(self.drafter)}, not {describe_drafter(mine)}"
+            return (f"calibrated with another drafter: {describe_drafter(self.drafter)!r} then, "
+                    f"{describe_drafter(mine)!r} now")
         return None
 
 
@@ -162,7 +163,7 @@ def _load(path: Path):
     try:
         return YAML(typ="rt").load(path.read_text(encoding="utf-8"))
     except (YAMLError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise UserError(yaml_problem(path, exc)) from None
 
 
 def _pair(path: Path, name: str, body) -> PairProfile:
@@ -294,7 +295,7 @@ class ProfileWatcher:
             return False
         why = profile.mismatch(self.pair) if profile is not None else None
         if why:
-            self.warn(f"{self.path}: the profile of {self.pair.name!r} {why}; ignoring it")
+            self.warn(f"{self.path}: ignoring the profile of {self.pair.name!r}: {why}")
             profile = None
         before, self.profile = self.profile, profile
         return profile != before

@@ -108,12 +108,21 @@ def registry_path(explicit: str | Path | None = None) -> Path:
     return local if local.is_file() else PACKAGED_REGISTRY
 
 
+def yaml_problem(path: Path, exc: Exception) -> str:
+    """`FILE, line L, column C: not valid YAML (what the parser found)`: where to look, in one line."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    return f"{path}{where}: not valid YAML ({problem}{f' {context}' if context else ''})"
+
+
 def load_registry(explicit: str | Path | None = None) -> Registry:
     path = registry_path(explicit)
     try:
         data = YAML(typ="safe").load(path.read_text())
     except YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise UserError(yaml_problem(path, exc)) from None
     if not isinstance(data, dict) or not isinstance(data.get("pairs"), dict) or not data["pairs"]:
         raise UserError(f"{path}: expected a mapping with a non-empty 'pairs' section")
     pairs = {name: _parse_pair(path, str(name), body) for name, body in data["pairs"].items()}
@@ -216,3 +225,30 @@ def _k(value, where: str) -> int:
     if not isinstance(value, int) or not 0 <= value <= MAX_K:
         raise UserError(f"{where}: K must be an integer from 0 to {MAX_K}, got {value!r}")
     return value
+
+
+MISSING = {
+    MODEL: "has no draft model; name one with --draft SOURCE or under `drafters: {model: ...}` in models.yaml",
+    HEAD: "has no draft head; name one with --draft DIR (made by `specdec train-draft --kind head`) or under `drafters: {head: ...}`",
+}
+
+
+def override(pair: PairSpec, target: str | None = None, draft: str | None = None, drafter: str | None = None) -> PairSpec:
+    """Apply --target / --draft / --drafter to a registry pair.
+
+    --draft becomes the default drafter and replaces the pair's alternate of its kind (so bench's
+    modes of that kind use it too); --drafter KIND then picks the pair's drafter of that kind.
+    """
+    if target:
+        pair = replace(pair, target=replace(pair.target, source=parse_model(target).source))
+    if draft:
+        chosen = parse_drafter(draft, pair.target.dtype, "--draft")
+        pair = replace(pair, drafter=chosen, alternates={**pair.alternates, chosen.kind: chosen})
+    if drafter:
+        if drafter not in DRAFTER_KINDS:
+            raise UserError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
+        chosen = pair.alternate(drafter)
+        if chosen is None:
+            raise UserError(f"pair {pair.name!r} {MISSING[drafter]}")
+        pair = replace(pair, drafter=chosen)
+    return pair
