@@ -25,9 +25,9 @@ from ..decoding.acceptance import SamplingParams
 from ..decoding.adaptive import AdaptiveController
 from ..decoding.drafters import LookupFirst, NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
+from ..decoding.estimates import Acceptance
 from ..decoding.kv import input_device
 from ..decoding.runtime import Runtime
-from ..decoding.estimates import Acceptance
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import PairProfile
