@@ -200,3 +200,12 @@ def test_fill_verify_costs_interpolates_and_extrapolates_unseen_blocks():
     assert filled[0] == 1.0 and filled[2] == pytest.approx(1.3)
     assert filled[4] == pytest.approx(1.7) and filled[5] == pytest.approx(1.9)
     assert fill_verify_costs({}, [0, 2]) == {0: 1.0, 2: 1.0}
+
+
+def test_a_heads_catch_up_after_sitting_out_is_not_charged_per_drafted_token():
+    schedule = AdaptiveK(Prior(3, 0.7, 0.2, COSTS), main="head")
+    first = event(3, 2, c=0.2, source="head")
+    first.draft_s += 0.5  # ten target forwards of catching up on a long prompt
+    first.catchup_s = 0.5
+    schedule.observe(first)
+    assert schedule.sources["head"].draft_s_per_token == pytest.approx(0.2 * ONE)

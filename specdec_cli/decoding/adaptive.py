@@ -131,7 +131,9 @@ class AdaptiveK:
             name = event.source or self.main
             source = self._source(name)
             source.acceptance.observe(event.accepted, drafted)
-            source.draft_s_per_token = smooth(source.draft_s_per_token, event.draft_s / drafted, self.smoothing)
+            # A head's catch-up after sitting out is paid once per gap, not per drafted token.
+            per_token = max(event.draft_s - event.catchup_s, 0.0) / drafted
+            source.draft_s_per_token = smooth(source.draft_s_per_token, per_token, self.smoothing)
             self.used[name] += 1
         else:
             self.rounds_off += 1

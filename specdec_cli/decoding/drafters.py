@@ -27,6 +27,7 @@ class Draft:
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
     source: str = ""  # which drafter proposed it (lookup_source(n), "head", "model"): the controller's key
+    catchup_s: float = 0.0  # of the drafting time, a head's catch-up on positions confirmed while it sat out
 
     @classmethod
     def empty(cls) -> "Draft":

@@ -42,6 +42,7 @@ class RoundEvent:
     logits: torch.Tensor | None = field(default=None, repr=False)  # raw target rows for `emitted`, on request
     source: str = ""  # the drafter that drafted (Draft.source); "" when nothing was drafted
     other_s: float = 0.0  # the round's bookkeeping after verifying (cache crop, features, the schedule's own work)
+    catchup_s: float = 0.0  # part of draft_s: a head catching up after rounds without it (paid once per gap)
 
     @property
     def rejected(self) -> list[int]:
@@ -157,6 +158,7 @@ class SpeculativeEngine:
             self._hand_features(out, len(emitted))  # the block's first len(emitted) positions stay cached
             event = RoundEvent(
                 source=draft.source if len(draft) else "",
+                catchup_s=draft.catchup_s,
                 k=want,
                 drafted=draft.tokens.tolist(),
                 accepted=min(accepted, len(emitted)),  # drafts past an EOS or the budget were not used
@@ -204,13 +206,14 @@ class SpeculativeEngine:
             raise ValueError(f"schedule chose drafter {source!r} for {want} tokens; offered {offer.source!r} "
                              f"({len(offer)} tokens) and {learned!r}")
         draft = self._learned.propose(tokens, want, sampling, generator)
-        return want, Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source)
+        return want, Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source,
+                           draft.catchup_s)
 
     def _draft(self, tokens, want, sampling, generator) -> Draft:
         if want == 0 or self.drafter is None:
             return Draft.empty()
         draft = self.drafter.propose(tokens, want, sampling, generator)
-        return Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source)
+        return Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source, draft.catchup_s)
 
     def _cut(self, emitted: list[int], room: int) -> tuple[list[int], bool]:
         """Honour EOS and the token budget inside a block."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from ..errors import UserError
+from ..limits import MAX_K
 from ..pairs.meta import META_FILE, read_meta, write_meta
 from .drafters import Draft, autoregress, common_prefix
 from .kv import crop_cache
@@ -173,7 +175,9 @@ class HeadDrafter:
         # Position t reads token t and the target's feature at t - 1 (zeros before the first token):
         # only the positions since the last draft run (a catch-up after rounds without speculation).
         previous = self._rows[keep:n]
+        started = time.perf_counter()
         guess = self._step(context[keep:n], previous, keep)
+        caught_up = time.perf_counter() - started if n - keep > MAX_K + 1 else 0.0
         self.true_length = n
         position = [n]
 
@@ -184,7 +188,7 @@ class HeadDrafter:
             return self._logits(guess)
 
         draft = autoregress(self._logits(guess), step, k, sampling, generator)
-        draft.source = self.name
+        draft.source, draft.catchup_s = self.name, caught_up
         self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
         return draft
 
