@@ -51,7 +51,7 @@ def main() -> None:
     if not prompts:
         raise SystemExit("no prompts")
     encoded = [(p, encode_prompt(runtime.tokenizer, p.text)) for p in prompts]
-    controller = AdaptiveController(spec.k_for, spec.drafter.model is not None, profile)
+    controller = AdaptiveController.for_pair(spec, profile)
 
     def run(mode: str, prompt, ids, max_new_tokens: int):
         if mode == "auto":
