@@ -51,7 +51,7 @@ def main() -> None:
     if not prompts:
         raise SystemExit("no prompts")
     encoded = [(p, encode_prompt(runtime.tokenizer, p.text)) for p in prompts]
-    controller = AdaptiveController(spec.k_for, spec.drafter.model is not None, profile)
+    controller = AdaptiveController.for_pair(spec, profile)
 
     def run(mode: str, prompt, ids, max_new_tokens: int):
         if mode == "auto":
@@ -62,7 +62,7 @@ def main() -> None:
         tokens = [t for e in engine.generate(ids, k=k, max_new_tokens=max_new_tokens) for t in e.emitted]
         return tokens, time.perf_counter() - started, (k.report() if mode == "auto" else None)
 
-    modes = ["plain", f"fixed", "auto"]
+    modes = ["plain", "fixed", "auto"]
     for mode in modes:  # warm-up, excluded
         run(mode, *encoded[0], 16)
     controller.reseed(profile)  # the warm-up must not move the controller's estimates

@@ -6,6 +6,7 @@ import pytest
 
 from specdec_cli.decoding.adaptive import AdaptiveController, AdaptiveK, Prior
 from specdec_cli.decoding.engine import RoundEvent
+from specdec_cli.decoding.estimates import Acceptance, probe_wait
 from specdec_cli.decoding.speedup import (
     OFF,
     SPECULATE,
@@ -21,11 +22,18 @@ ONE = 0.05  # seconds of a one-token target forward in these synthetic rounds
 COSTS = {k: 1.0 + 0.08 * k for k in range(1, 9)}
 
 
-def event(k: int, accepted: int, c: float = 0.01) -> RoundEvent:
+def event(k: int, accepted: int, c: float = 0.01, source: str = "draft") -> RoundEvent:
     drafted = list(range(10, 10 + k))
     emitted = drafted[:accepted] + [99]
     return RoundEvent(k=k, drafted=drafted, accepted=accepted, token=99, emitted=emitted,
-                      draft_s=k * c * ONE, verify_s=ONE * COSTS.get(k, 1.0), finished=False)
+                      draft_s=k * c * ONE, verify_s=ONE * COSTS.get(k, 1.0), finished=False, source=source if k else "")
+
+
+def survive(k: int, alpha: float, rng: random.Random) -> int:
+    accepted = 0
+    while accepted < k and rng.random() < alpha:
+        accepted += 1
+    return accepted
 
 
 def drive(schedule: AdaptiveK, alpha: float, rounds: int, rng: random.Random) -> list[int]:
@@ -33,10 +41,7 @@ def drive(schedule: AdaptiveK, alpha: float, rounds: int, rng: random.Random) ->
     chosen = []
     for _ in range(rounds):
         k = schedule.choose()
-        accepted = 0
-        while accepted < k and rng.random() < alpha:
-            accepted += 1
-        schedule.observe(event(k, accepted))
+        schedule.observe(event(k, survive(k, alpha, rng)))
         chosen.append(k)
     return chosen
 
@@ -51,47 +56,47 @@ def test_k_moves_up_to_the_largest_when_every_draft_is_accepted():
 
 def test_speculation_switches_off_when_acceptance_collapses_and_comes_back_after_recovery():
     rng = random.Random(1)
-    schedule = AdaptiveK(Prior(6, 0.8, 0.01, COSTS), probe_every=10)
+    schedule = AdaptiveK(Prior(6, 0.8, 0.01, COSTS))
     high = drive(schedule, 0.9, 40, rng)
     assert min(high[-10:]) >= 4 and not schedule.off
 
-    collapsed = drive(schedule, 0.0, 200, rng)
+    collapsed = drive(schedule, 0.0, 400, rng)
     assert schedule.off
-    tail = collapsed[-100:]
-    assert tail.count(0) >= 85  # mostly plain decoding ...
-    assert set(tail) == {0, schedule.probe_k}  # ... with a short probe every so many rounds
-    assert schedule.rounds_off >= 150 and schedule.probes >= 10
+    tail = collapsed[-300:]
+    assert tail.count(0) >= 290  # plain decoding, with a rare short probe
+    assert set(tail) == {0, schedule.probe_k}
+    assert schedule.rounds_off >= 330
 
-    recovered = drive(schedule, 0.95, 200, rng)
+    recovered = drive(schedule, 0.95, 600, rng)
     assert not schedule.off
-    first_back = next(i for i, k in enumerate(recovered) if k > schedule.probe_k)
-    assert first_back <= 60
     assert min(recovered[-20:]) >= 4
 
 
-def test_profile_off_starts_off_and_counts_rounds_off_per_prompt():
-    schedule = AdaptiveK(Prior(0, 0.05, 0.0, COSTS), probe_every=8)
+def test_probes_back_off_while_they_keep_failing():
+    """Each failed probe doubles the wait; a probe that loses more waits longer to begin with."""
+    schedule = AdaptiveK(Prior(0, 0.05, 0.01, COSTS))
     assert schedule.off
-    chosen = drive(schedule, 0.0, 40, random.Random(2))
-    assert chosen[:16] == [0] * 7 + [2] + [0] * 7 + [2]  # a short probe every 8 rounds
+    chosen = drive(schedule, 0.0, 3000, random.Random(2))
+    probes = [i for i, k in enumerate(chosen) if k]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(probes) >= 4 and all(later >= 1.8 * earlier for earlier, later in zip(gaps, gaps[1:]) if later < 1000)
     report = schedule.report()
-    assert report["k_start"] == 0 and report["rounds_off"] + report["probes"] == 40
-    assert report["probes"] == 5
+    assert report["k_start"] == 0 and report["rounds_off"] + report["probes"] == 3000
+    assert report["probes"] == len(probes) < 12  # a fixed interval of 16 would have probed 187 times
+    assert probe_wait(0.5, 0) == 50 and probe_wait(0.5, 2) == 200 and probe_wait(0.0, 0) == 4
+    assert probe_wait(2.0, 9) == 1024  # capped
     schedule.begin()
     assert schedule.report()["rounds_off"] == 0
 
 
-def test_a_new_prompt_starts_halfway_between_the_last_estimate_and_the_profile():
+def test_a_new_prompt_halves_the_acceptance_evidence_and_keeps_the_scenarios_state():
     schedule = AdaptiveK(Prior(6, 0.8, 0.01, COSTS))
     drive(schedule, 0.0, 30, random.Random(3))  # this prompt's tail: nothing accepted
-    assert schedule.off and schedule.alpha < 0.1
+    assert schedule.off and schedule.alpha < 0.2
+    before = schedule.sources["draft"].acceptance.trials[0]
     schedule.begin()
-    assert schedule.alpha == pytest.approx((0.8 + 0.0) / 2, abs=0.05)
-    assert not schedule.off and schedule.choose() > 0  # the next prompt gets to speculate again
-    creative = AdaptiveK(Prior(0, 0.1, 0.01, COSTS))
-    drive(creative, 0.0, 30, random.Random(4))
-    creative.begin()
-    assert creative.off  # a scenario calibrated as off stays off
+    assert schedule.sources["draft"].acceptance.trials[0] == pytest.approx(before / 2)
+    assert schedule.off  # the probe schedule carries over: the scenario's character persists
 
 
 def test_slow_drafting_turns_speculation_off_even_at_high_acceptance():
@@ -100,6 +105,49 @@ def test_slow_drafting_turns_speculation_off_even_at_high_acceptance():
         k = schedule.choose()
         schedule.observe(event(k, k // 2, c=2.0))  # each draft token costs two target forwards
     assert schedule.off
+
+
+def test_each_round_picks_lookups_match_the_learned_drafter_or_nothing_on_separate_estimates():
+    """Lookup pays (its drafts survive, cost nothing), the head does not (α 0.2, a fifth of a forward
+    a token): lookup's match whenever there is one, K capped by its length; nothing otherwise."""
+    rng = random.Random(5)
+    schedule = AdaptiveK(Prior(3, 0.7, 0.2, COSTS), main="head")
+    picks = []
+    for i in range(300):
+        offer = [0, 5, 2, 0, 7][i % 5]
+        k, source = schedule.plan(offer, "lookup" if offer else None, "head", 8)
+        alpha = 0.95 if source == "lookup" else 0.2
+        schedule.observe(event(k, survive(k, alpha, rng), c=0.0 if source == "lookup" else 0.2, source=source or ""))
+        picks.append((offer, k, source))
+    late = picks[-100:]
+    assert all(source == "lookup" and 1 <= k <= offer for offer, k, source in late if offer)
+    assert sum(source == "head" for _, _, source in late) <= 2  # a rare probe at most
+    assert schedule.sources["lookup"].on and not schedule.sources["head"].on
+    assert schedule.sources["lookup"].acceptance.alpha > 0.8 > 0.4 > schedule.sources["head"].acceptance.alpha
+    assert schedule.report()["drafted_by"]["lookup"] >= 100
+
+
+def test_the_learned_drafter_wins_where_lookups_matches_are_poor():
+    rng = random.Random(6)
+    schedule = AdaptiveK(Prior(3, 0.7, 0.05, COSTS), main="head")
+    picks = []
+    for _ in range(200):
+        k, source = schedule.plan(4, "lookup-1", "head", 8)
+        alpha = 0.1 if source == "lookup-1" else 0.85
+        schedule.observe(event(k, survive(k, alpha, rng), c=0.0 if source == "lookup-1" else 0.05, source=source or ""))
+        picks.append(source)
+    assert set(picks[-100:]) == {"head"} and schedule.sources["head"].on
+
+
+def test_acceptance_by_position_shrinks_unseen_positions_to_the_one_before():
+    acceptance = Acceptance(prior=0.5, weight=1.0)
+    assert acceptance.rates(3) == [0.5, 0.5, 0.5]
+    assert acceptance.expected(2) == pytest.approx(1 + 0.5 + 0.25)
+    for _ in range(50):
+        acceptance.observe(accepted=1, drafted=3)  # position 0 always survives, position 1 never
+    first, second, third = acceptance.rates(3)
+    assert first > 0.9 and second < 0.1 and third == pytest.approx(second)  # never judged: borrows
+    assert acceptance.expected(3) == pytest.approx(1 + first + first * second + first * second * third)
 
 
 def test_controller_keeps_one_schedule_per_scenario_and_reseeds_from_a_new_profile():
@@ -152,3 +200,12 @@ def test_fill_verify_costs_interpolates_and_extrapolates_unseen_blocks():
     assert filled[0] == 1.0 and filled[2] == pytest.approx(1.3)
     assert filled[4] == pytest.approx(1.7) and filled[5] == pytest.approx(1.9)
     assert fill_verify_costs({}, [0, 2]) == {0: 1.0, 2: 1.0}
+
+
+def test_a_heads_catch_up_after_sitting_out_is_not_charged_per_drafted_token():
+    schedule = AdaptiveK(Prior(3, 0.7, 0.2, COSTS), main="head")
+    first = event(3, 2, c=0.2, source="head")
+    first.draft_s += 0.5  # ten target forwards of catching up on a long prompt
+    first.catchup_s = 0.5
+    schedule.observe(first)
+    assert schedule.sources["head"].draft_s_per_token == pytest.approx(0.2 * ONE)

@@ -15,7 +15,14 @@ from specdec_cli.decoding.drafters import Draft, ModelDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.errors import UserError
 from specdec_cli.measure.calibration import measure, parse_ks, summarise_all
-from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, read_profiles, write_profile
+from specdec_cli.pairs.profile import (
+    PairProfile,
+    ScenarioProfile,
+    drafter_identity,
+    head_hash,
+    read_profiles,
+    write_profile,
+)
 from specdec_cli.pairs.registry import load_registry
 
 
@@ -128,6 +135,10 @@ pairs:
     target: {pair_dir / 'target'}
     draft: {pair_dir / 'target'}
     k: 3
+  lookup-head:
+    target: {pair_dir / 'target'}
+    draft: {{kind: head, source: {pair_dir / 'head'}, lookup: true}}
+    k: 2
   listed:
     target: {pair_dir / 'target'}
     draft: ngram
@@ -193,12 +204,16 @@ def test_bad_input_is_one_line_and_exit_code_2(models_file, tmp_path, args, mess
 # --- profile files --------------------------------------------------------------------------------
 
 
-def sample_profile(name="self", code_k=4, target="t", draft="ngram"):
+NGRAM_IDENTITY = {"kind": "ngram", "lookup": False, "source": "ngram 1-3"}
+
+
+def sample_profile(name="self", code_k=4, target="t", draft="ngram", drafter=None):
     code = ScenarioProfile(k=code_k, verdict="speculate", best_k=code_k, speedup=1.7, alpha=0.81, c=0.002,
                            verify_cost={1: 1.14, 2: 1.2, 4: 1.57})
     off = ScenarioProfile(k=0, verdict="off", best_k=2, speedup=0.93, alpha=0.07, c=0.002, verify_cost={1: 1.1, 2: 1.2})
     return PairProfile(name, "2025-01-01T00:00:00+00:00", target, draft, {"code": code, "creative": off}, overall=code,
-                       versions={"torch": "2.13"}, settings={"max_new_tokens": 128, "k": "0..8"})
+                       versions={"torch": "2.13"}, settings={"max_new_tokens": 128, "k": "0..8"},
+                       drafter=drafter or NGRAM_IDENTITY)
 
 
 def test_a_profile_written_and_read_back_equals_itself(tmp_path):
@@ -248,6 +263,41 @@ def test_a_pair_can_name_its_profile_relative_to_models_yaml(models_file):
     assert registry.pair("self").profile is None
 
 
+def test_a_profile_calibrated_with_another_drafter_is_ignored_and_the_profile_names_its_head(models_file, tmp_path, pair_dir):
+    """The default pair's shape (a head after prompt lookup): a profile written with `--drafter ngram`
+    must not seed it, nor the other way round; the one written with the head names the head's hash."""
+    path = tmp_path / "profile.yaml"
+    common = ["calibrate-k", "--models", str(models_file), "--pair", "lookup-head", "--prompts",
+              str(models_file.parent / "prompts.jsonl"), "--k", "0,1", "--max-new-tokens", "4", "--raw", "--json",
+              "--write", "--profile", str(path)]
+    assert invoke(*common, "--drafter", "ngram").exit_code == 0
+    written = read_profiles(path)["lookup-head"]
+    assert written.drafter == {"kind": "ngram", "lookup": False, "source": "ngram 1-3"}
+
+    run = invoke("generate", "abc", "--models", str(models_file), "--pair", "lookup-head", "--profile", str(path),
+                 "-k", "auto", "--max-new-tokens", "3", "--raw", "--json")
+    assert run.exit_code == 0, run.output
+    assert run.stderr == (f"specdec: warning: {path}: ignoring the profile of 'lookup-head': calibrated with another "
+                          f"drafter: 'ngram 1-3' then, 'head {pair_dir / 'head'} (sha256 {head_hash(pair_dir / 'head')}) "
+                          "after prompt lookup' now\n")
+    stats = json.loads(run.stdout.splitlines()[-1])["stats"]
+    assert stats["k_start"] == 2 and stats["profile"] is None  # the pair's K, not the n-gram profile's
+
+    assert invoke(*common).exit_code == 0  # now calibrated with the default drafter itself
+    written = read_profiles(path)["lookup-head"]
+    assert written.drafter["kind"] == "head" and written.drafter["lookup"] is True
+    assert written.drafter["sha256"] == head_hash(pair_dir / "head") != "missing"
+    run = invoke("generate", "abc", "--models", str(models_file), "--pair", "lookup-head", "--profile", str(path),
+                 "-k", "auto", "--max-new-tokens", "3", "--raw", "--json")
+    assert run.stderr == "" and json.loads(run.stdout.splitlines()[-1])["stats"]["profile"] == str(path)
+    run = invoke("generate", "abc", "--models", str(models_file), "--pair", "lookup-head", "--profile", str(path),
+                 "-k", "auto", "--max-new-tokens", "3", "--raw")
+    assert f"specdec: auto starts from profile {path} (pair 'lookup-head'" in run.stderr
+    run = invoke("generate", "abc", "--models", str(models_file), "--pair", "lookup-head", "--drafter", "ngram",
+                 "--profile", str(path), "-k", "auto", "--max-new-tokens", "3", "--raw", "--json")
+    assert "calibrated with another drafter: 'head" in run.stderr  # and the other way round
+
+
 # --- hot reload -----------------------------------------------------------------------------------
 
 
@@ -257,12 +307,14 @@ def test_a_profile_rewritten_between_prompts_changes_the_k_of_the_next(models_fi
 
     pair = load_registry(models_file).pair("self")
     path = tmp_path / "profile.yaml"
-    write_profile(path, sample_profile("self", code_k=2, target=str(pair.target.source), draft=str(pair.target.source)))
+    write_profile(path, sample_profile("self", code_k=2, target=str(pair.target.source), draft=str(pair.target.source),
+                                          drafter=drafter_identity(pair)))
 
     def lines():  # stdin that rewrites the profile after the first prompt was read and answered
         yield '{"id": 1, "scenario": "code", "prompt": "abc"}\n'
         if rewrite:
-            write_profile(path, sample_profile("self", code_k=6, target=str(pair.target.source), draft=str(pair.target.source)))
+            write_profile(path, sample_profile("self", code_k=6, target=str(pair.target.source), draft=str(pair.target.source),
+                                          drafter=drafter_identity(pair)))
         yield '{"id": 2, "scenario": "code", "prompt": "abd"}\n'
 
     monkeypatch.setattr(sys, "stdin", lines())
@@ -283,7 +335,7 @@ def test_a_profile_that_appears_while_running_turns_on_adaptive_k(models_file, t
     def lines():
         yield '{"id": 1, "scenario": "code", "prompt": "abc"}\n'
         write_profile(tmp_path / "later.yaml", sample_profile("self", code_k=5, target=str(pair.target.source),
-                                                              draft=str(pair.target.source)))
+                                                              draft=str(pair.target.source), drafter=drafter_identity(pair)))
         yield '{"id": 2, "scenario": "code", "prompt": "abd"}\n'
 
     monkeypatch.setattr(sys, "stdin", lines())

@@ -109,6 +109,7 @@ def bench_command(
     watcher = None
     if bench.Mode("auto") in chosen:
         watcher = open_profile(profile, spec, warn=warning_line)
+        console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
     runtime = prepare(spec)
     runner = bench.Bench(runtime, max_new_tokens, sampling, seed, watcher.profile if watcher else None, samples)
     encode = lambda p: encode_prompt(runtime.tokenizer, p.text)  # noqa: E731

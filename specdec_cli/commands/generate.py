@@ -93,7 +93,7 @@ def generate(
     sampling = sampling_params(temperature, top_k, top_p)
     console = stderr_console()
     watcher = _profile_watcher(spec, fixed_k, profile, console)
-    controller = _controller(spec, fixed_k, watcher)
+    controller = _controller(spec, fixed_k, watcher, console, not json_lines)
     live = not json_lines and console.is_terminal
     with console.status(f"loading {spec.name}…") if live else nullcontext():
         runtime = prepare(spec)
@@ -102,11 +102,13 @@ def generate(
     try:
         for item in prompts:
             if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
-                controller = _controller(spec, fixed_k, watcher)
+                controller = _controller(spec, fixed_k, watcher, console, not json_lines)
             k_for_item = controller.schedule(item.scenario) if controller else fixed_k
             result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule)
             if view is not None and _stdout_is_a_file():
                 view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
+            if controller is not None:  # which profile seeded auto (None: the pair's K)
+                result["stats"]["profile"] = str(watcher.path) if watcher.profile else None
             if json_lines:
                 print(json.dumps(result, ensure_ascii=False), flush=True)
             else:  # always, terminal or not: copy, tee and script get the clean answer
@@ -173,12 +175,15 @@ def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
     return open_profile(explicit, spec, warn=warning_line)
 
 
-def _controller(spec, fixed_k, watcher: ProfileWatcher | None) -> AdaptiveController | None:
-    """Adaptive K for `-k auto`, and by default whenever the pair has a profile or says `adaptive: true`."""
+def _controller(spec, fixed_k, watcher: ProfileWatcher | None, console, say: bool) -> AdaptiveController | None:
+    """Adaptive K for `-k auto`, and by default whenever the pair has a profile or says `adaptive: true`;
+    stderr (or, with --json, each result's stats) says which profile seeds it."""
     from ..decoding.adaptive import AdaptiveController
 
     if watcher is None or (fixed_k is None and watcher.profile is None and not spec.adaptive):
         return None
+    if say:
+        console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
     return AdaptiveController.for_pair(spec, watcher.profile)
 
 

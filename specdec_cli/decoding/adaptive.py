@@ -1,11 +1,15 @@
-"""Adaptive K: a KSchedule that tracks acceptance and costs online and picks K round by round.
+"""Adaptive speculation: a KSchedule that decides each round which drafter drafts, and how much.
 
-Per scenario it keeps running estimates of α (per-token acceptance), c (draft cost per token) and
-the verify cost of each block size, seeded from the calibration profile. Before each round it
-takes the K with the most expected tokens per unit time (speedup.py). When even the best K is
-predicted slower than plain decoding it switches speculation off — a normal state, counted in
-``rounds_off`` — and drafts a short probe every so many rounds, so that speculation comes back
-once acceptance recovers. Driven by round events only: no models, no clocks, no files.
+Per scenario it keeps, for every drafter it has seen (prompt lookup on a match of two or more
+tokens, on a one-token match, and the learned drafter: estimates.py), acceptance by draft position
+and draft cost, and for the target the verify seconds of each block size and a round's bookkeeping;
+all measured round by round (greedy or sampling: the transform and the residual draw are part of
+the verify time), seeded from the calibration profile. Before each round it is shown lookup's match
+(free to find) and picks whichever of that match (K capped by its length), the learned drafter, or
+plain decoding promises the most tokens per second. A drafter predicted slower than plain decoding
+is off — it costs nothing then: no draft forward, and the head only keeps the target's features
+(head.py) — and is probed now and then, as rarely as keeps probing under 1 % of plain speed, with
+back-off while probes keep failing. Driven by round events only: no models, no clocks, no files.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..pairs.profile import PairProfile, ScenarioProfile
-from ..pairs.registry import PairSpec
+from ..pairs.registry import NGRAM, PairSpec
 from .engine import RoundEvent
-from .speedup import predicted_speedup
+from .estimates import Acceptance, probe_wait, smooth
 
 DEFAULT_K_MAX = 8
 
@@ -37,8 +41,14 @@ class Prior:
 
     @classmethod
     def guess(cls, k: int, model_drafter: bool) -> "Prior":
-        """No calibration: trust the pair's K and assume speculation pays until rounds say otherwise."""
-        return cls(k, 0.7, 0.1 if model_drafter else 0.0)
+        """No calibration: trust the pair's K and assume speculation pays until rounds say otherwise
+        (a model or head drafts at about a fifth of a target forward per token on a CPU)."""
+        return cls(k, 0.7, 0.2 if model_drafter else 0.0)
+
+    @staticmethod
+    def lookup_alpha(name: str) -> float:
+        """Prompt lookup beside a learned drafter, which the profile measured: a guess, soon replaced."""
+        return 0.6 if name == "lookup" else 0.4
 
     def cost(self, k: int) -> float:
         """Verify cost of K drafts; without a measured figure, 1 + 0.12·K (a CPU-like slope)."""
@@ -51,61 +61,105 @@ class Prior:
         return 1.0 + 0.12 * k
 
 
+@dataclass
+class Source:
+    """One drafter's standing: its estimates, the K it runs at, and whether it is on."""
+
+    acceptance: Acceptance
+    c: float  # prior draft cost per token, in one-token target forwards
+    k: int
+    on: bool
+    draft_s_per_token: float | None = None
+    failures: int = 0  # probes in a row that found it still not paying
+    wait: int = 0  # rounds (with it on offer) until its next probe, while off
+
+
 class AdaptiveK:
     """The controller for one scenario. Its estimates persist across prompts; ``begin`` resets
-    only the per-prompt counters reported in the statistics."""
+    only the per-prompt counters reported in the statistics and halves the acceptance evidence."""
 
-    def __init__(self, prior: Prior, k_max: int = DEFAULT_K_MAX, probe_every: int = 16, probe_k: int = 2,
-                 memory: float = 0.9, prior_weight: float = 8.0, margin: float = 0.05, smoothing: float = 0.2):
+    def __init__(self, prior: Prior, k_max: int = DEFAULT_K_MAX, main: str = "draft", probe_k: int = 2,
+                 margin: float = 0.05, smoothing: float = 0.2):
         self.k_max = max(k_max, prior.k, 1)
-        self.probe_every, self.probe_k = probe_every, min(probe_k, self.k_max)
-        self.memory, self.margin, self.smoothing = memory, margin, smoothing
-        self.prior = prior
-        self.prior_weight, self.rounds_seen = prior_weight, 0
-        self.hits, self.judged = prior.alpha * prior_weight, prior_weight  # discounted counts behind α
+        self.prior, self.main = prior, main
+        self.probe_k, self.margin, self.smoothing = min(probe_k, self.k_max), margin, smoothing
         self.block_s: dict[int, float] = {}  # block size → smoothed verify seconds
-        self.draft_s_per_token: float | None = None
-        self.off = prior.k == 0
-        self.k = prior.k if prior.k > 0 else self._best()[0]
-        self.since_probe, self.probing = 0, False
+        self.other_s: float | None = None  # a round's bookkeeping outside draft and verify
+        self.sources: dict[str, Source] = {}
+        self.probing: str | None = None
+        self.rounds_seen = 0
+        self._source(main)
         self.begin()
 
-    # --- KSchedule -------------------------------------------------------------------------------
+    # --- the decision ----------------------------------------------------------------------------
+
+    def plan(self, offer: int, offer_source: str | None, learned: str | None, room: int) -> tuple[int, str | None]:
+        """This round's (K, drafter): the on-drafter with the most tokens per second if it beats
+        plain decoding, else a probe that is due, else (0, None)."""
+        self.probing = None
+        best_rate, best = self.plain_rate(), (0, None)
+        due = []
+        for name, cap in ((offer_source, offer), (learned, room)):
+            if not name or cap < 1:
+                continue
+            source = self._source(name)
+            if source.on:
+                # Until its own rounds say otherwise, a drafter runs at the K the profile measured best.
+                untried = source.draft_s_per_token is None and source.k <= cap
+                k, rate = (source.k, max(self.rate(name, source.k), best_rate * 1.001)) if untried else self.best(name, cap)
+                if rate > best_rate:
+                    best_rate, best = rate, (k, name)
+            else:
+                source.wait -= 1
+                if source.wait <= 0:
+                    due.append((name, cap))
+        if best[1] is None and due:
+            name, cap = due[0]
+            self.probing = name
+            return min(self.probe_k, cap), name
+        return best
 
     def choose(self) -> int:
-        self.probing = False
-        if not self.off:
-            return self.k
-        self.since_probe += 1
-        if self.since_probe >= self.probe_every:
-            self.since_probe, self.probing = 0, True
-            return self.probe_k
-        return 0
+        """K for an engine that offers no choice of drafter (the main drafter, or nothing)."""
+        return self.plan(0, None, self.main, self.k_max)[0]
 
     def observe(self, event: RoundEvent) -> None:
         drafted = len(event.drafted)
-        self._smooth(self.block_s, drafted + 1, event.verify_s)
+        self.block_s[drafted + 1] = smooth(self.block_s.get(drafted + 1), event.verify_s, self.smoothing)
+        self.other_s = smooth(self.other_s, event.other_s, self.smoothing)
         if drafted:
-            judged = event.judged
-            decay = self.memory**judged
-            self.hits = self.hits * decay + event.accepted
-            self.judged = self.judged * decay + judged
-            per_token = event.draft_s / drafted
-            self.draft_s_per_token = per_token if self.draft_s_per_token is None else (
-                self.draft_s_per_token + self.smoothing * (per_token - self.draft_s_per_token))
+            name = event.source or self.main
+            source = self._source(name)
+            source.acceptance.observe(event.accepted, drafted)
+            # A head's catch-up after sitting out is paid once per gap, not per drafted token.
+            per_token = max(event.draft_s - event.catchup_s, 0.0) / drafted
+            source.draft_s_per_token = smooth(source.draft_s_per_token, per_token, self.smoothing)
+            self.used[name] += 1
+        else:
+            self.rounds_off += 1
         self.k_used[event.k] += 1
         self.rounds_seen += 1
-        if self.probing:
+        probed = self.probing if drafted else None
+        if probed:
             self.probes += 1
-        elif self.off and event.k == 0:
-            self.rounds_off += 1
-        self._decide()
+        self._decide(probed)
 
-    # --- estimates -------------------------------------------------------------------------------
+    def _decide(self, probed: str | None = None) -> None:
+        plain = self.plain_rate()
+        for name, source in self.sources.items():
+            k, rate = self.best(name, self.k_max)
+            if source.on and rate < plain:
+                source.on, source.failures = False, 0
+                source.wait = probe_wait(self.loss(name, self.probe_k), 0)
+            elif source.on:
+                source.k = k
+            elif not source.on and rate > plain * (1.0 + self.margin):  # hysteresis: back only when clearly worth it
+                source.on, source.k, source.failures = True, k, 0
+            elif not source.on and name == probed:
+                source.failures += 1
+                source.wait = probe_wait(self.loss(name, self.probe_k), source.failures)
 
-    @property
-    def alpha(self) -> float:
-        return self.hits / self.judged if self.judged else 0.0
+    # --- estimates (seconds once measured; one-token forwards before) ------------------------------
 
     def one_token_s(self) -> float | None:
         """Seconds of a 1-token forward: observed, or inferred from another block and the prior."""
@@ -114,55 +168,97 @@ class AdaptiveK:
         inferred = sorted(s / self.prior.cost(size - 1) for size, s in self.block_s.items())
         return inferred[len(inferred) // 2] if inferred else None
 
-    def verify_cost(self, k: int) -> float:
+    def verify_s(self, k: int) -> float:
+        if k + 1 in self.block_s:
+            return self.block_s[k + 1]
+        return (self.one_token_s() or 1.0) * (self.prior.cost(k) if k else 1.0)
+
+    def draft_s(self, name: str, k: int) -> float:
+        source = self._source(name)
         one = self.one_token_s()
-        if one and k + 1 in self.block_s:
-            return max(self.block_s[k + 1] / one, 1e-3)
-        return self.prior.cost(k)
+        if one is not None and source.draft_s_per_token is not None:
+            return k * source.draft_s_per_token
+        return k * source.c * (one or 1.0)
 
-    def draft_cost(self) -> float:
-        one = self.one_token_s()
-        if one and self.draft_s_per_token is not None:
-            return self.draft_s_per_token / one
-        return self.prior.c
+    def overhead_s(self) -> float:
+        return self.other_s if self.other_s is not None and self.one_token_s() is not None else 0.0
 
-    def predicted(self, k: int) -> float:
-        return predicted_speedup(self.alpha, k, self.draft_cost(), self.verify_cost(k))
+    def rate(self, name: str, k: int) -> float:
+        """Expected tokens per second (per one-token forward before any measurement)."""
+        if k <= 0:
+            return self.plain_rate()
+        return self._source(name).acceptance.expected(k) / (self.verify_s(k) + self.draft_s(name, k) + self.overhead_s())
 
-    def _best(self) -> tuple[int, float]:
-        """The K ≥ 1 with the highest predicted speed-up (the smaller K on a tie: less waste)."""
-        rates = {k: self.predicted(k) for k in range(1, self.k_max + 1)}
-        best = max(rates, key=lambda k: (rates[k], -k))
-        return best, rates[best]
+    def plain_rate(self) -> float:
+        return 1.0 / (self.verify_s(0) + self.overhead_s())
 
-    def _decide(self) -> None:
-        best, rate = self._best()
-        if self.off:
-            if rate > 1.0 + self.margin:  # hysteresis: come back only when clearly worth it
-                self.off, self.k = False, best
-        elif rate < 1.0:
-            self.off, self.since_probe = True, 0
-        elif rate > self.predicted(self.k) * 1.02:
-            self.k = best
+    def predicted(self, k: int, name: str | None = None) -> float:
+        """Predicted speed-up over plain decoding of K drafts a round from one drafter."""
+        return self.rate(name or self.main, k) / self.plain_rate()
 
-    def _smooth(self, table: dict[int, float], key: int, value: float) -> None:
-        table[key] = value if key not in table else table[key] + self.smoothing * (value - table[key])
+    def best(self, name: str, cap: int) -> tuple[int, float]:
+        """The K ≥ 1 (up to cap) with the highest rate (the smaller K on a tie: less waste)."""
+        overhead, best = self.overhead_s(), (1, float("-inf"))
+        total, survive = 1.0, 1.0
+        for k, accept in enumerate(self._source(name).acceptance.rates(max(cap, 1)), start=1):
+            survive *= accept
+            total += survive
+            rate = total / (self.verify_s(k) + self.draft_s(name, k) + overhead)
+            if rate > best[1]:
+                best = (k, rate)
+        return best
+
+    def loss(self, name: str, k: int) -> float:
+        """What a round of K drafts costs over what it yields, in plain rounds (0 when it pays)."""
+        cost = (self.verify_s(k) + self.draft_s(name, k) + self.overhead_s()) * self.plain_rate()
+        return max(0.0, cost - self._source(name).acceptance.expected(k))
+
+    @property
+    def alpha(self) -> float:
+        return self._source(self.main).acceptance.alpha
+
+    @property
+    def off(self) -> bool:
+        return not self._source(self.main).on
+
+    @property
+    def k(self) -> int:
+        return self._source(self.main).k
+
+    def _source(self, name: str) -> Source:
+        if name not in self.sources:
+            lookup = name.startswith("lookup")
+            alpha = self.prior.lookup_alpha(name) if lookup and name != self.main else self.prior.alpha
+            source = Source(Acceptance(alpha), 0.0 if lookup else self.prior.c, 1, self.prior.k > 0)
+            source.k = self.prior.k if self.prior.k > 0 else self.best_for(source)
+            if not source.on:
+                source.wait = probe_wait(1.0, 0)
+            self.sources[name] = source
+        return self.sources[name]
+
+    def best_for(self, source: Source) -> int:
+        self.sources["_"] = source
+        try:
+            return self.best("_", self.k_max)[0]
+        finally:
+            del self.sources["_"]
 
     # --- reporting -------------------------------------------------------------------------------
 
     def begin(self) -> None:
-        """Start a prompt: reset its counters, and pull α halfway back to the profile's.
+        """Start a prompt: reset its counters, and halve the acceptance evidence.
 
         Acceptance swings within an answer (copied code, then prose about it); a new prompt is a
-        new context, so the last prompt's tail should not decide how the next one starts. Costs
-        are properties of the machine and carry over as they are.
+        new context, so the last prompt's tail should not decide alone how the next one starts.
+        Costs are properties of the machine and carry over as they are; so do on/off and the
+        probe schedule (the scenario's character persists).
         """
         if self.rounds_seen:
-            alpha = (self.alpha + self.prior.alpha) / 2
-            self.hits, self.judged = alpha * self.prior_weight, self.prior_weight
-            self._decide()
+            for source in self.sources.values():
+                source.acceptance.forget()
         self.rounds_off, self.probes = 0, 0
         self.k_used: Counter[int] = Counter()
+        self.used: Counter[str] = Counter()
         self.k_start = 0 if self.off else self.k
 
     def report(self) -> dict:
@@ -171,6 +267,7 @@ class AdaptiveK:
             "k_start": self.k_start,
             "k_end": 0 if self.off else self.k,
             "k_used": {str(k): n for k, n in sorted(self.k_used.items())},
+            "drafted_by": dict(sorted(self.used.items())),
             "rounds_off": self.rounds_off,
             "probes": self.probes,
             "alpha_estimate": round(self.alpha, 4),
@@ -178,24 +275,28 @@ class AdaptiveK:
 
     def describe(self) -> str:
         """One line for the live view."""
-        if self.off:
-            return f"auto: speculation off (α≈{self.alpha:.2f}), probe in {self.probe_every - self.since_probe}"
-        return f"auto: K {self.k} (α≈{self.alpha:.2f})"
+        parts = []
+        for name, source in sorted(self.sources.items()):
+            alpha = source.acceptance.alpha
+            parts.append(f"{name} K {source.k} (α≈{alpha:.2f})" if source.on
+                         else f"{name} off (α≈{alpha:.2f}, probe in {max(source.wait, 0)})")
+        return "auto: " + ", ".join(parts)
 
 
 class AdaptiveController:
     """One AdaptiveK per scenario, seeded from the pair's profile; a new profile re-seeds them."""
 
     def __init__(self, fallback_k: Callable[[str | None], int], model_drafter: bool,
-                 profile: PairProfile | None = None, k_max: int = DEFAULT_K_MAX):
-        self.fallback_k, self.model_drafter, self.k_max = fallback_k, model_drafter, k_max
+                 profile: PairProfile | None = None, k_max: int = DEFAULT_K_MAX, main: str = "draft"):
+        self.fallback_k, self.model_drafter, self.k_max, self.main = fallback_k, model_drafter, k_max, main
         self.profile = profile
         self.schedules: dict[str | None, AdaptiveK] = {}
 
     @classmethod
     def for_pair(cls, pair: PairSpec, profile: PairProfile | None) -> "AdaptiveController":
         """Without a profile, the pair's K per scenario is the best starting point there is."""
-        return cls(pair.k_for, pair.drafter.model is not None, profile)
+        main = pair.drafter.kind if pair.drafter.kind != NGRAM else "lookup"
+        return cls(pair.k_for, pair.drafter.kind != NGRAM, profile, main=main)
 
     def reseed(self, profile: PairProfile | None) -> None:
         self.profile = profile
@@ -206,7 +307,7 @@ class AdaptiveController:
         if scenario not in self.schedules:
             section = self.profile.for_scenario(scenario) if self.profile else None
             prior = Prior.from_section(section) if section else Prior.guess(self.fallback_k(scenario), self.model_drafter)
-            self.schedules[scenario] = AdaptiveK(prior, self.k_max)
+            self.schedules[scenario] = AdaptiveK(prior, self.k_max, main=self.main)
         schedule = self.schedules[scenario]
         schedule.begin()
         return schedule

@@ -8,7 +8,7 @@ then verifies what it got. Which tokens survive is never the drafter's business.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -26,6 +26,8 @@ class Draft:
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    source: str = ""  # which drafter proposed it (lookup_source(n), "head", "model"): the controller's key
+    catchup_s: float = 0.0  # of the drafting time, a head's catch-up on positions confirmed while it sat out
 
     @classmethod
     def empty(cls) -> "Draft":
@@ -74,8 +76,14 @@ class NgramDrafter:
             hits = (windows == context[length - n :]).all(dim=1).nonzero()
             if hits.numel():
                 start = int(hits[-1, 0]) + n
-                return Draft(context[start : start + k].clone())
+                return Draft(context[start : start + k].clone(), source=lookup_source(n))
         return Draft.empty()
+
+
+def lookup_source(n: int) -> str:
+    """A lookup draft's source: a match on two or more tokens is strong evidence, on one token weak,
+    so the adaptive controller keeps separate estimates for the two."""
+    return "lookup" if n >= 2 else "lookup-1"
 
 
 class LookupFirst:
@@ -89,6 +97,9 @@ class LookupFirst:
 
     def __init__(self, learned: Drafter, lookup: NgramDrafter | None = None):
         self.learned, self.lookup = learned, lookup or NgramDrafter(max_ngram=3, min_ngram=2)
+        # What the adaptive controller is offered before it decides: any match, one-token ones too,
+        # tagged by their length; it weighs them against the learned drafter on its own estimates.
+        self.any_match = NgramDrafter(max_ngram=self.lookup.max_ngram, min_ngram=1)
         self.name = f"ngram+{learned.name}"
         self.uses_target_features = bool(getattr(learned, "uses_target_features", False))
 
@@ -102,6 +113,22 @@ class LookupFirst:
     def propose(self, context, k, sampling, generator) -> Draft:
         draft = self.lookup.propose(context, k, sampling, generator)
         return draft if len(draft) else self.learned.propose(context, k, sampling, generator)
+
+    def offer(self, context, k) -> Draft:
+        """Lookup's match (free to find), for a controller that chooses between the two each round."""
+        return self.any_match.propose(context, k, None, None)
+
+
+def parts(drafter: Drafter | None) -> tuple[Callable | None, Drafter | None]:
+    """A drafter as (free offer, learned drafter): prompt lookup is an offer that costs nothing to
+    look at before deciding; a model or head costs a forward per token and is asked only when chosen."""
+    if drafter is None:
+        return None, None
+    if isinstance(drafter, LookupFirst):
+        return drafter.offer, drafter.learned
+    if isinstance(drafter, NgramDrafter):
+        return (lambda context, k: drafter.propose(context, k, None, None)), None
+    return None, drafter
 
 
 class ModelDrafter:
@@ -132,6 +159,7 @@ class ModelDrafter:
         keep = min(common_prefix(self.cached_tokens, context), context.shape[0] - 1)
         crop_cache(self.cache, keep)
         draft = autoregress(self._forward(context[keep:]), lambda token: self._forward(token.view(1)), k, sampling, generator)
+        draft.source = self.name
         self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
         return draft
 

@@ -17,7 +17,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ..errors import UserError
 from ..limits import MAX_K
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept, speculative_accept
-from .drafters import Draft, Drafter
+from .drafters import Draft, Drafter, parts
 from .kv import crop_cache, input_device
 
 
@@ -40,6 +40,9 @@ class RoundEvent:
     verify_s: float
     finished: bool
     logits: torch.Tensor | None = field(default=None, repr=False)  # raw target rows for `emitted`, on request
+    source: str = ""  # the drafter that drafted (Draft.source); "" when nothing was drafted
+    other_s: float = 0.0  # the round's bookkeeping after verifying (cache crop, features, the schedule's own work)
+    catchup_s: float = 0.0  # part of draft_s: a head catching up after rounds without it (paid once per gap)
 
     @property
     def rejected(self) -> list[int]:
@@ -53,7 +56,13 @@ class RoundEvent:
 
 
 class KSchedule(Protocol):
-    """Chooses K before each round and sees how the round went (a fixed K, or an adaptive controller)."""
+    """Chooses K before each round and sees how the round went (a fixed K, or an adaptive controller).
+
+    A schedule may also have ``plan(offer, offer_source, learned, room) -> (k, source)``: it is then
+    shown prompt lookup's match first (``offer`` tokens long, 0 for none; free to find) and picks the
+    round's drafter itself: the match (its first k tokens), the learned drafter (k tokens), or nothing.
+    Each round's draft still comes whole from one drafter, with its q, so acceptance is unchanged.
+    """
 
     def choose(self) -> int: ...
 
@@ -85,6 +94,7 @@ class SpeculativeEngine:
         # plain decoding and the other drafters pay nothing.
         self.wants_features = bool(getattr(drafter, "uses_target_features", False))
         self._extra = {"output_hidden_states": -1} if self.wants_features else {}
+        self._offer, self._learned = parts(drafter)
 
     @torch.inference_mode()
     def generate(
@@ -124,9 +134,13 @@ class SpeculativeEngine:
         produced = 0
         while produced < budget:
             # A round emits at most k + 1 tokens; drafting past the budget is wasted work.
-            want = max(0, min(schedule.choose(), MAX_K, budget - produced - 1))
+            room = max(0, min(MAX_K, budget - produced - 1))
             started = time.perf_counter()
-            draft = self._draft(tokens, want, sampling, generator)
+            if hasattr(schedule, "plan") and self.drafter is not None:
+                want, draft = self._planned(schedule, tokens, room, sampling, generator)
+            else:
+                want = max(0, min(schedule.choose(), room))
+                draft = self._draft(tokens, want, sampling, generator)
             drafted_at = time.perf_counter()
 
             block = self._padded(torch.cat([tokens[-1:], draft.tokens]), tokens.shape[0] - 1)
@@ -148,6 +162,8 @@ class SpeculativeEngine:
             crop_cache(cache, tokens.shape[0] - 1)
             self._hand_features(out, len(emitted))  # the block's first len(emitted) positions stay cached
             event = RoundEvent(
+                source=draft.source if len(draft) else "",
+                catchup_s=draft.catchup_s,
                 k=want,
                 drafted=draft.tokens.tolist(),
                 accepted=min(accepted, len(emitted)),  # drafts past an EOS or the budget were not used
@@ -158,6 +174,7 @@ class SpeculativeEngine:
                 finished=finished or produced >= budget,
                 logits=logits[: len(emitted)].cpu() if record_logits else None,
             )
+            event.other_s = time.perf_counter() - verified_at  # before observe: the schedule's work is its own
             schedule.observe(event)
             yield event
             if event.finished:
@@ -180,11 +197,28 @@ class SpeculativeEngine:
             return block
         return torch.cat([block, block[-1:].expand(length - block.shape[0])])
 
+    def _planned(self, schedule, tokens, room, sampling, generator) -> tuple[int, Draft]:
+        """The schedule picks the round's drafter: lookup's match, the learned drafter, or none."""
+        offer = self._offer(tokens, room) if self._offer is not None and room else Draft.empty()
+        learned = self._learned.name if self._learned is not None else None
+        want, source = schedule.plan(len(offer), offer.source or None, learned, room)
+        want = max(0, min(want, room))
+        if want == 0 or source is None:
+            return 0, Draft.empty()
+        if source == offer.source and want <= len(offer):
+            return want, Draft(offer.tokens[:want], None, offer.source)
+        if source != learned:
+            raise ValueError(f"schedule chose drafter {source!r} for {want} tokens; offered {offer.source!r} "
+                             f"({len(offer)} tokens) and {learned!r}")
+        draft = self._learned.propose(tokens, want, sampling, generator)
+        return want, Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source,
+                           draft.catchup_s)
+
     def _draft(self, tokens, want, sampling, generator) -> Draft:
         if want == 0 or self.drafter is None:
             return Draft.empty()
         draft = self.drafter.propose(tokens, want, sampling, generator)
-        return Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want])
+        return Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source, draft.catchup_s)
 
     def _cut(self, emitted: list[int], room: int) -> tuple[list[int], bool]:
         """Honour EOS and the token budget inside a block."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from ..errors import UserError
+from ..limits import MAX_K
 from ..pairs.meta import META_FILE, read_meta, write_meta
 from .drafters import Draft, autoregress, common_prefix
 from .kv import crop_cache
@@ -140,24 +142,42 @@ class HeadDrafter:
         self.cache = DynamicCache(config=self.head.config)
         self.cached_tokens = torch.empty(0, dtype=torch.long)
         self.true_length = 0  # head cache positions computed from the target's own features
-        self.features = torch.empty(0, self.head.config.hidden_size, device=self.device)
+        # Row t + 1 holds the target's feature at position t; row 0 stays zero (what the first token
+        # reads). Grown by doubling, so handing over a round's rows costs those rows, not the context:
+        # the engine hands them every round, speculating or not.
+        self._rows = torch.zeros(256, self.head.config.hidden_size, device=self.device)
+        self._count = 1
+
+    @property
+    def features(self) -> torch.Tensor:
+        """The target's features handed over so far, one row per confirmed position."""
+        return self._rows[1 : self._count]
 
     def add_features(self, rows: torch.Tensor) -> None:
-        self.features = torch.cat([self.features, rows.detach().to(self.device, torch.float32)])
+        end = self._count + rows.shape[0]
+        if end > self._rows.shape[0]:
+            grown = self._rows.new_zeros(max(end, 2 * self._rows.shape[0]), self._rows.shape[1])
+            grown[: self._count] = self._rows[: self._count]
+            self._rows = grown
+        self._rows[self._count : end] = rows.detach().to(self.device, torch.float32)
+        self._count = end
 
     @torch.inference_mode()
     def propose(self, context, k, sampling, generator) -> Draft:
         n = context.shape[0]
         if k <= 0:
             return Draft.empty()
-        if self.features.shape[0] != n - 1:
-            raise RuntimeError(f"head drafter holds {self.features.shape[0]} target features for {n} tokens; "
+        if self._count - 1 != n - 1:
+            raise RuntimeError(f"head drafter holds {self._count - 1} target features for {n} tokens; "
                                "it must be driven by the engine, which hands them over")
         keep = min(self.true_length, common_prefix(self.cached_tokens, context), n - 1)
         crop_cache(self.cache, keep)
-        # Position t reads token t and the target's feature at t - 1 (zeros before the first token).
-        previous = torch.cat([self.features.new_zeros(1, self.features.shape[1]), self.features])[keep:n]
+        # Position t reads token t and the target's feature at t - 1 (zeros before the first token):
+        # only the positions since the last draft run (a catch-up after rounds without speculation).
+        previous = self._rows[keep:n]
+        started = time.perf_counter()
         guess = self._step(context[keep:n], previous, keep)
+        caught_up = time.perf_counter() - started if n - keep > MAX_K + 1 else 0.0
         self.true_length = n
         position = [n]
 
@@ -168,6 +188,7 @@ class HeadDrafter:
             return self._logits(guess)
 
         draft = autoregress(self._logits(guess), step, k, sampling, generator)
+        draft.source, draft.catchup_s = self.name, caught_up
         self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
         return draft
 

@@ -12,17 +12,18 @@ Under a lossy acceptance rule every K > 0 runs with it, and each output is also 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
 from ..decoding.acceptance import AcceptRule, SamplingParams
 from ..decoding.engine import RoundEvent, SpeculativeEngine
-from ..decoding.speedup import Verdict, break_even_alpha, choose, fill_verify_costs, predicted_speedup
+from ..decoding.estimates import Acceptance
+from ..decoding.speedup import Verdict, break_even_alpha, choose, fill_verify_costs
 from ..errors import UserError
 from ..pairs.manifest import libraries, source_version
-from ..pairs.profile import PairProfile, ScenarioProfile, drafter_name
+from ..pairs.profile import PairProfile, ScenarioProfile, drafter_identity, drafter_name
 from ..pairs.registry import PairSpec
 from .lossy import target_nll
 
@@ -45,6 +46,8 @@ class Tally:
     offered: list[int] = field(default_factory=list)  # rounds that drafted position i
     kept: list[int] = field(default_factory=list)  # rounds where draft position i survived
     nll: float | None = None  # the target's NLL of the outputs, summed (lossy rules only)
+    drafts: Acceptance = field(default_factory=lambda: Acceptance(0.0, weight=0.0, memory=1.0))  # by position
+    lengths: Counter = field(default_factory=Counter)  # rounds per number of tokens drafted
 
     def add(self, event: RoundEvent) -> None:
         n = len(event.drafted)
@@ -55,6 +58,9 @@ class Tally:
         self.new_tokens += len(event.emitted)
         self.draft_s += event.draft_s
         self.verify_s += event.verify_s
+        self.lengths[n] += 1
+        if n:
+            self.drafts.observe(event.accepted, n)
         for counts, upto in ((self.offered, n), (self.kept, event.accepted)):
             counts.extend([0] * (upto - len(counts)))
             for i in range(upto):
@@ -65,10 +71,19 @@ class Tally:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         if other.nll is not None:
             self.nll = (self.nll or 0.0) + other.nll
+        self.lengths.update(other.lengths)
+        self.drafts.hits = [a + b for a, b in zip(self.drafts.hits, other.drafts.hits)]
+        self.drafts.trials = [a + b for a, b in zip(self.drafts.trials, other.drafts.trials)]
         for mine, theirs in ((self.offered, other.offered), (self.kept, other.kept)):
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, count in enumerate(theirs):
                 mine[i] += count
+
+    def predicted_tokens_per_s(self) -> float:
+        """Tokens per second the model predicts: each round's expected yield from acceptance by
+        position (rounds as long as they really drafted), over the measured time."""
+        expected = sum(count * self.drafts.expected(n) for n, count in self.lengths.items())
+        return expected / self.wall_s if self.wall_s else 0.0
 
     @property
     def alpha(self) -> float:
@@ -225,7 +240,7 @@ def summarise(name: str, per_k: dict[int, Tally], blocks: dict[int, list[float]]
             verify_cost=costs[k],
             tokens_per_s=tps,
             speedup=tps / base if base else 0.0,
-            predicted_speedup=predicted_speedup(tally.alpha, k, k_c or 0.0, costs[k]) if k else 1.0,
+            predicted_speedup=(tally.predicted_tokens_per_s() / base if base else None) if k else 1.0,
             length_ratio=(tally.new_tokens / per_k[0].new_tokens if 0 in per_k and per_k[0].new_tokens else None)
             if tally.nll is not None else None,
             nll=tally.nll / tally.new_tokens if tally.nll is not None and tally.new_tokens else None,
@@ -270,6 +285,7 @@ def to_profile(pair: PairSpec, scenarios: dict[str, ScenarioResult], overall: Sc
         overall=_section(overall),
         versions=versions,
         settings=settings,
+        drafter=drafter_identity(pair),
     )
 
 

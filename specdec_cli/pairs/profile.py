@@ -10,6 +10,7 @@ temporary file and a rename, so an interrupted write never leaves a damaged prof
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 from dataclasses import dataclass, field
@@ -73,24 +74,73 @@ class PairProfile:
     overall: ScenarioProfile | None = None
     versions: dict[str, str] = field(default_factory=dict)
     settings: dict[str, object] = field(default_factory=dict)
+    drafter: dict[str, object] = field(default_factory=dict)  # drafter_identity() of the drafter measured
 
     def for_scenario(self, scenario: str | None) -> ScenarioProfile | None:
         """The scenario's section; prompts without one use `default`, unknown scenarios `overall`."""
         return self.scenarios.get(scenario or "default") or self.overall
 
-    def difference(self, pair: PairSpec) -> str:
-        """What differs between the models this profile was calibrated with and the pair's now."""
-        parts = [f"{what} {was!r} then, {now!r} now" for what, was, now in
-                 (("target", self.target, str(pair.target.source)), ("draft", self.draft, drafter_name(pair))) if was != now]
-        return "calibrated with other models: " + "; ".join(parts)
-
     def matches(self, pair: PairSpec) -> bool:
-        """True when calibrated with the models the pair now names."""
-        return self.target == str(pair.target.source) and self.draft == drafter_name(pair)
+        """True when calibrated with the target and the very drafter the pair now runs."""
+        return self.mismatch(pair) is None
+
+    def mismatch(self, pair: PairSpec) -> str | None:
+        """Why this profile does not fit the pair (one clause), or None when it does."""
+        if self.target != str(pair.target.source):
+            return f"calibrated with other models: target {self.target!r} then, {str(pair.target.source)!r} now"
+        mine = drafter_identity(pair)
+        if not self.drafter:
+            return "it names no drafter (written by an older specdec); recalibrate with `specdec calibrate-k --write`"
+        if not same_drafter(self.drafter, mine):
+            return (f"calibrated with another drafter: {describe_drafter(self.drafter)!r} then, "
+                    f"{describe_drafter(mine)!r} now")
+        return None
 
 
 def drafter_name(pair: PairSpec) -> str:
-    return str(pair.drafter.model.source) if pair.drafter.model else "ngram"
+    """The drafter in a few words, for the profile's human-readable ``draft:`` line."""
+    return describe_drafter(drafter_identity(pair))
+
+
+def drafter_identity(pair: PairSpec) -> dict[str, object]:
+    """The pair's running drafter exactly: kind, source, whether prompt lookup goes first, and for a
+    head the hash of its weights (its path differs between checkouts; its weights do not)."""
+    spec = pair.drafter
+    identity: dict[str, object] = {"kind": spec.kind, "lookup": spec.lookup}
+    if spec.head is not None:
+        identity["source"] = str(spec.head)
+        identity["sha256"] = head_hash(spec.head)
+    elif spec.model is not None:
+        identity["source"] = str(spec.model.source)
+    else:
+        identity["source"] = f"ngram {spec.min_ngram}-{spec.max_ngram}"
+    return identity
+
+
+def head_hash(directory: Path) -> str:
+    """The first 16 hex digits of the sha256 of a head's weights ('missing' when there are none)."""
+    weights = Path(directory) / "head.safetensors"
+    if not weights.is_file():
+        return "missing"
+    digest = hashlib.sha256()
+    with weights.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def same_drafter(a: dict, b: dict) -> bool:
+    """Same kind and lookup; a head by its weights' hash, anything else by its source."""
+    if a.get("kind") != b.get("kind") or bool(a.get("lookup")) != bool(b.get("lookup")):
+        return False
+    key = "sha256" if a.get("kind") == "head" else "source"
+    return str(a.get(key)) == str(b.get(key))
+
+
+def describe_drafter(identity: dict) -> str:
+    kind = identity.get("kind", "?")
+    text = f"head {identity.get('source')} (sha256 {identity.get('sha256')})" if kind == "head" else str(identity.get("source"))
+    return f"{text} after prompt lookup" if identity.get("lookup") else text
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -131,6 +181,7 @@ def _pair(path: Path, name: str, body) -> PairProfile:
         overall=overall,
         versions={str(k): str(v) for k, v in (body.get("versions") or {}).items()},
         settings={str(k): _plain(v) for k, v in (body.get("settings") or {}).items()},
+        drafter=_plain(body.get("drafter")) if isinstance(body.get("drafter"), dict) else {},
     )
 
 
@@ -195,6 +246,7 @@ def write_profile(path: Path, profile: PairProfile) -> None:
 
 def _section(profile: PairProfile) -> CommentedMap:
     body = CommentedMap(calibrated=profile.calibrated, target=profile.target, draft=profile.draft)
+    body["drafter"] = CommentedMap(profile.drafter)
     body["versions"] = CommentedMap(profile.versions)
     body["settings"] = CommentedMap(profile.settings)
     body["scenarios"] = CommentedMap((name, _scenario_map(s)) for name, s in profile.scenarios.items())
@@ -241,11 +293,19 @@ class ProfileWatcher:
                 raise
             self.warn(f"{exc}; keeping the profile read before")
             return False
-        if profile is not None and not profile.matches(self.pair):
-            self.warn(f"{self.path}: ignoring the profile of {self.pair.name!r}: {profile.difference(self.pair)}")
+        why = profile.mismatch(self.pair) if profile is not None else None
+        if why:
+            self.warn(f"{self.path}: ignoring the profile of {self.pair.name!r}: {why}")
             profile = None
         before, self.profile = self.profile, profile
         return profile != before
+
+    def seeded(self) -> str:
+        """Which profile seeds adaptive K, in one line for stderr."""
+        if self.profile is None:
+            return f"auto starts from the pair's K (no usable profile of {self.pair.name!r} in {self.path})"
+        return (f"auto starts from profile {self.path} (pair {self.pair.name!r}, calibrated {self.profile.calibrated}, "
+                f"drafter {describe_drafter(self.profile.drafter)})")
 
     def _stamp(self) -> tuple | None:
         try:

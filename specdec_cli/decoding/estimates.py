@@ -1,0 +1,74 @@
+"""What the adaptive controller knows about one drafter: acceptance by draft position, and cost.
+
+Small pure pieces, each testable alone. Acceptance is kept per position (the chance that draft
+token i survives given that the ones before it did), with discounted counts so that the recent
+rounds weigh most; an unseen or rarely judged position borrows the estimate of the one before it,
+and position 0 the prior's. Costs are in seconds, smoothed, measured round by round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..limits import MAX_K
+
+
+@dataclass
+class Acceptance:
+    """Discounted hits and trials per draft position, shrunk towards the position before."""
+
+    prior: float
+    weight: float = 1.0  # pseudo-trials of the fallback estimate behind every position
+    memory: float = 0.92  # each new trial at a position discounts the old ones by this much
+    hits: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
+    trials: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
+
+    def observe(self, accepted: int, drafted: int) -> None:
+        """Positions 0..accepted-1 survived; position ``accepted`` (if drafted) was turned down;
+        the ones after it were never judged and teach nothing."""
+        for i in range(min(accepted + 1, drafted)):
+            self.hits[i] = self.hits[i] * self.memory + (i < accepted)
+            self.trials[i] = self.trials[i] * self.memory + 1.0
+
+    def rates(self, k: int) -> list[float]:
+        """Conditional acceptance of positions 0..k-1."""
+        rates, fallback = [], min(max(self.prior, 0.0), 1.0)
+        for i in range(min(k, MAX_K)):
+            if self.trials[i] + self.weight > 0:  # else never judged and no prior weight: the one before
+                fallback = (self.hits[i] + self.weight * fallback) / (self.trials[i] + self.weight)
+            rates.append(fallback)
+        return rates
+
+    def expected(self, k: int) -> float:
+        """Tokens a round with k drafts emits on average: 1 + Σ_j Π_{i≤j} a_i."""
+        total, survive = 1.0, 1.0
+        for rate in self.rates(k):
+            survive *= rate
+            total += survive
+        return total
+
+    @property
+    def alpha(self) -> float:
+        """Acceptance over all judged positions (the single-α figure the statistics report)."""
+        trials = sum(self.trials)
+        return (sum(self.hits) + self.weight * self.prior) / (trials + self.weight)
+
+    def forget(self, share: float = 0.5) -> None:
+        """Keep only ``share`` of the evidence: a new prompt is a new context."""
+        self.hits = [h * share for h in self.hits]
+        self.trials = [t * share for t in self.trials]
+
+
+def smooth(old: float | None, new: float, weight: float = 0.2) -> float:
+    return new if old is None else old + weight * (new - old)
+
+
+def probe_wait(loss: float, failures: int, budget: float = 0.01, least: int = 4, most: int = 1024) -> int:
+    """Rounds until the next probe of a drafter that is off.
+
+    A probe round that does not pay loses ``loss`` plain rounds' worth of time; waiting
+    loss / budget rounds between probes keeps what probing costs under ``budget`` of plain speed.
+    Each probe that finds the drafter still not paying doubles the wait (back-off).
+    """
+    wait = max(loss, 0.0) / budget * 2**failures
+    return int(min(max(wait, least), most))
