@@ -21,6 +21,7 @@ from ..pairs.registry import HEAD, MODEL, NGRAM, PairSpec
 from ..prompts import read_file
 from .common import (
     DraftOption,
+    DtypeOption,
     ModelsOption,
     PairOption,
     TargetOption,
@@ -55,6 +56,7 @@ def bench_command(
     markdown: Annotated[Optional[Path], typer.Option(help="Also write the table, the command and the manifest as a Markdown page.")] = None,
     target: TargetOption = None,
     draft: DraftOption = None,
+    dtype: DtypeOption = None,
     models: ModelsOption = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibration profile that seeds mode auto (read only). Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml; without one, auto starts from the pair's K.")] = None,
 ) -> None:
@@ -73,7 +75,7 @@ def bench_command(
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     sampling = sampling_params(temperature, 0, 1.0)
     items = read_file(prompts)
-    spec = resolve_pair(models, pair, target, draft)
+    spec = resolve_pair(models, pair, target, draft, dtype=dtype)
     chosen = bench.parse_modes(modes or _default_modes(spec))
     console = stderr_console()
     watcher = None
@@ -90,6 +92,7 @@ def bench_command(
         "command": "specdec " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "specdec bench",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "pair": spec.name,
+        "dtype": spec.target.dtype,
         "target": manifest.model_entry(runtime.target),
         "draft": _drafter_entry(runtime, spec.drafter.kind),
         "drafters": {kind: _drafter_entry(runtime, kind) for kind in dict.fromkeys(m.drafter_kind for m in chosen) if kind},

@@ -21,6 +21,7 @@ from ..pairs.profile import profile_path, read_profiles, write_profile
 from ..prompts import read_file
 from .common import (
     DrafterOption,
+    DtypeOption,
     DraftOption,
     ModelsOption,
     PairOption,
@@ -51,6 +52,7 @@ def calibrate_k(
     target: TargetOption = None,
     draft: DraftOption = None,
     drafter: DrafterOption = None,
+    dtype: DtypeOption = None,
     models: ModelsOption = None,
 ) -> None:
     """Measure acceptance and speed at every K on your prompts and pick K per scenario.
@@ -68,7 +70,7 @@ def calibrate_k(
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     ks = parse_ks(k, MAX_K)
     items = read_file(prompts)
-    spec = resolve_pair(models, pair, target, draft, drafter)
+    spec = resolve_pair(models, pair, target, draft, drafter, dtype)
     destination = profile_path(profile, spec) if write else None
     if destination is not None:
         read_profiles(destination)  # a damaged profile stops us now, not after the measuring

@@ -25,6 +25,10 @@ ModelsOption = Annotated[
 ]
 TargetOption = Annotated[Optional[str], typer.Option("--target", help="Override the pair's target: hf:ID, package:PKG/FILE, a directory or a .gguf.")]
 DraftOption = Annotated[Optional[str], typer.Option("--draft", help="Override the pair's draft: a model source as for --target, a head directory from train-draft, or 'ngram'.")]
+DtypeOption = Annotated[
+    Optional[str],
+    typer.Option("--dtype", help="Target precision: float32, bfloat16, int8 or int4 (weight-only, on a CPU; an int4 GGUF keeps its own blocks), float16, auto. Default: the pair's `dtype:`."),
+]
 DrafterOption = Annotated[Optional[str], typer.Option("--drafter", help="Drafter kind: 'model' (the pair's draft model), 'head' (its draft head) or 'ngram' (prompt lookup, always there); the pair's default `draft:` or one listed under `drafters:`.")]
 
 
@@ -50,10 +54,10 @@ def user_errors(command):
     return wrapper
 
 
-def resolve_pair(models: str | None, pair: str | None, target=None, draft=None, drafter=None) -> PairSpec:
+def resolve_pair(models: str | None, pair: str | None, target=None, draft=None, drafter=None, dtype=None) -> PairSpec:
     from ..decoding.runtime import override
 
-    return override(load_registry(models).pair(pair), target, draft, drafter)
+    return override(load_registry(models).pair(pair), target, draft, drafter, dtype)
 
 
 def parse_k(text: str | None, allow_auto: bool = False) -> int | str | None:

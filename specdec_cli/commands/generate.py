@@ -16,6 +16,7 @@ from ..pairs.profile import ProfileWatcher, open_profile
 from ..prompts import Prompt, parse_lines
 from .common import (
     DrafterOption,
+    DtypeOption,
     DraftOption,
     ModelsOption,
     PairOption,
@@ -42,6 +43,7 @@ def generate(
     pair: PairOption = None,
     k: Annotated[Optional[str], typer.Option("-k", "--k", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}, or auto (adapt online, starting from the calibration profile). Default: auto when the pair has a profile or `adaptive: true`, else the pair's K for the prompt's scenario.")] = None,
     drafter: DrafterOption = None,
+    dtype: DtypeOption = None,
     max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate per prompt.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 decodes greedily; above 0 samples (speculative sampling keeps the target's distribution).")] = 0.0,
     top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens only (0: all).")] = 0,
@@ -67,7 +69,7 @@ def generate(
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     fixed_k = parse_k(k, allow_auto=True)
     prompts = _prompts(prompt)
-    spec = resolve_pair(models, pair, target, draft, drafter)
+    spec = resolve_pair(models, pair, target, draft, drafter, dtype)
     console = stderr_console()
     watcher = _profile_watcher(spec, fixed_k, profile, console)
     controller = _controller(spec, fixed_k, watcher)

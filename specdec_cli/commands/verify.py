@@ -27,6 +27,7 @@ from ..limits import MAX_K, NEAR_TIE_TOLERANCE, SAMPLING_PROMPTS, SAMPLING_TOKEN
 from ..prompts import read_file
 from .common import (
     DrafterOption,
+    DtypeOption,
     DraftOption,
     ModelsOption,
     PairOption,
@@ -61,6 +62,7 @@ def verify_equivalence(
     target: TargetOption = None,
     draft: DraftOption = None,
     drafter: DrafterOption = None,
+    dtype: DtypeOption = None,
     models: ModelsOption = None,
 ) -> None:
     """Prove that speculative decoding gives the target's own output, token for token.
@@ -86,7 +88,7 @@ def verify_equivalence(
         raise UserError(f"--report: directory not found: {Path(report).parent}")
     ks = parse_k_list(k)
     items = read_file(prompts)
-    spec = resolve_pair(models, pair, target, draft, drafter)
+    spec = resolve_pair(models, pair, target, draft, drafter, dtype)
     runtime = prepare(spec)
     encoded = [(item.id, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
     tolerance = tolerance or default_tolerance(runtime.target.model.dtype)
@@ -101,7 +103,7 @@ def verify_equivalence(
         stderr_console().print("specdec: interrupted; nothing was verified to the end")
         raise typer.Exit(130) from None
     equivalent, verdict = decide(greedy, sampled, strict)
-    result = dict(pair=spec.name, drafter=runtime.drafter.name, dtype=str(runtime.target.model.dtype).removeprefix("torch."),
+    result = dict(pair=spec.name, drafter=runtime.drafter.name, dtype=runtime.target.precision,
                   prompts=len(encoded), strict=strict, equivalent=equivalent, verdict=verdict,
                   wall_s=round(time.perf_counter() - started, 3), **greedy.as_dict(),
                   sampling=sampled.as_dict() if sampled else None)

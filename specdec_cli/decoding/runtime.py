@@ -13,7 +13,7 @@ import torch
 from ..errors import UserError
 from ..pairs.loading import LoadedModel, cache_root, load
 from ..pairs.meta import read_meta
-from ..pairs.registry import DRAFTER_KINDS, HEAD, MODEL, DrafterSpec, PairSpec, parse_drafter, parse_model
+from ..pairs.registry import DRAFTER_KINDS, DTYPES, HEAD, MODEL, DrafterSpec, PairSpec, parse_drafter, parse_model
 from ..pairs.tokenization import check_compatible, eos_ids
 from .blocks import cached_plan
 from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter
@@ -60,12 +60,18 @@ class Runtime:
         return self._by_kind[kind]
 
 
-def override(pair: PairSpec, target: str | None = None, draft: str | None = None, drafter: str | None = None) -> PairSpec:
+def override(pair: PairSpec, target: str | None = None, draft: str | None = None, drafter: str | None = None,
+             dtype: str | None = None) -> PairSpec:
     """Apply --target / --draft / --drafter to a registry pair.
 
     --draft becomes the default drafter and replaces the pair's alternate of its kind (so bench's
     modes of that kind use it too); --drafter KIND then picks the pair's drafter of that kind.
+    --dtype sets the target's precision; drafters keep their own.
     """
+    if dtype:
+        if dtype not in DTYPES:
+            raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        pair = replace(pair, target=replace(pair.target, dtype=dtype))
     if target:
         pair = replace(pair, target=replace(pair.target, source=parse_model(target).source))
     if draft:

@@ -19,7 +19,7 @@ from ..decoding.engine import RoundEvent, SpeculativeEngine
 from ..decoding.speedup import Verdict, break_even_alpha, choose, fill_verify_costs, predicted_speedup
 from ..errors import UserError
 from ..pairs.manifest import libraries, source_version
-from ..pairs.profile import PairProfile, ScenarioProfile, drafter_name
+from ..pairs.profile import PairProfile, ScenarioProfile, drafter_name, section_name
 from ..pairs.registry import PairSpec
 
 DEFAULT_SCENARIO = "default"  # prompts without a `scenario` field
@@ -245,9 +245,10 @@ def to_profile(pair: PairSpec, scenarios: dict[str, ScenarioResult], overall: Sc
         versions["draft"] = source_version(pair.drafter.model.source)
     versions.update(libraries())
     return PairProfile(
-        pair=pair.name,
+        pair=section_name(pair),
         calibrated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         target=str(pair.target.source),
+        dtype=pair.target.dtype,
         draft=drafter_name(pair),
         scenarios={name: _section(result) for name, result in scenarios.items()},
         overall=_section(overall),

@@ -22,6 +22,8 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import UserError
+from .gguf_int4 import gguf_int4_blocks
+from .quantize import QUANTISED, quantise_model
 from .registry import ModelSpec
 from .sources import ModelSource
 
@@ -35,6 +37,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     source: ModelSource
     files: Path | None  # the directory the weights were read from, when local
+    precision: str = ""  # the dtype it was asked for (int8/int4 run with bfloat16 activations)
 
 
 def cache_root() -> Path:
@@ -47,18 +50,33 @@ def cache_root() -> Path:
 
 def load(spec: ModelSpec) -> LoadedModel:
     directory, gguf_file = _resolve(spec.source)
+    original = Path(directory) / gguf_file if gguf_file and spec.source.kind != "hub" else None
     if gguf_file:
         directory, gguf_file = _converted(spec.source, directory, gguf_file), None
+    quantised = spec.dtype in QUANTISED
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
         model = AutoModelForCausalLM.from_pretrained(
             directory,
-            dtype=_dtype(spec.dtype),
-            device_map=spec.device_map,
+            # GGUF blocks are matched against the exact float32 conversion; other weights load in bf16 directly.
+            dtype=(torch.float32 if original else torch.bfloat16) if quantised else _dtype(spec.dtype),
+            device_map="cpu" if quantised else spec.device_map,  # the weight-only kernels are CPU ones
         )
     except (OSError, ValueError) as exc:
         raise UserError(f"could not load {spec.source}: {_first_line(exc)}") from None
-    return LoadedModel(model.eval(), tokenizer, spec.source, Path(directory) if spec.source.kind != "hub" else None)
+    if quantised:
+        model = _quantised(model, spec.dtype, original)
+    files = Path(directory) if spec.source.kind != "hub" else None
+    precision = str(model.dtype).removeprefix("torch.") if spec.dtype == "auto" else spec.dtype
+    return LoadedModel(model.eval(), tokenizer, spec.source, files, precision)
+
+
+def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None) -> PreTrainedModel:
+    """Weight-only int8/int4 linears with bfloat16 activations (float32 activations take the
+    kernels' slow paths: 3-7x slower here). An int4 GGUF's own blocks go in as they are."""
+    blocks = gguf_int4_blocks(gguf_path, model) if kind == "int4" and gguf_path is not None else {}
+    model = model.to(torch.bfloat16)
+    return quantise_model(model, kind, blocks)
 
 
 def _resolve(source: ModelSource) -> tuple[str, str | None]:

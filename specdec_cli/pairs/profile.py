@@ -4,7 +4,8 @@ Measured timings belong to one machine and change whenever it is recalibrated, s
 from the hand-written ``models.yaml``. Where the file is: ``--profile``/``--write PATH``, else the
 pair's ``profile:`` key (relative to its models.yaml), else ``$SPECDEC_PROFILE``, else
 ``$XDG_CONFIG_HOME/specdec/profile.yaml`` (``~/.config/specdec/profile.yaml``). Writing replaces
-only one pair's section (round-trip YAML keeps comments and the other pairs) and goes through a
+only one pair's section (one per pair and target dtype: ``NAME`` at float32, ``NAME@int4`` etc.,
+since a compressed target changes verify costs and acceptance; round-trip YAML keeps comments and the other pairs) and goes through a
 temporary file and a rename, so an interrupted write never leaves a damaged profile.
 """
 
@@ -24,7 +25,7 @@ from ..limits import MAX_K
 from .registry import PairSpec
 
 HEADER = (
-    "specdec calibration profiles, written by `specdec calibrate-k --write` (one section per pair).\n"
+    "specdec calibration profiles, written by `specdec calibrate-k --write` (one section per pair and target dtype).\n"
     "Measured on this machine; recalibrate after changing hardware, models or libraries.\n"
 )
 VERDICTS = ("speculate", "off")
@@ -73,14 +74,20 @@ class PairProfile:
     overall: ScenarioProfile | None = None
     versions: dict[str, str] = field(default_factory=dict)
     settings: dict[str, object] = field(default_factory=dict)
+    dtype: str = "float32"  # the target's precision: verify costs and acceptance change with it
 
     def for_scenario(self, scenario: str | None) -> ScenarioProfile | None:
         """The scenario's section; prompts without one use `default`, unknown scenarios `overall`."""
         return self.scenarios.get(scenario or "default") or self.overall
 
     def matches(self, pair: PairSpec) -> bool:
-        """True when calibrated with the models the pair now names."""
-        return self.target == str(pair.target.source) and self.draft == drafter_name(pair)
+        """True when calibrated with the models the pair now names, the target at the same dtype."""
+        return self.target == str(pair.target.source) and self.dtype == pair.target.dtype and self.draft == drafter_name(pair)
+
+
+def section_name(pair: PairSpec) -> str:
+    """The pair's section in the profile file: one per target dtype (float32 keeps the bare name)."""
+    return pair.name if pair.target.dtype == "float32" else f"{pair.name}@{pair.target.dtype}"
 
 
 def drafter_name(pair: PairSpec) -> str:
@@ -121,6 +128,7 @@ def _pair(path: Path, name: str, body) -> PairProfile:
         calibrated=str(body.get("calibrated", "")),
         target=str(body.get("target", "")),
         draft=str(body.get("draft", "")),
+        dtype=str(body.get("dtype", "float32")),
         scenarios=scenarios,
         overall=overall,
         versions={str(k): str(v) for k, v in (body.get("versions") or {}).items()},
@@ -188,7 +196,7 @@ def write_profile(path: Path, profile: PairProfile) -> None:
 
 
 def _section(profile: PairProfile) -> CommentedMap:
-    body = CommentedMap(calibrated=profile.calibrated, target=profile.target, draft=profile.draft)
+    body = CommentedMap(calibrated=profile.calibrated, target=profile.target, dtype=profile.dtype, draft=profile.draft)
     body["versions"] = CommentedMap(profile.versions)
     body["settings"] = CommentedMap(profile.settings)
     body["scenarios"] = CommentedMap((name, _scenario_map(s)) for name, s in profile.scenarios.items())
@@ -229,7 +237,7 @@ class ProfileWatcher:
             return False
         first, self.stamp = self.stamp is None, stamp
         try:
-            profile = read_profiles(self.path).get(self.pair.name) if stamp else None
+            profile = read_profiles(self.path).get(section_name(self.pair)) if stamp else None
         except UserError as exc:
             if first:
                 raise

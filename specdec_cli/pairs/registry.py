@@ -30,7 +30,7 @@ MODEL = "model"
 NGRAM = "ngram"
 HEAD = "head"
 DRAFTER_KINDS = (MODEL, NGRAM, HEAD)
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "int4")  # int8/int4: weight-only, on a CPU (quantize.py)
 
 
 @dataclass(frozen=True)
