@@ -109,27 +109,24 @@ def supports_int4(linear: nn.Linear) -> bool:
 
 
 def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None = None) -> nn.Module:
-    """Replace every nn.Linear (the lm_head included; a tied input embedding keeps its float
-    weight) by its weight-only quantised form, in place. ``blocks``: module name → GGUF int4 blocks."""
+    """Replace every nn.Linear by its weight-only quantised form, in place; ``blocks``: module name →
+    GGUF int4 blocks. The lm_head keeps its float weight as ``float_weight`` (for a tied model that is
+    the embedding itself), which a draft head scores with and fingerprints its target by."""
     dtype = next(model.parameters()).dtype
     blocks = blocks or {}
+    output = model.get_output_embeddings()
     named = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     for name, module in named:
-        if kind == "int4" and not supports_int4(module):
-            replacement = quantised_linear(module, "int8", dtype)  # a shape the int4 kernel cannot take
-        else:
-            replacement = quantised_linear(module, kind, dtype, blocks.get(name))
+        replacement = quantised_linear(module, "int8" if kind == "int4" and not supports_int4(module) else kind,
+                                       dtype, blocks.get(name))
+        if module is output:
+            replacement.float_weight = module.weight
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, replacement)
     return model
 
 
 def output_weight(model) -> torch.Tensor:
-    """The lm_head weight in float: a tied model's embedding (the original, unrounded), else the
-    weight a quantised lm_head multiplies by, else the lm_head's own."""
+    """The lm_head weight in float, also when the lm_head itself is quantised."""
     head = model.get_output_embeddings()
-    if hasattr(head, "dequantized"):
-        if getattr(model.config.get_text_config(), "tie_word_embeddings", False):
-            return model.get_input_embeddings().weight
-        return head.dequantized()
-    return head.weight
+    return getattr(head, "float_weight", None) if hasattr(head, "float_weight") else head.weight
