@@ -91,7 +91,7 @@ def verify_equivalence(
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
     runtime = prepare(spec)
     encoded = [(item.id, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
-    tolerance = tolerance or default_tolerance(runtime.target.model.dtype)
+    tolerance = tolerance or _tolerance(runtime)
 
     started = time.perf_counter()
     steps = len(encoded) * len(ks) + (min(SAMPLING_PROMPTS, len(encoded)) * (len(ks) + 1) if sampling else 0)
@@ -114,6 +114,14 @@ def verify_equivalence(
     else:
         render(Console(highlight=False, width=None if sys.stdout.isatty() else 120), greedy, sampled, equivalent, verdict, result["wall_s"])
     raise typer.Exit(0 if equivalent else 1)
+
+
+def _tolerance(runtime) -> float:
+    """By the target's dtype; int8/int4 logits come out of bfloat16 kernels."""
+    precision = runtime.target.precision
+    from ..measure.equivalence import default_tolerance
+
+    return NEAR_TIE_TOLERANCE["bfloat16"] if precision in ("int8", "int4") else default_tolerance(runtime.target.model.dtype)
 
 
 def parse_k_list(text: str) -> list[int]:

@@ -25,6 +25,7 @@ from ..errors import UserError
 from .gguf_int4 import gguf_int4_blocks
 from .quantize import QUANTISED, quantise_model
 from .registry import ModelSpec
+from .rowwise_attention import use_rowwise_attention
 from .sources import ModelSource
 
 transformers.utils.logging.set_verbosity_error()
@@ -58,8 +59,7 @@ def load(spec: ModelSpec) -> LoadedModel:
         tokenizer = AutoTokenizer.from_pretrained(directory)
         model = AutoModelForCausalLM.from_pretrained(
             directory,
-            # GGUF blocks are matched against the exact float32 conversion; other weights load in bf16 directly.
-            dtype=(torch.float32 if original else torch.bfloat16) if quantised else _dtype(spec.dtype),
+            dtype=torch.float32 if quantised else _dtype(spec.dtype),
             device_map="cpu" if quantised else spec.device_map,  # the weight-only kernels are CPU ones
         )
     except (OSError, ValueError) as exc:
@@ -72,11 +72,15 @@ def load(spec: ModelSpec) -> LoadedModel:
 
 
 def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None) -> PreTrainedModel:
-    """Weight-only int8/int4 linears with bfloat16 activations (float32 activations take the
-    kernels' slow paths: 3-7x slower here). An int4 GGUF's own blocks go in as they are."""
+    """Weight-only int8/int4 linears that take and give bfloat16 (float32 inputs take the kernels'
+    slow paths: 3-7x slower here), in a model that otherwise stays float32: norms, attention and
+    residuals in float32 are faster on a CPU than in bfloat16 and do not depend on the block length,
+    while the kernels give each row the same result at any block length, so a verify block scores
+    exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are."""
     blocks = gguf_int4_blocks(gguf_path, model) if kind == "int4" and gguf_path is not None else {}
-    model = model.to(torch.bfloat16)
-    return quantise_model(model, kind, blocks)
+    model = quantise_model(model, kind, blocks)
+    use_rowwise_attention(model)
+    return model
 
 
 def _resolve(source: ModelSource) -> tuple[str, str | None]:

@@ -51,10 +51,11 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = q.shape[1], q.shape[0]
         self.register_buffer("q", q.contiguous())
         self.register_buffer("scale", scale.to(dtype).contiguous())
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
+        self.register_buffer("bias", None if bias is None else bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.q, self.scale)
+        flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
+        out = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale).to(x.dtype)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
@@ -73,12 +74,12 @@ class Int4Linear(nn.Module):
         # The kernel's zero is the value at q = 8: minimum + 8 * scale. Computed in float32, then rounded once to dtype.
         zero = minimum.float() + 8 * scale.float()
         self.register_buffer("scales_and_zeros", torch.stack([scale.float().t(), zero.t()], dim=-1).to(dtype).contiguous())
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
+        self.register_buffer("bias", None if bias is None else bias.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).contiguous()
+        flat = x.reshape(-1, self.in_features).to(self.scales_and_zeros.dtype).contiguous()
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_and_zeros)
-        out = out[:, : self.out_features].reshape(*x.shape[:-1], self.out_features)
+        out = out[:, : self.out_features].to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
     def dequantized(self) -> torch.Tensor:
@@ -108,11 +109,13 @@ def supports_int4(linear: nn.Linear) -> bool:
     return linear.in_features % GROUP == 0
 
 
-def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None = None) -> nn.Module:
+def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None = None,
+                   dtype: torch.dtype = torch.bfloat16) -> nn.Module:
     """Replace every nn.Linear by its weight-only quantised form, in place; ``blocks``: module name →
     GGUF int4 blocks. The lm_head keeps its float weight as ``float_weight`` (for a tied model that is
-    the embedding itself), which a draft head scores with and fingerprints its target by."""
-    dtype = next(model.parameters()).dtype
+    the embedding itself), which a draft head scores with and fingerprints its target by. ``dtype``:
+    what the kernels take and give (bfloat16: float32 takes their slow paths); the rest of the model
+    keeps its own dtype, inputs and outputs are cast at each linear."""
     blocks = blocks or {}
     output = model.get_output_embeddings()
     named = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
