@@ -140,3 +140,28 @@ def test_profiles_are_kept_and_used_per_target_dtype(pair_dir, tmp_path):
     assert ProfileWatcher(path, at_int4).profile.scenarios["default"] == section
     assert ProfileWatcher(path, pair).profile is None  # float32 finds no section of its own
     assert not ProfileWatcher(path, at_int4).profile.matches(pair)
+
+
+def block_and_one_token_logits(model, ids, start):
+    from transformers import DynamicCache
+
+    from specdec_cli.decoding.kv import crop_cache
+
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(ids[:, :start], past_key_values=cache, use_cache=True)
+        block = model(ids[:, start:], past_key_values=cache, use_cache=True).logits[0]
+        crop_cache(cache, start)
+        one = torch.cat([model(ids[:, i : i + 1], past_key_values=cache, use_cache=True).logits[0] for i in range(start, ids.shape[1])])
+    return block, one
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_verify_block_scores_every_position_exactly_as_one_token_forwards(pair_dir, dtype):
+    model = load(replace(load_registry(pair_dir / "models.yaml").pair("tiny").target, dtype=dtype)).model
+    ids = torch.randint(3, 98, (1, 40), generator=torch.Generator().manual_seed(0))
+    block, one = block_and_one_token_logits(model, ids, 33)
+    assert torch.equal(block, one)
+    model.set_attn_implementation("sdpa")  # the ordinary kernel: the same block differs by round-off
+    block, one = block_and_one_token_logits(model, ids, 33)
+    assert not torch.equal(block, one)
