@@ -5,8 +5,8 @@ int8: one scale per output channel (``aten._weight_int8pack_mm``). int4: per gro
 input weights a scale and a zero, ``w = (q - 8) * scale + zero`` with q in 0..15
 (``aten._weight_int4pack_mm_for_cpu``). GGUF Q4_0 / Q4_1 blocks hold 32 weights as ``q * d + m``:
 they map onto the same groups exactly (scale = d, zero = m + 8 d), without re-quantising
-(gguf_int4.py). Activations, norms and the embedding stay in the model's float dtype, which is
-also the dtype of the scales. torchao provides the same kernels behind tensor subclasses; calling
+(gguf_int4.py). The scales, and what the kernels take and give, are bfloat16 (float32 inputs take
+their slow paths); the rest of the model stays float32 and each linear casts at its edges. torchao provides the same kernels behind tensor subclasses; calling
 the two ops directly keeps the per-layer dispatch small and lets GGUF blocks go in as they are.
 """
 
@@ -115,7 +115,8 @@ def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None 
     GGUF int4 blocks. The lm_head keeps its float weight as ``float_weight`` (for a tied model that is
     the embedding itself), which a draft head scores with and fingerprints its target by. ``dtype``:
     what the kernels take and give (bfloat16: float32 takes their slow paths); the rest of the model
-    keeps its own dtype, inputs and outputs are cast at each linear."""
+    keeps its own dtype, inputs and outputs are cast at each linear. A linear whose input width is not
+    a multiple of 32 cannot take int4 groups and goes to int8."""
     blocks = blocks or {}
     output = model.get_output_embeddings()
     named = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
@@ -132,4 +133,4 @@ def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None 
 def output_weight(model) -> torch.Tensor:
     """The lm_head weight in float, also when the lm_head itself is quantised."""
     head = model.get_output_embeddings()
-    return getattr(head, "float_weight", None) if hasattr(head, "float_weight") else head.weight
+    return head.float_weight if hasattr(head, "float_weight") else head.weight
