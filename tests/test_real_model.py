@@ -17,12 +17,14 @@ pytestmark = pytest.mark.skipif(
 PROMPT = "Write a Python function that checks whether a number is prime."
 
 
-def test_default_pair_speculative_output_equals_plain_decoding():
+@pytest.mark.parametrize("dtype", ["float32", "int4"])
+def test_default_pair_speculative_output_equals_plain_decoding(dtype):
     runner = CliRunner()
     outputs = {}
     for k in ("4", "0"):
         result = runner.invoke(
-            app, ["generate", "--models", str(PACKAGED_REGISTRY), "--json", "--max-new-tokens", "48", "-k", k, PROMPT]
+            app, ["generate", "--models", str(PACKAGED_REGISTRY), "--json", "--max-new-tokens", "48", "-k", k,
+                  "--dtype", dtype, PROMPT]
         )
         assert result.exit_code == 0, result.output
         outputs[k] = json.loads(result.stdout)

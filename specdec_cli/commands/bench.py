@@ -23,6 +23,7 @@ from .common import (
     WRITE_FAILED,
     AcceptOption,
     DraftOption,
+    DtypeOption,
     MaxNewTokensOption,
     ModelsOption,
     PairOption,
@@ -68,6 +69,7 @@ def bench_command(
     markdown: Annotated[Optional[Path], typer.Option("--markdown", metavar="FILE", help="Also write the table, the command and the manifest as a Markdown page (missing directories are created).")] = None,
     target: TargetOption = None,
     draft: DraftOption = None,
+    dtype: DtypeOption = None,
     models: ModelsOption = None,
     profile: ProfileOption = None,
     threads: ThreadsOption = None,
@@ -91,7 +93,7 @@ def bench_command(
     if markdown:
         check_writable(markdown, "--markdown")
     items = read_file(prompts)
-    spec = resolve_pair(models, pair, target, draft)
+    spec = resolve_pair(models, pair, target, draft, dtype=dtype)
 
     from ..decoding.runtime import prepare
     from ..measure import bench, lossy
@@ -121,6 +123,7 @@ def bench_command(
         "command": "specdec " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "specdec bench",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "pair": spec.name,
+        "dtype": spec.target.dtype,
         "target": manifest.model_entry(runtime.target),
         "draft": _drafter_entry(runtime, spec.drafter.kind),
         "drafters": {kind: _drafter_entry(runtime, kind) for kind in dict.fromkeys(m.drafter_kind for m in chosen) if kind},

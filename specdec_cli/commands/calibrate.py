@@ -26,6 +26,7 @@ from .common import (
     AcceptOption,
     DrafterOption,
     DraftOption,
+    DtypeOption,
     MaxNewTokensOption,
     ModelsOption,
     PairOption,
@@ -64,6 +65,7 @@ def calibrate_k(
     target: TargetOption = None,
     draft: DraftOption = None,
     drafter: DrafterOption = None,
+    dtype: DtypeOption = None,
     models: ModelsOption = None,
     threads: ThreadsOption = None,
     accept: AcceptOption = "exact",
@@ -89,7 +91,7 @@ def calibrate_k(
         check_writable(plot, "--plot")
         _check_plotting()
     items = read_file(prompts)
-    spec = resolve_pair(models, pair, target, draft, drafter)
+    spec = resolve_pair(models, pair, target, draft, drafter, dtype)
     destination = check_writable(profile_path(profile, spec), "--profile") if write else None
     if destination is not None:
         read_profiles(destination)  # a damaged profile stops us now, not after the measuring

@@ -40,6 +40,7 @@ RawOption = Annotated[bool, typer.Option("--raw", help="Send prompts as they are
 JsonOption = Annotated[bool, typer.Option("--json", help="Results as JSON on stdout instead of text and tables.")]
 ProfileOption = Annotated[Optional[str], typer.Option("--profile", metavar="FILE", help="Calibration profile. Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")]
 ThreadsOption = Annotated[Optional[int], typer.Option("--threads", metavar="N", help="Torch CPU threads (default: OMP_NUM_THREADS, else torch's choice, one per core).")]
+DtypeOption = Annotated[Optional[str], typer.Option("--dtype", metavar="DTYPE", help="Target precision: float32, bfloat16, int8 or int4 (weight-only, on a CPU; an int4 GGUF keeps its own blocks), float16, auto. Default: the pair's `dtype:`.")]
 AcceptOption = Annotated[str, typer.Option("--accept", metavar="RULE", help="Acceptance rule: exact (the default: lossless) or a LOSSY relaxed rule, lenient:L, typical:EPS,DELTA or top:N, whose output is no longer the target's and is flagged as such (README: 'Why specdec is lossless by default').")]
 
 WRITE_FAILED = 3  # the result went to stdout, but a file that was asked for could not be written
@@ -120,8 +121,8 @@ def user_errors(command):
     return wrapper
 
 
-def resolve_pair(models: str | None, pair: str | None, target=None, draft=None, drafter=None) -> PairSpec:
-    return override(load_registry(models).pair(pair), target, draft, drafter)
+def resolve_pair(models: str | None, pair: str | None, target=None, draft=None, drafter=None, dtype=None) -> PairSpec:
+    return override(load_registry(models).pair(pair), target, draft, drafter, dtype)
 
 
 def parse_k(text: str | None, allow_auto: bool = False) -> int | str | None:

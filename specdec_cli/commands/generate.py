@@ -21,6 +21,7 @@ from .common import (
     AcceptOption,
     DrafterOption,
     DraftOption,
+    DtypeOption,
     MaxNewTokensOption,
     ModelsOption,
     PairOption,
@@ -57,6 +58,7 @@ def generate(
     pair: PairOption = None,
     k: Annotated[Optional[str], typer.Option("--k", "-k", metavar="K", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}, or auto (adapt online, starting from the calibration profile). Default: auto when the pair has a profile or `adaptive: true`, else the pair's K for the prompt's scenario.")] = None,
     drafter: DrafterOption = None,
+    dtype: DtypeOption = None,
     max_new_tokens: MaxNewTokensOption = 128,
     temperature: TemperatureOption = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", metavar="N", help="Sample among the N most likely tokens only (0: all).")] = 0,
@@ -85,7 +87,7 @@ def generate(
     fixed_k = parse_k(k, allow_auto=True)
     rule = accept_rule(accept)
     prompts = _prompts(prompt)
-    spec = resolve_pair(models, pair, target, draft, drafter)
+    spec = resolve_pair(models, pair, target, draft, drafter, dtype)
 
     from ..decoding.runtime import prepare
 

@@ -31,6 +31,7 @@ from .common import (
     AcceptOption,
     DrafterOption,
     DraftOption,
+    DtypeOption,
     MaxNewTokensOption,
     ModelsOption,
     PairOption,
@@ -72,6 +73,7 @@ def verify_equivalence(
     target: TargetOption = None,
     draft: DraftOption = None,
     drafter: DrafterOption = None,
+    dtype: DtypeOption = None,
     models: ModelsOption = None,
     threads: ThreadsOption = None,
     accept: AcceptOption = "exact",
@@ -98,17 +100,17 @@ def verify_equivalence(
     ks = parse_k_list(k)
     rule = accept_rule(accept)  # a lossy rule runs, shows its divergences, and exits 1
     items = read_file(prompts)
-    spec = resolve_pair(models, pair, target, draft, drafter)
+    spec = resolve_pair(models, pair, target, draft, drafter, dtype)
 
     from ..decoding.runtime import prepare
-    from ..measure.equivalence import check_greedy, decide, default_tolerance
+    from ..measure.equivalence import check_greedy, decide
     from ..measure.sampling_check import check_sampling
     from ..pairs.tokenization import encode_prompt
 
     thread_policy.apply(threads)
     runtime = prepare(spec)
     encoded = [(item.id, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
-    tolerance = tolerance or default_tolerance(runtime.target.model.dtype)
+    tolerance = tolerance or _tolerance(runtime)
 
     started = time.perf_counter()
     steps = len(encoded) * len(ks) + (min(SAMPLING_PROMPTS, len(encoded)) * (len(ks) + 1) if sampling else 0)
@@ -120,7 +122,7 @@ def verify_equivalence(
         stderr_console().print("specdec: interrupted; nothing was verified to the end")
         raise typer.Exit(130) from None
     equivalent, verdict = decide(greedy, sampled, strict, rule)
-    result = dict(pair=spec.name, drafter=runtime.drafter.name, dtype=str(runtime.target.model.dtype).removeprefix("torch."),
+    result = dict(pair=spec.name, drafter=runtime.drafter.name, dtype=runtime.target.precision,
                   prompts=len(encoded), strict=strict, lossless=rule.lossless, accept=str(rule), equivalent=equivalent, verdict=verdict,
                   wall_s=round(time.perf_counter() - started, 3), **greedy.as_dict(),
                   sampling=sampled.as_dict() if sampled else None)
@@ -132,6 +134,14 @@ def verify_equivalence(
     if report and not write_output("--report", report, lambda: write_atomically(report, text)):
         raise typer.Exit(WRITE_FAILED)
     raise typer.Exit(0 if equivalent else 1)
+
+
+def _tolerance(runtime) -> float:
+    """By the target's dtype; int8/int4 logits come out of bfloat16 kernels."""
+    precision = runtime.target.precision
+    from ..measure.equivalence import default_tolerance
+
+    return NEAR_TIE_TOLERANCE["bfloat16"] if precision in ("int8", "int4") else default_tolerance(runtime.target.model.dtype)
 
 
 def parse_k_list(text: str) -> list[int]:

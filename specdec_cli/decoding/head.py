@@ -27,6 +27,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.meta import META_FILE, read_meta, write_meta
+from ..pairs.quantize import output_weight
 from .drafters import Draft, autoregress, common_prefix
 from .kv import crop_cache
 
@@ -80,7 +81,7 @@ def target_identity(model: PreTrainedModel, source) -> dict:
     c = model.config.get_text_config()
     shape = {k: getattr(c, k, None) for k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")}
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode())
-    weight = model.get_output_embeddings().weight.detach().to("cpu", torch.bfloat16).contiguous()
+    weight = output_weight(model).detach().to("cpu", torch.bfloat16).contiguous()
     digest.update(weight.view(torch.int16).numpy().tobytes())
     return {"source": str(source), "fingerprint": digest.hexdigest()[:16]}
 
@@ -128,7 +129,7 @@ class HeadDrafter:
     uses_target_features = True
 
     def __init__(self, head: DraftHead, target: PreTrainedModel, allowed: torch.Tensor | None = None):
-        weight = target.get_output_embeddings().weight
+        weight = output_weight(target)  # float even when the target's own lm_head is quantised
         self.device = weight.device
         self.head = head.to(self.device).eval()
         self.embed = target.get_input_embeddings()

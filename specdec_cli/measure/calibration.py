@@ -23,7 +23,7 @@ from ..decoding.estimates import Acceptance
 from ..decoding.speedup import Verdict, break_even_alpha, choose, fill_verify_costs
 from ..errors import UserError
 from ..pairs.manifest import libraries, source_version
-from ..pairs.profile import PairProfile, ScenarioProfile, drafter_identity, drafter_name
+from ..pairs.profile import PairProfile, ScenarioProfile, drafter_identity, drafter_name, section_name
 from ..pairs.registry import PairSpec
 from .lossy import target_nll
 
@@ -277,9 +277,10 @@ def to_profile(pair: PairSpec, scenarios: dict[str, ScenarioResult], overall: Sc
         versions["draft"] = source_version(pair.drafter.model.source)
     versions.update(libraries())
     return PairProfile(
-        pair=pair.name,
+        pair=section_name(pair),
         calibrated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         target=str(pair.target.source),
+        dtype=pair.target.dtype,
         draft=drafter_name(pair),
         scenarios={name: _section(result) for name, result in scenarios.items()},
         overall=_section(overall),

@@ -41,7 +41,7 @@ def _sha256(path: Path) -> str:
 
 
 def model_entry(model: LoadedModel) -> dict:
-    return {"source": str(model.source), "files": file_hashes(model), "dtype": str(model.model.dtype)}
+    return {"source": str(model.source), "files": file_hashes(model), "dtype": model.precision or str(model.model.dtype)}
 
 
 def head_entry(directory: Path) -> dict:

@@ -4,7 +4,8 @@ Measured timings belong to one machine and change whenever it is recalibrated, s
 from the hand-written ``models.yaml``. Where the file is: ``--profile``/``--write PATH``, else the
 pair's ``profile:`` key (relative to its models.yaml), else ``$SPECDEC_PROFILE``, else
 ``$XDG_CONFIG_HOME/specdec/profile.yaml`` (``~/.config/specdec/profile.yaml``). Writing replaces
-only one pair's section (round-trip YAML keeps comments and the other pairs) and goes through a
+only one pair's section (one per pair and target dtype: ``NAME`` at float32, ``NAME@int4`` etc.,
+since a compressed target changes verify costs and acceptance; round-trip YAML keeps comments and the other pairs) and goes through a
 temporary file and a rename, so an interrupted write never leaves a damaged profile.
 """
 
@@ -25,7 +26,7 @@ from ..limits import MAX_K
 from .registry import PairSpec, yaml_problem
 
 HEADER = (
-    "specdec calibration profiles, written by `specdec calibrate-k --write` (one section per pair).\n"
+    "specdec calibration profiles, written by `specdec calibrate-k --write` (one section per pair and target dtype).\n"
     "Measured on this machine; recalibrate after changing hardware, models or libraries.\n"
 )
 VERDICTS = ("speculate", "off")
@@ -75,6 +76,7 @@ class PairProfile:
     versions: dict[str, str] = field(default_factory=dict)
     settings: dict[str, object] = field(default_factory=dict)
     drafter: dict[str, object] = field(default_factory=dict)  # drafter_identity() of the drafter measured
+    dtype: str = "float32"  # the target's precision: verify costs and acceptance change with it
 
     def for_scenario(self, scenario: str | None) -> ScenarioProfile | None:
         """The scenario's section; prompts without one use `default`, unknown scenarios `overall`."""
@@ -88,6 +90,8 @@ class PairProfile:
         """Why this profile does not fit the pair (one clause), or None when it does."""
         if self.target != str(pair.target.source):
             return f"calibrated with other models: target {self.target!r} then, {str(pair.target.source)!r} now"
+        if self.dtype != pair.target.dtype:
+            return f"calibrated with the target at another precision: {self.dtype} then, {pair.target.dtype} now"
         mine = drafter_identity(pair)
         if not self.drafter:
             return "it names no drafter (written by an older specdec); recalibrate with `specdec calibrate-k --write`"
@@ -95,6 +99,11 @@ class PairProfile:
             return (f"calibrated with another drafter: {describe_drafter(self.drafter)!r} then, "
                     f"{describe_drafter(mine)!r} now")
         return None
+
+
+def section_name(pair: PairSpec) -> str:
+    """The pair's section in the profile file: one per target dtype (float32 keeps the bare name)."""
+    return pair.name if pair.target.dtype == "float32" else f"{pair.name}@{pair.target.dtype}"
 
 
 def drafter_name(pair: PairSpec) -> str:
@@ -177,6 +186,7 @@ def _pair(path: Path, name: str, body) -> PairProfile:
         calibrated=str(body.get("calibrated", "")),
         target=str(body.get("target", "")),
         draft=str(body.get("draft", "")),
+        dtype=str(body.get("dtype", "float32")),
         scenarios=scenarios,
         overall=overall,
         versions={str(k): str(v) for k, v in (body.get("versions") or {}).items()},
@@ -245,7 +255,7 @@ def write_profile(path: Path, profile: PairProfile) -> None:
 
 
 def _section(profile: PairProfile) -> CommentedMap:
-    body = CommentedMap(calibrated=profile.calibrated, target=profile.target, draft=profile.draft)
+    body = CommentedMap(calibrated=profile.calibrated, target=profile.target, dtype=profile.dtype, draft=profile.draft)
     body["drafter"] = CommentedMap(profile.drafter)
     body["versions"] = CommentedMap(profile.versions)
     body["settings"] = CommentedMap(profile.settings)
@@ -287,7 +297,7 @@ class ProfileWatcher:
             return False
         first, self.stamp = self.stamp is None, stamp
         try:
-            profile = read_profiles(self.path).get(self.pair.name) if stamp else None
+            profile = read_profiles(self.path).get(section_name(self.pair)) if stamp else None
         except UserError as exc:
             if first:
                 raise

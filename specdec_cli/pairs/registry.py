@@ -30,7 +30,7 @@ MODEL = "model"
 NGRAM = "ngram"
 HEAD = "head"
 DRAFTER_KINDS = (MODEL, NGRAM, HEAD)
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "int4")  # int8/int4: weight-only, on a CPU (quantize.py)
 
 
 @dataclass(frozen=True)
@@ -233,12 +233,18 @@ MISSING = {
 }
 
 
-def override(pair: PairSpec, target: str | None = None, draft: str | None = None, drafter: str | None = None) -> PairSpec:
-    """Apply --target / --draft / --drafter to a registry pair.
+def override(pair: PairSpec, target: str | None = None, draft: str | None = None, drafter: str | None = None,
+             dtype: str | None = None) -> PairSpec:
+    """Apply --target / --draft / --drafter / --dtype to a registry pair.
 
     --draft becomes the default drafter and replaces the pair's alternate of its kind (so bench's
     modes of that kind use it too); --drafter KIND then picks the pair's drafter of that kind.
+    --dtype sets the target's precision; drafters keep their own.
     """
+    if dtype:
+        if dtype not in DTYPES:
+            raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        pair = replace(pair, target=replace(pair.target, dtype=dtype))
     if target:
         pair = replace(pair, target=replace(pair.target, source=parse_model(target).source))
     if draft:

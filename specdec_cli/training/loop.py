@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 
 from ..decoding.head import DraftHead, head_config, head_logits
 from ..errors import UserError
+from ..pairs.quantize import output_weight
 from .distill import Batch, Example, collate, soft_cross_entropy
 
 LAYER_KEY = re.compile(r"(^|\.)(layers|h|blocks)\.(\d+)\.")
@@ -107,7 +108,7 @@ class HeadStudent:
     def __init__(self, head: DraftHead, target: PreTrainedModel, allowed: torch.Tensor | None, unroll: int = 2, noise: float = 0.1):
         self.head, self.unroll, self.noise = head.train(), unroll, noise
         self.embed = target.get_input_embeddings().weight.detach()
-        self.out_weight = _rows(target.get_output_embeddings().weight, allowed)
+        self.out_weight = _rows(output_weight(target), allowed)
 
     def parameters(self):
         return list(self.head.parameters())

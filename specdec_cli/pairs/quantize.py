@@ -1,0 +1,136 @@
+"""Weight-only int8 and int4 linears on torch's own CPU kernels, so that a token streams 1 or 0.5 bytes
+per weight instead of 4: decoding a small target on a CPU is bound by weight bandwidth.
+
+int8: one scale per output channel (``aten._weight_int8pack_mm``). int4: per group of ``GROUP``
+input weights a scale and a zero, ``w = (q - 8) * scale + zero`` with q in 0..15
+(``aten._weight_int4pack_mm_for_cpu``). GGUF Q4_0 / Q4_1 blocks hold 32 weights as ``q * d + m``:
+they map onto the same groups exactly (scale = d, zero = m + 8 d), without re-quantising
+(gguf_int4.py). The scales, and what the kernels take and give, are bfloat16 (float32 inputs take
+their slow paths); the rest of the model stays float32 and each linear casts at its edges. torchao provides the same kernels behind tensor subclasses; calling
+the two ops directly keeps the per-layer dispatch small and lets GGUF blocks go in as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+GROUP = 32  # weights per int4 group: a GGUF block
+QUANTISED = ("int8", "int4")
+INNER_K_TILES = 8
+ROWS = 16  # output rows the int4 kernel packs together; others are padded with zero rows
+
+
+def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: (q, scale) with weight ≈ q * scale[:, None]."""
+    weight = weight.float()
+    scale = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    q = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def int4_groups(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric group-wise int4 from float weights: (q 0..15, scale, minimum), per row and group,
+    with weight ≈ q * scale + minimum (the GGUF Q4_1 form; min and max of each group are kept)."""
+    rows, columns = weight.shape
+    groups = weight.float().reshape(rows, columns // group, group)
+    low, high = groups.amin(dim=2), groups.amax(dim=2)
+    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+    return q.reshape(rows, columns), scale, low
+
+
+def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group: int = GROUP) -> torch.Tensor:
+    """q * scale + minimum, group-wise: what the blocks stand for."""
+    return (q.float().reshape(q.shape[0], -1, group) * scale[..., None] + minimum[..., None]).reshape(q.shape)
+
+
+class Int8Linear(nn.Module):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = q.shape[1], q.shape[0]
+        self.register_buffer("q", q.contiguous())
+        self.register_buffer("scale", scale.to(dtype).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
+        out = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale).to(x.dtype)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+    def dequantized(self) -> torch.Tensor:
+        return self.q.float() * self.scale.float()[:, None]
+
+
+class Int4Linear(nn.Module):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, bias: torch.Tensor | None,
+                 dtype: torch.dtype, group: int = GROUP):
+        super().__init__()
+        self.in_features, self.out_features, self.group = q.shape[1], q.shape[0], group
+        q, scale, minimum = (_pad_rows(t, ROWS) for t in (q, scale, minimum))  # the kernel packs 16 rows at a time
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), INNER_K_TILES)
+        self.register_buffer("packed", packed)
+        # The kernel's zero is the value at q = 8: minimum + 8 * scale. Computed in float32, then rounded once to dtype.
+        zero = minimum.float() + 8 * scale.float()
+        self.register_buffer("scales_and_zeros", torch.stack([scale.float().t(), zero.t()], dim=-1).to(dtype).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(self.scales_and_zeros.dtype).contiguous()
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_and_zeros)
+        out = out[:, : self.out_features].to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+    def dequantized(self) -> torch.Tensor:
+        """The weights the kernel multiplies by, in float32 (an identity matrix through the kernel)."""
+        eye = torch.eye(self.in_features, dtype=self.scales_and_zeros.dtype)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group, self.scales_and_zeros)
+        return out[:, : self.out_features].float().t()
+
+
+def _pad_rows(tensor: torch.Tensor, multiple: int) -> torch.Tensor:
+    missing = -tensor.shape[0] % multiple
+    return torch.cat([tensor, tensor.new_zeros(missing, *tensor.shape[1:])]) if missing else tensor
+
+
+def quantised_linear(linear: nn.Linear, kind: str, dtype: torch.dtype, blocks=None) -> nn.Module:
+    """``linear`` as a weight-only int8 or int4 module; ``blocks`` (q, scale, minimum) from a GGUF
+    go in as they are, else the float weight is quantised."""
+    bias = linear.bias
+    if kind == "int8":
+        return Int8Linear(*int8_per_channel(linear.weight.detach()), bias, dtype)
+    if blocks is None:
+        blocks = int4_groups(linear.weight.detach())
+    return Int4Linear(*blocks, bias, dtype)
+
+
+def supports_int4(linear: nn.Linear) -> bool:
+    return linear.in_features % GROUP == 0
+
+
+def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None = None,
+                   dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """Replace every nn.Linear by its weight-only quantised form, in place; ``blocks``: module name →
+    GGUF int4 blocks. The lm_head keeps its float weight as ``float_weight`` (for a tied model that is
+    the embedding itself), which a draft head scores with and fingerprints its target by. ``dtype``:
+    what the kernels take and give (bfloat16: float32 takes their slow paths); the rest of the model
+    keeps its own dtype, inputs and outputs are cast at each linear. A linear whose input width is not
+    a multiple of 32 cannot take int4 groups and goes to int8."""
+    blocks = blocks or {}
+    output = model.get_output_embeddings()
+    named = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    for name, module in named:
+        replacement = quantised_linear(module, "int8" if kind == "int4" and not supports_int4(module) else kind,
+                                       dtype, blocks.get(name))
+        if module is output:
+            replacement.float_weight = module.weight
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, replacement)
+    return model
+
+
+def output_weight(model) -> torch.Tensor:
+    """The lm_head weight in float, also when the lm_head itself is quantised."""
+    head = model.get_output_embeddings()
+    return head.float_weight if hasattr(head, "float_weight") else head.weight

@@ -1,0 +1,44 @@
+"""Attention that scores each query row alone, so that a K + 1-token verify block computes every
+position exactly as a one-token forward does.
+
+With weight-only int8/int4 linears every other op of a decoder layer already gives each row the
+same result whatever the block length (the kernels are row-independent; norms and element-wise
+ops work per row); the attention kernels do not, and their float round-off, re-rounded to bfloat16
+at the next linear, flips near-tied greedy tokens (logits moved by up to ~0.4 here). Running each
+of a short block's rows as a one-query call over its own prefix — the very call a one-token
+forward makes — removes the difference. Long inputs (a prompt) take the ordinary kernel: they
+are computed the same way in plain and speculative decoding.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+NAME = "specdec_rowwise"
+ROWWISE_UP_TO = 64  # query rows; verify blocks are at most MAX_K + 1
+
+
+def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    rows, keys = query.shape[2], key.shape[2]
+    if rows > ROWWISE_UP_TO or query.shape[0] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    outputs = []
+    for row in range(rows):
+        seen = keys - rows + row + 1  # this row's prefix: causal, batch of one, no padding
+        k = key[:, :, :seen].contiguous() if seen < keys else key
+        v = value[:, :, :seen].contiguous() if seen < keys else value
+        out, _ = sdpa_attention_forward(module, query[:, :, row : row + 1].contiguous(), k, v, None,
+                                        dropout=dropout, scaling=scaling, is_causal=False)
+        outputs.append(out)
+    return torch.cat(outputs, dim=1), None
+
+
+AttentionInterface.register(NAME, rowwise_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # long inputs go to sdpa with its own mask
+
+
+def use_rowwise_attention(model) -> None:
+    model.set_attn_implementation(NAME)
