@@ -22,10 +22,14 @@ class Draft:
     """Proposed token ids, and q: the draft distribution each was drawn from.
 
     ``probs`` is None for a deterministic drafter (one-hot q); greedy decoding never reads it.
+    ``parents`` is None for a chain; for a tree (decoding/tree.py) it gives each token's parent as a
+    block index: 0 is the root (the last context token), j + 1 is draft token j, parents come first.
+    A tree's tokens are deterministic candidates (top-k), so it carries no q.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    parents: tuple[int, ...] | None = None
 
     @classmethod
     def empty(cls) -> "Draft":

@@ -116,6 +116,30 @@ def tree_sample_accept(
         node = chosen
 
 
+@dataclass(frozen=True)
+class TreeShape:
+    """How a drafter grows a tree: at most ``nodes`` nodes, ``width`` children per expanded node and
+    nodes expanded per level, ``depth`` levels. The budget is ``nodes``; width and depth bound the work."""
+
+    nodes: int
+    width: int = 3
+    depth: int = 5
+
+
+def best_nodes(scores: list[float], parents: list[int], n: int) -> list[int]:
+    """The ``n`` candidates with the highest cumulative log-probability, in creation order.
+
+    ``parents[i]`` is the candidate index of i's parent (-1 the root), created before i; a score
+    never rises from parent to child, and ties go to the earlier, so the choice is ancestor-closed:
+    EAGLE-2's rerank, which is the tree of highest expected accepted length under the draft's beliefs.
+    """
+    finite = [i for i, score in enumerate(scores) if score > float("-inf")]
+    chosen = sorted(sorted(finite, key=lambda i: (-scores[i], i))[:n])
+    kept = set(chosen)
+    assert all(parents[i] < 0 or parents[i] in kept for i in chosen), "a chosen node's parent was left out"
+    return chosen
+
+
 def expected_accepted(tree: Tree, node_probability: torch.Tensor) -> float:
     """1 + Σ over nodes of the product of acceptance probabilities along the path to it.
 
