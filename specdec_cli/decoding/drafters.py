@@ -43,6 +43,8 @@ class Drafter(Protocol):
     """``propose`` and ``reset``; a drafter that reads the target's features (a draft head) also sets
     ``uses_target_features = True`` and has ``add_features(rows)``: the engine then hands it the
     target's post-norm last hidden states of every position that became confirmed, in cache order.
+    A drafter that proposes trees (Draft.parents) sets ``drafts_trees = True``: K is then its node
+    budget, not its depth.
     """
 
     name: str

@@ -101,6 +101,7 @@ class SpeculativeEngine:
         # plain decoding and the other drafters pay nothing.
         self.wants_features = bool(getattr(drafter, "uses_target_features", False))
         self._extra = {"output_hidden_states": -1} if self.wants_features else {}
+        self.drafts_trees = bool(getattr(drafter, "drafts_trees", False))
 
     @torch.inference_mode()
     def generate(
@@ -137,7 +138,7 @@ class SpeculativeEngine:
         produced = 0
         while produced < budget:
             # A round emits at most k + 1 tokens; drafting past the budget is wasted work.
-            want = max(0, min(schedule.choose(), MAX_K, budget - produced - 1))
+            want = max(0, min(schedule.choose(), MAX_K, self._room(budget - produced)))
             started = time.perf_counter()
             draft = self._draft(tokens, want, sampling, generator)
             drafted_at = time.perf_counter()
@@ -183,6 +184,13 @@ class SpeculativeEngine:
             yield event
             if event.finished:
                 return
+
+    def _room(self, left: int) -> int:
+        """The most drafts worth asking for with ``left`` tokens to go: a chain's K is its depth, so
+        left − 1; a tree's is its node count, however shallow (paths past the budget are cut)."""
+        if self.drafts_trees:
+            return MAX_K if left > 1 else 0
+        return left - 1
 
     def _hand_features(self, out, rows: int | list[int]) -> None:
         """The target's features of the positions that stay cached: the first ``rows``, or those listed."""

@@ -268,6 +268,7 @@ class HeadTree:
     """A HeadDrafter drafting trees: the engine's K is the node budget (``generate --tree N``)."""
 
     uses_target_features = True
+    drafts_trees = True
 
     def __init__(self, head: HeadDrafter, width: int = TreeShape.width, depth: int = TreeShape.depth):
         self.head, self.width, self.depth = head, width, depth
