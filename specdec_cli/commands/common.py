@@ -38,6 +38,7 @@ SeedOption = Annotated[int, typer.Option("--seed", metavar="N", help="Random see
 RawOption = Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the model's chat template.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Results as JSON on stdout instead of text and tables.")]
 ProfileOption = Annotated[Optional[str], typer.Option("--profile", metavar="FILE", help="Calibration profile. Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")]
+TreeOption = Annotated[Optional[int], typer.Option("--tree", metavar="N", help=f"Draft a tree of at most N nodes (1 to {MAX_K}) with the pair's draft head and verify it in one forward, instead of a chain of K (-k).")]
 ThreadsOption = Annotated[Optional[int], typer.Option("--threads", metavar="N", help="Torch CPU threads (default: OMP_NUM_THREADS, else torch's choice, one per core).")]
 
 WRITE_FAILED = 3  # the result went to stdout, but a file that was asked for could not be written

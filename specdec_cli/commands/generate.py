@@ -16,6 +16,7 @@ from .. import threads as thread_policy
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
+from ..pairs.registry import HEAD
 from ..prompts import Prompt, parse_lines
 from .common import (
     DrafterOption,
@@ -29,6 +30,7 @@ from .common import (
     TargetOption,
     TemperatureOption,
     ThreadsOption,
+    TreeOption,
     check_count,
     check_sampling,
     parse_k,
@@ -55,6 +57,7 @@ def generate(
     pair: PairOption = None,
     k: Annotated[Optional[str], typer.Option("--k", "-k", metavar="K", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}, or auto (adapt online, starting from the calibration profile). Default: auto when the pair has a profile or `adaptive: true`, else the pair's K for the prompt's scenario.")] = None,
     drafter: DrafterOption = None,
+    tree: TreeOption = None,
     max_new_tokens: MaxNewTokensOption = 128,
     temperature: TemperatureOption = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", metavar="N", help="Sample among the N most likely tokens only (0: all).")] = 0,
@@ -80,8 +83,17 @@ def generate(
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_count("--threads", threads, 1)
     fixed_k = parse_k(k, allow_auto=True)
+    if tree is not None:
+        if k is not None:
+            raise UserError("-k drafts a chain and --tree a tree: give one of them")
+        if not 1 <= tree <= MAX_K:
+            raise UserError(f"--tree must be from 1 to {MAX_K}, got {tree}")
+        fixed_k = tree  # the engine's K is a tree's node budget
     prompts = _prompts(prompt)
     spec = resolve_pair(models, pair, target, draft, drafter)
+    if tree is not None and spec.drafter.kind != HEAD:
+        raise UserError(f"--tree needs a draft head, and pair {spec.name!r} drafts with {spec.drafter.kind!r}; "
+                        "choose its head with --drafter head")
 
     from ..decoding.runtime import prepare
 
@@ -93,6 +105,10 @@ def generate(
     live = not json_lines and console.is_terminal
     with console.status(f"loading {spec.name}…") if live else nullcontext():
         runtime = prepare(spec)
+    if tree is not None:
+        from ..decoding.runtime import as_tree
+
+        runtime.drafter = as_tree(runtime.drafter)
 
     finished = 0
     try:
@@ -100,7 +116,7 @@ def generate(
             if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
                 controller = _controller(spec, fixed_k, watcher)
             k_for_item = controller.schedule(item.scenario) if controller else fixed_k
-            result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None)
+            result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, tree)
             if view is not None and _stdout_is_a_file():
                 view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
             if json_lines:
@@ -124,7 +140,7 @@ def _stdout_is_a_file() -> bool:
     return not sys.stdout.isatty() and not stat.S_ISFIFO(mode)
 
 
-def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console) -> tuple[dict, LiveView | None]:
+def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console, tree=None) -> tuple[dict, LiveView | None]:
     from ..live import LiveView
     from ..measure.stats import RunStats
     from ..pairs.tokenization import encode_prompt
@@ -133,7 +149,7 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
     ids = encode_prompt(tokenizer, item.text, raw)
     k = runtime.pair.k_for(item.scenario) if fixed_k is None else fixed_k
     adaptive = not isinstance(k, int)
-    stats = RunStats("auto" if adaptive else k)
+    stats = RunStats("auto" if adaptive else k, tree=tree)
     emitted: list[int] = []
     view = None
     events = runtime.engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)

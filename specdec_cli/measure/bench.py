@@ -25,6 +25,7 @@ from ..decoding.acceptance import SamplingParams
 from ..decoding.adaptive import AdaptiveController
 from ..decoding.drafters import LookupFirst, NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
+from ..decoding.head import HeadTree
 from ..decoding.kv import input_device
 from ..decoding.runtime import Runtime
 from ..decoding.speedup import predicted_speedup
@@ -34,12 +35,14 @@ from ..pairs.profile import PairProfile
 from ..pairs.registry import HEAD, MODEL, NGRAM
 from ..prompts import Prompt
 
-MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto")
+MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto",
+              "tree", "ngram+tree")
 # run by this loop; the others by transformers' generate
-ENGINE_KINDS = ("plain", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto")
+ENGINE_KINDS = ("plain", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto", "tree", "ngram+tree")
+TREE_KINDS = ("tree", "ngram+tree")  # the pair's head drafting trees of at most K nodes
 WITHOUT_K = ("plain", "hf-plain", "auto")
 DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "ngram": NGRAM, "hf-lookup": NGRAM,
-                   "ngram+spec": MODEL, "ngram+head": HEAD}
+                   "ngram+spec": MODEL, "ngram+head": HEAD, "tree": HEAD, "ngram+tree": HEAD}
 NEEDS = {MODEL: "a draft model", HEAD: "a draft head"}
 
 
@@ -64,7 +67,7 @@ def parse_modes(text: str) -> list[Mode]:
         kind, _, k = item.partition(":")
         if kind not in MODE_KINDS:
             raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, "
-                            "head:K, ngram+spec:K, ngram+head:K, auto")
+                            "head:K, ngram+spec:K, ngram+head:K, tree:N, ngram+tree:N, auto")
         if kind in WITHOUT_K:
             if k:
                 raise UserError(f"mode {kind!r} takes no K")
@@ -120,6 +123,7 @@ class Bench:
                 # The pair's model or head as it is (a ModelDrafter keeps its trained output layer),
                 # with prompt lookup first exactly when the mode says so.
                 drafter = self._drafter(mode)[0]
+                drafter = HeadTree(drafter) if mode.kind in TREE_KINDS else drafter
                 drafter = LookupFirst(drafter) if mode.kind.startswith("ngram+") else drafter
             engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.eos_token_ids,
                                        self.runtime.block_plan)
@@ -273,6 +277,9 @@ def report(samples: dict[Mode, list[Sample]]) -> dict:
             result["speedup_vs_hf_plain"] = round(result["tokens_per_s"] / hf_tps, 3)
         result["predicted_speedup"] = None
         drafted, rounds = sum(s.drafted for s in chosen), sum(s.rounds for s in chosen)
+        if mode.kind in TREE_KINDS:
+            result["tree_budget"] = mode.k
+            result["mean_nodes"] = round(drafted / rounds, 3) if rounds else 0.0  # draft nodes verified per round
         if mode.kind == "auto":
             result["mean_k"] = round(sum(s.k_total for s in chosen) / rounds, 3) if rounds else 0.0
         if mode.kind in ENGINE_KINDS and drafted and one_token_s > 0:
@@ -280,7 +287,8 @@ def report(samples: dict[Mode, list[Sample]]) -> dict:
             verify_cost = sum(s.verify_s for s in chosen) / rounds / one_token_s
             draft_cost = sum(s.draft_s for s in chosen) / drafted / one_token_s
             result.update(alpha=round(alpha, 4), verify_cost=round(verify_cost, 3), draft_cost=round(draft_cost, 4))
-            if mode.kind != "auto":  # the formula holds for one K; at the mean of varying K's it is no prediction
+            # The formula holds for one chain of K; at the mean of varying K's, or for a tree, it is no prediction.
+            if mode.kind != "auto" and mode.kind not in TREE_KINDS:
                 predicted = predicted_speedup(alpha, drafted / rounds, draft_cost, verify_cost)
                 result["predicted_speedup"] = round(predicted, 3)
         return result
