@@ -39,6 +39,7 @@ SeedOption = Annotated[int, typer.Option("--seed", metavar="N", help="Random see
 RawOption = Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the model's chat template.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Results as JSON on stdout instead of text and tables.")]
 ProfileOption = Annotated[Optional[str], typer.Option("--profile", metavar="FILE", help="Calibration profile. Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")]
+TreeOption = Annotated[Optional[int], typer.Option("--tree", metavar="N", help=f"Draft a tree of at most N nodes (1 to {MAX_K}) with the pair's draft head and verify it in one forward, instead of a chain of K (-k).")]
 ThreadsOption = Annotated[Optional[int], typer.Option("--threads", metavar="N", help="Torch CPU threads (default: OMP_NUM_THREADS, else torch's choice, one per core).")]
 DtypeOption = Annotated[Optional[str], typer.Option("--dtype", metavar="DTYPE", help="Target precision: float32, bfloat16, int8 or int4 (weight-only, on a CPU; an int4 GGUF keeps its own blocks), float16, auto. Default: the pair's `dtype:`.")]
 AcceptOption = Annotated[str, typer.Option("--accept", metavar="RULE", help="Acceptance rule: exact (the default: lossless) or a LOSSY relaxed rule, lenient:L, typical:EPS,DELTA or top:N, whose output is no longer the target's and is flagged as such (README: 'Why specdec is lossless by default').")]

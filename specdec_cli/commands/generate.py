@@ -16,6 +16,7 @@ from .. import threads as thread_policy
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
+from ..pairs.registry import HEAD
 from ..prompts import Prompt, parse_lines
 from .common import (
     AcceptOption,
@@ -31,6 +32,7 @@ from .common import (
     TargetOption,
     TemperatureOption,
     ThreadsOption,
+    TreeOption,
     accept_rule,
     check_count,
     check_sampling,
@@ -59,6 +61,7 @@ def generate(
     k: Annotated[Optional[str], typer.Option("--k", "-k", metavar="K", help=f"Draft tokens per round, 0 (plain decoding) to {MAX_K}, or auto (adapt online, starting from the calibration profile). Default: auto when the pair has a profile or `adaptive: true`, else the pair's K for the prompt's scenario.")] = None,
     drafter: DrafterOption = None,
     dtype: DtypeOption = None,
+    tree: TreeOption = None,
     max_new_tokens: MaxNewTokensOption = 128,
     temperature: TemperatureOption = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", metavar="N", help="Sample among the N most likely tokens only (0: all).")] = 0,
@@ -86,8 +89,17 @@ def generate(
     check_count("--threads", threads, 1)
     fixed_k = parse_k(k, allow_auto=True)
     rule = accept_rule(accept)
+    if tree is not None:
+        if k is not None:
+            raise UserError("-k drafts a chain and --tree a tree: give one of them")
+        if not 1 <= tree <= MAX_K:
+            raise UserError(f"--tree must be from 1 to {MAX_K}, got {tree}")
+        fixed_k = tree  # the engine's K is a tree's node budget
     prompts = _prompts(prompt)
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
+    if tree is not None and spec.drafter.kind != HEAD:
+        raise UserError(f"--tree needs a draft head, and pair {spec.name!r} drafts with {spec.drafter.kind!r}; "
+                        "choose its head with --drafter head")
 
     from ..decoding.runtime import prepare
 
@@ -99,6 +111,10 @@ def generate(
     live = not json_lines and console.is_terminal
     with console.status(f"loading {spec.name}…") if live else nullcontext():
         runtime = prepare(spec)
+    if tree is not None:
+        from ..decoding.runtime import as_tree
+
+        runtime.drafter = as_tree(runtime.drafter)
 
     finished = 0
     try:
@@ -106,7 +122,7 @@ def generate(
             if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
                 controller = _controller(spec, fixed_k, watcher, console, not json_lines)
             k_for_item = controller.schedule(item.scenario) if controller else fixed_k
-            result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule)
+            result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule, tree)
             if view is not None and _stdout_is_a_file():
                 view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
             if controller is not None:  # which profile seeded auto (None: the pair's K)
@@ -132,7 +148,7 @@ def _stdout_is_a_file() -> bool:
     return not sys.stdout.isatty() and not stat.S_ISFIFO(mode)
 
 
-def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console, rule) -> tuple[dict, LiveView | None]:
+def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console, rule, tree=None) -> tuple[dict, LiveView | None]:
     from ..live import LiveView
     from ..measure.stats import RunStats
     from ..pairs.tokenization import encode_prompt
@@ -141,7 +157,7 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
     ids = encode_prompt(tokenizer, item.text, raw)
     k = runtime.pair.k_for(item.scenario) if fixed_k is None else fixed_k
     adaptive = not isinstance(k, int)
-    stats = RunStats("auto" if adaptive else k, str(rule))
+    stats = RunStats("auto" if adaptive else k, str(rule), tree=tree)
     emitted: list[int] = []
     view = None
     events = runtime.engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, rule=rule)

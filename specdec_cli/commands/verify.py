@@ -61,6 +61,7 @@ def verify_equivalence(
     prompts: PromptsOption,
     pair: PairOption = None,
     k: Annotated[str, typer.Option("--k", "-k", metavar="K,K,...", help=f"Comma-separated K values to check, each 0 to {MAX_K}.")] = "1,4,8",
+    tree: Annotated[Optional[str], typer.Option("--tree", metavar="N,N,...", help=f"Check trees of these node budgets (1 to {MAX_K}; the pair's draft head drafting trees, as `generate --tree N`) instead of chains of K.")] = None,
     max_new_tokens: MaxNewTokensOption = 128,
     tolerance: Annotated[Optional[float], typer.Option("--tolerance", metavar="MARGIN", help=f"Largest logit margin a near-tie may have. Default by the target's dtype: {TOLERANCE_HELP}.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Fail on any divergence, near-ties included.")] = False,
@@ -97,7 +98,7 @@ def verify_equivalence(
         raise UserError(f"--temperature must be above 0 for --sampling, got {temperature}")
     if report:
         check_writable(report, "--report")
-    ks = parse_k_list(k)
+    ks = parse_k_list(tree, "--tree", least=1) if tree is not None else parse_k_list(k)
     rule = accept_rule(accept)  # a lossy rule runs, shows its divergences, and exits 1
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
@@ -109,6 +110,10 @@ def verify_equivalence(
 
     thread_policy.apply(threads)
     runtime = prepare(spec)
+    if tree is not None:
+        from ..decoding.runtime import as_tree
+
+        runtime.drafter = as_tree(runtime.drafter)
     encoded = [(item.id, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
     tolerance = tolerance or _tolerance(runtime)
 
@@ -122,14 +127,14 @@ def verify_equivalence(
         stderr_console().print("specdec: interrupted; nothing was verified to the end")
         raise typer.Exit(130) from None
     equivalent, verdict = decide(greedy, sampled, strict, rule)
-    result = dict(pair=spec.name, drafter=runtime.drafter.name, dtype=runtime.target.precision,
+    result = dict(pair=spec.name, drafter=runtime.drafter.name, tree=tree is not None, dtype=runtime.target.precision,
                   prompts=len(encoded), strict=strict, lossless=rule.lossless, accept=str(rule), equivalent=equivalent, verdict=verdict,
                   wall_s=round(time.perf_counter() - started, 3), **greedy.as_dict(),
                   sampling=sampled.as_dict() if sampled else None)
     if json_out:
         print(json.dumps(result, ensure_ascii=False), flush=True)
     else:
-        render(plain_console(), greedy, sampled, equivalent, verdict, result["wall_s"])
+        render(plain_console(), greedy, sampled, equivalent, verdict, result["wall_s"], "tree" if tree is not None else "K")
     text = json.dumps(result, ensure_ascii=False, indent=2) + "\n"
     if report and not write_output("--report", report, lambda: write_atomically(report, text)):
         raise typer.Exit(WRITE_FAILED)
@@ -144,16 +149,18 @@ def _tolerance(runtime) -> float:
     return NEAR_TIE_TOLERANCE["bfloat16"] if precision in ("int8", "int4") else default_tolerance(runtime.target.model.dtype)
 
 
-def parse_k_list(text: str) -> list[int]:
+def parse_k_list(text: str, option: str = "--k", least: int = 0) -> list[int]:
     """'1,4,8' → [1, 4, 8], each checked by parse_k; duplicates dropped, order kept."""
     ks = []
     for part in text.split(","):
         if not part.strip():
-            raise UserError(f"--k {text!r}: expected comma-separated integers from 0 to {MAX_K}")
+            raise UserError(f"{option} {text!r}: expected comma-separated integers from {least} to {MAX_K}")
         try:
             ks.append(parse_k(part.strip()))
         except UserError as exc:
-            raise UserError(f"--k {text!r}: {exc}") from None
+            raise UserError(f"{option} {text!r}: {exc}") from None
+        if ks[-1] < least:
+            raise UserError(f"{option} {text!r}: each must be from {least} to {MAX_K}, got {ks[-1]}")
     return list(dict.fromkeys(ks))
 
 
@@ -177,13 +184,14 @@ def _progress(total: int):
     return _Bar()
 
 
-def render(console: Console, greedy: GreedyResult, sampled: SamplingResult | None, equivalent: bool, verdict: str, wall_s: float) -> None:
+def render(console: Console, greedy: GreedyResult, sampled: SamplingResult | None, equivalent: bool, verdict: str, wall_s: float,
+           unit: str = "K") -> None:
     from ..measure.equivalence import MISMATCH, NEAR_TIE
 
     totals = greedy.totals()
     flagged = {(d.prompt_id, d.k): d.kind for d in greedy.divergences}
     for k in greedy.ks:
-        table = Table(title=f"K = {k}", title_justify="left", box=box.SIMPLE_HEAD)
+        table = Table(title=f"{unit} = {k}", title_justify="left", box=box.SIMPLE_HEAD)
         table.add_column("prompt", min_width=8, overflow="fold")
         for column in ("tokens\nplain/spec", "rounds\nplain/spec", "accepted\ndrafts", "seconds\nplain/spec", "speedup",
                        "same as\nplain", "same as\ntransformers"):

@@ -22,12 +22,16 @@ class Draft:
     """Proposed token ids, and q: the draft distribution each was drawn from.
 
     ``probs`` is None for a deterministic drafter (one-hot q); greedy decoding never reads it.
+    ``parents`` is None for a chain; for a tree (decoding/tree.py) it gives each token's parent as a
+    block index: 0 is the root (the last context token), j + 1 is draft token j, parents come first.
+    A tree's tokens are deterministic candidates (top-k), so it carries no q.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
     source: str = ""  # which drafter proposed it (lookup_source(n), "head", "model"): the controller's key
     catchup_s: float = 0.0  # of the drafting time, a head's catch-up on positions confirmed while it sat out
+    parents: tuple[int, ...] | None = None
 
     @classmethod
     def empty(cls) -> "Draft":
@@ -41,6 +45,8 @@ class Drafter(Protocol):
     """``propose`` and ``reset``; a drafter that reads the target's features (a draft head) also sets
     ``uses_target_features = True`` and has ``add_features(rows)``: the engine then hands it the
     target's post-norm last hidden states of every position that became confirmed, in cache order.
+    A drafter that proposes trees (Draft.parents) sets ``drafts_trees = True``: K is then its node
+    budget, not its depth.
     """
 
     name: str

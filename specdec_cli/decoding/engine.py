@@ -18,7 +18,8 @@ from ..errors import UserError
 from ..limits import MAX_K
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept, speculative_accept
 from .drafters import Draft, Drafter, parts
-from .kv import crop_cache, input_device
+from .kv import crop_cache, input_device, keep_positions
+from .tree import Tree, greedy_tree_accept, tree_sample_accept, verify_tree
 
 
 @dataclass
@@ -43,15 +44,30 @@ class RoundEvent:
     source: str = ""  # the drafter that drafted (Draft.source); "" when nothing was drafted
     other_s: float = 0.0  # the round's bookkeeping after verifying (cache crop, features, the schedule's own work)
     catchup_s: float = 0.0  # part of draft_s: a head catching up after rounds without it (paid once per gap)
+    # A tree round (tree.py): ``drafted`` are its nodes, ``parents`` their parents as block indices
+    # (0 the root), ``accepted`` the length of the kept path, ``turned_down`` the children of the
+    # path's last node, every one of which the target tested and refused. None for a chain.
+    parents: tuple[int, ...] | None = None
+    turned_down: list[int] | None = None
+
+    @property
+    def nodes(self) -> int:
+        """Draft tokens the target verified in this round's one forward (a chain's K, a tree's size)."""
+        return len(self.drafted)
 
     @property
     def rejected(self) -> list[int]:
+        if self.parents is not None:
+            return list(self.turned_down or [])
         return self.drafted[self.accepted :]
 
     @property
     def judged(self) -> int:
         """Drafts the target tested: the kept ones and the first turned down. The speed-up formula's
-        α is kept / judged; kept / drafted would also count drafts after a rejection, never tested."""
+        α is kept / judged; kept / drafted would also count drafts after a rejection, never tested.
+        In a tree: the path's nodes and the refused children at its end."""
+        if self.parents is not None:
+            return self.accepted + len(self.turned_down or [])
         return self.accepted + (self.accepted < len(self.drafted))
 
 
@@ -95,6 +111,7 @@ class SpeculativeEngine:
         self.wants_features = bool(getattr(drafter, "uses_target_features", False))
         self._extra = {"output_hidden_states": -1} if self.wants_features else {}
         self._offer, self._learned = parts(drafter)
+        self.drafts_trees = bool(getattr(drafter, "drafts_trees", False))
 
     @torch.inference_mode()
     def generate(
@@ -111,6 +128,8 @@ class SpeculativeEngine:
         """``rule`` other than exact is a lossy acceptance rule (acceptance.py): opt-in, and every
         caller that passes one must say so in its output."""
         schedule = FixedK(k) if isinstance(k, int) else k
+        if self.drafts_trees and not rule.lossless:
+            raise UserError(f"acceptance rule {rule} applies to chains of drafts; trees are verified exactly")
         if not prompt_ids:
             raise UserError("the prompt is empty")
         budget = max_new_tokens
@@ -134,7 +153,7 @@ class SpeculativeEngine:
         produced = 0
         while produced < budget:
             # A round emits at most k + 1 tokens; drafting past the budget is wasted work.
-            room = max(0, min(MAX_K, budget - produced - 1))
+            room = max(0, min(MAX_K, self._room(budget - produced)))
             started = time.perf_counter()
             if hasattr(schedule, "plan") and self.drafter is not None:
                 want, draft = self._planned(schedule, tokens, room, sampling, generator)
@@ -142,6 +161,16 @@ class SpeculativeEngine:
                 want = max(0, min(schedule.choose(), room))
                 draft = self._draft(tokens, want, sampling, generator)
             drafted_at = time.perf_counter()
+            if draft.parents is not None:  # a tree: verified in one forward, its best path kept (tree.py)
+                event = self._tree_round(cache, tokens, draft, want, budget - produced, sampling, generator,
+                                         drafted_at - started, record_logits)
+                produced += len(event.emitted)
+                tokens = torch.cat([tokens, torch.tensor(event.emitted, dtype=torch.long)])
+                schedule.observe(event)
+                yield event
+                if event.finished:
+                    return
+                continue
 
             block = self._padded(torch.cat([tokens[-1:], draft.tokens]), tokens.shape[0] - 1)
             out = self.target(block[None].to(device), cache=cache, use_cache=True, logits_to_keep=block.shape[0], **self._extra)
@@ -180,9 +209,69 @@ class SpeculativeEngine:
             if event.finished:
                 return
 
-    def _hand_features(self, out, rows: int) -> None:
+    def _room(self, left: int) -> int:
+        """The most drafts worth asking for with ``left`` tokens to go: a chain's K is its depth, so
+        left − 1; a tree's is its node count, however shallow (paths past the budget are cut)."""
+        if self.drafts_trees:
+            return MAX_K if left > 1 else 0
+        return left - 1
+
+    def _hand_features(self, out, rows: int | list[int]) -> None:
+        """The target's features of the positions that stay cached: the first ``rows``, or those listed."""
         if self.wants_features:
-            self.drafter.add_features(out.hidden_states[-1][0, :rows])
+            hidden = out.hidden_states[-1][0]
+            self.drafter.add_features(hidden[:rows] if isinstance(rows, int) else hidden[rows])
+
+    def _tree_round(self, cache, tokens, draft: Draft, want: int, room: int, sampling, generator, draft_s: float,
+                    record_logits: bool) -> RoundEvent:
+        """One tree round: the root and every node in one target forward, the accepted path kept.
+
+        Acceptance is greedy, or the point-mass rule for deterministic candidates (tree.py); the
+        cache and the head's features keep exactly the root and the accepted nodes, in path order.
+        """
+        started = time.perf_counter()
+        cached = tokens.shape[0] - 1
+        tree = Tree(torch.cat([tokens[-1:], draft.tokens]), (-1, *draft.parents))
+        out = verify_tree(self.target, cache, self._padded_tree(tree, cached), input_device(self.target), **self._extra)
+        logits = out.logits[0, : len(tree), : self.vocab_size].float()
+        if sampling.greedy:
+            path, token = greedy_tree_accept(tree, logits)
+        else:
+            path, token = tree_sample_accept(tree, distribution(logits, sampling), generator)
+        verified_at = time.perf_counter()
+
+        emitted, finished = self._cut([int(tree.tokens[node]) for node in path] + [token], room)
+        rows = [0, *path][: len(emitted)]  # block positions that stay cached: the root and the kept nodes
+        keep_positions(cache, torch.cat([torch.arange(cached), cached + torch.tensor(rows, dtype=torch.long)]))
+        self._hand_features(out, rows)
+        complete = len(emitted) == len(path) + 1  # neither EOS nor the budget cut the path short
+        return RoundEvent(
+            k=want,
+            drafted=draft.tokens.tolist(),
+            accepted=min(len(path), len(emitted)),
+            token=token if complete else None,
+            emitted=emitted,
+            draft_s=draft_s,
+            verify_s=verified_at - started,
+            finished=finished or len(emitted) >= room,
+            logits=logits[rows].cpu() if record_logits else None,
+            parents=tuple(draft.parents),
+            turned_down=[int(tree.tokens[c]) for c in tree.children(rows[-1])] if complete else [],
+        )
+
+    def _padded_tree(self, tree: Tree, cached: int) -> Tree:
+        """The tree, with copies of the root hung under it where a longer forward is cheaper.
+
+        No real node sees them (the mask shows a node only its ancestors), acceptance reads the real
+        nodes alone, and their cache entries are dropped with the rest of the unaccepted tree.
+        """
+        length = self.block_plan.get(len(tree), len(tree))
+        if self.context_length:
+            length = min(length, self.context_length - cached)
+        if length <= len(tree):
+            return tree
+        extra = length - len(tree)
+        return Tree(torch.cat([tree.tokens, tree.tokens[:1].expand(extra)]), tree.parents + (0,) * extra)
 
     def _padded(self, block: torch.Tensor, cached: int) -> torch.Tensor:
         """The block, lengthened with copies of its last token where a longer forward is cheaper.
@@ -218,6 +307,10 @@ class SpeculativeEngine:
         if want == 0 or self.drafter is None:
             return Draft.empty()
         draft = self.drafter.propose(tokens, want, sampling, generator)
+        if draft.parents is not None:
+            if len(draft) > want:
+                raise RuntimeError(f"drafter {self.drafter.name} proposed a tree of {len(draft)} nodes, {want} asked for")
+            return draft
         return Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source, draft.catchup_s)
 
     def _cut(self, emitted: list[int], room: int) -> tuple[list[int], bool]:

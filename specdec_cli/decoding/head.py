@@ -30,6 +30,7 @@ from ..pairs.meta import META_FILE, read_meta, write_meta
 from ..pairs.quantize import output_weight
 from .drafters import Draft, autoregress, common_prefix
 from .kv import crop_cache
+from .tree import TreeShape, best_nodes
 
 WEIGHTS_FILE = "head.safetensors"
 
@@ -47,11 +48,18 @@ class DraftHead(nn.Module):
         self.layer = LlamaDecoderLayer(config, layer_idx=0)
         self.rotary = LlamaRotaryEmbedding(config)
 
-    def forward(self, embeds: torch.Tensor, features: torch.Tensor, cache=None, start: int = 0) -> torch.Tensor:
-        """(batch, positions, H) embeddings and previous-position features → guessed features."""
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, cache=None, start: int = 0,
+                positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(batch, positions, H) embeddings and previous-position features → guessed features.
+
+        Consecutive positions from ``start`` under a causal mask; or, for a tree level, the given
+        ``positions`` (1, n) and 4D bool ``mask`` (decoding/tree.py's layout).
+        """
         x = self.fc(torch.cat([embeds, features], dim=-1))
-        positions = torch.arange(start, start + x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
-        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache, position_ids=positions)
+        if positions is None:
+            positions = torch.arange(start, start + x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
+        if mask is None:
+            mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache, position_ids=positions)
         return self.layer(x, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,
                           position_embeddings=self.rotary(x, positions))
 
@@ -163,11 +171,11 @@ class HeadDrafter:
         self._rows[self._count : end] = rows.detach().to(self.device, torch.float32)
         self._count = end
 
-    @torch.inference_mode()
-    def propose(self, context, k, sampling, generator) -> Draft:
+    def _catch_up(self, context: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Crop the cache to the positions computed from true features, feed the newly confirmed ones,
+        and return the guess at the last context token (whose logits draft the first token) and the
+        seconds spent catching up after rounds without the head (0 for an ordinary round)."""
         n = context.shape[0]
-        if k <= 0:
-            return Draft.empty()
         if self._count - 1 != n - 1:
             raise RuntimeError(f"head drafter holds {self._count - 1} target features for {n} tokens; "
                                "it must be driven by the engine, which hands them over")
@@ -180,6 +188,14 @@ class HeadDrafter:
         guess = self._step(context[keep:n], previous, keep)
         caught_up = time.perf_counter() - started if n - keep > MAX_K + 1 else 0.0
         self.true_length = n
+        return guess, caught_up
+
+    @torch.inference_mode()
+    def propose(self, context, k, sampling, generator) -> Draft:
+        n = context.shape[0]
+        if k <= 0:
+            return Draft.empty()
+        guess, caught_up = self._catch_up(context)
         position = [n]
 
         def step(token):
@@ -193,14 +209,100 @@ class HeadDrafter:
         self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
         return draft
 
+    @torch.inference_mode()
+    def propose_tree(self, context: torch.Tensor, shape: TreeShape) -> Draft:
+        """A tree of at most ``shape.nodes`` nodes, EAGLE-2 style.
+
+        Level by level, the ``width`` best new nodes by cumulative draft log-probability are
+        expanded in one head forward (each sees the true cache and its own ancestors), each giving
+        its top-``width`` children; then the best ``nodes`` of all candidates are kept. Expansion
+        stops early once no deeper node could make the cut (a child never scores above its parent).
+        The candidates are deterministic, as the point-mass acceptance rule needs.
+        """
+        n = context.shape[0]
+        if shape.nodes <= 0:
+            return Draft.empty()
+        root_guess, caught_up = self._catch_up(context)
+        self.cached_tokens = context.clone()  # what lies past the true positions is tree-shaped: cropped next round
+        width = max(1, min(shape.width, shape.nodes))
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        slot: dict[int, int] = {}  # candidate → its head cache position, once expanded
+        guesses: dict[int, torch.Tensor] = {}
+
+        def add_children(parent: int, logits: torch.Tensor, base: float) -> list[int]:
+            top = torch.log_softmax(logits, dim=-1).topk(width)
+            new = []
+            for value, token in zip(top.values.tolist(), top.indices.tolist()):
+                new.append(len(tokens))
+                tokens.append(token), parents.append(parent), scores.append(base + value)
+            return new
+
+        frontier = add_children(-1, self._logits(root_guess), 0.0)
+        for level in range(1, shape.depth):
+            frontier = sorted(frontier, key=lambda i: (-scores[i], i))[:width]
+            frontier = [i for i in frontier if scores[i] > float("-inf")]
+            if not frontier:
+                break
+            if len(scores) >= shape.nodes and sorted(scores, reverse=True)[shape.nodes - 1] >= scores[frontier[0]]:
+                break  # every deeper node would score below the nodes already chosen
+            cached = self.cache.get_seq_length()
+            mask = torch.zeros(len(frontier), cached + len(frontier), dtype=torch.bool)
+            mask[:, :n] = True
+            for row, node in enumerate(frontier):
+                mask[row, cached + row] = True
+                ancestor = parents[node]
+                while ancestor >= 0:
+                    mask[row, slot[ancestor]] = True
+                    ancestor = parents[ancestor]
+            features = torch.stack([root_guess if parents[i] < 0 else guesses[parents[i]] for i in frontier])
+            embeds = self.embed(torch.tensor([tokens[i] for i in frontier]).to(self.embed.weight.device))
+            positions = torch.full((1, len(frontier)), n - 1 + level, device=self.device)
+            out = self.head(embeds.to(self.device, torch.float32)[None], features[None], self.cache,
+                            positions=positions, mask=mask[None, None].to(self.device))[0]
+            logits = self._logits(out)
+            next_frontier = []
+            for row, node in enumerate(frontier):
+                slot[node], guesses[node] = cached + row, out[row]
+                next_frontier += add_children(node, logits[row], scores[node])
+            frontier = next_frontier
+
+        chosen = best_nodes(scores, parents, shape.nodes)
+        block = {candidate: i + 1 for i, candidate in enumerate(chosen)}  # block index; the root is 0
+        return Draft(torch.tensor([tokens[i] for i in chosen], dtype=torch.long),
+                     parents=tuple(0 if parents[i] < 0 else block[parents[i]] for i in chosen),
+                     source=self.name, catchup_s=caught_up)
+
     def _step(self, tokens: torch.Tensor, features: torch.Tensor, start: int) -> torch.Tensor:
         embeds = self.embed(tokens.to(self.embed.weight.device)).to(self.device, torch.float32)
         return self.head(embeds[None], features[None], self.cache, start)[0, -1]
 
     def _logits(self, guess: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's vocabulary for one guess or a row of them (-inf outside --top-vocab)."""
         logits = head_logits(guess, self.out_weight)
         if self.allowed is None:
             return logits
-        full = logits.new_full((self.vocab_size,), float("-inf"))
-        full[self.allowed] = logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        full[..., self.allowed] = logits
         return full
+
+
+class HeadTree:
+    """A HeadDrafter drafting trees: the engine's K is the node budget (``generate --tree N``)."""
+
+    uses_target_features = True
+    drafts_trees = True
+
+    def __init__(self, head: HeadDrafter, width: int = TreeShape.width, depth: int = TreeShape.depth):
+        self.head, self.width, self.depth = head, width, depth
+        self.name = f"{head.name}-tree"
+
+    def reset(self) -> None:
+        self.head.reset()
+
+    def add_features(self, rows: torch.Tensor) -> None:
+        self.head.add_features(rows)
+
+    def propose(self, context, k, sampling, generator) -> Draft:
+        return self.head.propose_tree(context, TreeShape(k, self.width, self.depth))

@@ -19,3 +19,21 @@ def crop_cache(cache: Cache, length: int) -> None:
 def input_device(model: PreTrainedModel) -> torch.device:
     """Where a model's input ids must go; with an accelerate device map that is the embedding's device."""
     return model.get_input_embeddings().weight.device
+
+
+def keep_positions(cache: Cache, keep: torch.Tensor) -> None:
+    """Keep only the cached positions ``keep`` (ascending): the accepted path of a tree round.
+
+    Keys are stored after rotation at their final positions (a tree node sits at cache length +
+    depth), so gathering them is exact. A prefix is cropped instead, which copies nothing.
+    """
+    length = cache.get_seq_length()
+    if torch.equal(keep.cpu(), torch.arange(keep.shape[0])):
+        crop_cache(cache, keep.shape[0])
+        return
+    if int(keep.max()) >= length:
+        raise ValueError(f"position {int(keep.max())} is not cached ({length} are)")
+    for layer in cache.layers:
+        index = keep.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)

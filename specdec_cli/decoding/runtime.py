@@ -18,7 +18,7 @@ from ..pairs.tokenization import check_compatible, eos_ids
 from .blocks import cached_plan
 from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
-from .head import load_head
+from .head import HeadDrafter, HeadTree, load_head
 
 
 @dataclass
@@ -53,6 +53,17 @@ class Runtime:
                 raise UserError(f"pair {self.pair.name!r} {MISSING[kind]}")
             self._by_kind[kind] = _drafter(spec, self.target)
         return self._by_kind[kind]
+
+
+def as_tree(drafter: Drafter) -> Drafter:
+    """The running drafter made to draft trees (`--tree N`): its draft head, prompt lookup still first
+    where the pair puts it there. Only a head drafts trees."""
+    if isinstance(drafter, LookupFirst) and isinstance(drafter.learned, HeadDrafter):
+        return LookupFirst(HeadTree(drafter.learned), drafter.lookup)
+    if isinstance(drafter, HeadDrafter):
+        return HeadTree(drafter)
+    raise UserError(f"--tree needs a draft head, and this pair drafts with {drafter.name!r}; "
+                    "choose the pair's head with --drafter head")
 
 
 def prepare(pair: PairSpec) -> Runtime:

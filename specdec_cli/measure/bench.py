@@ -30,6 +30,7 @@ from ..decoding.adaptive import AdaptiveController
 from ..decoding.drafters import LookupFirst, NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
 from ..decoding.estimates import Acceptance
+from ..decoding.head import HeadTree
 from ..decoding.kv import input_device
 from ..decoding.runtime import Runtime
 from ..errors import UserError
@@ -39,12 +40,14 @@ from ..pairs.registry import HEAD, MODEL, NGRAM
 from ..prompts import Prompt
 from . import lossy
 
-MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto")
+MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto",
+              "tree", "ngram+tree")
 # run by this loop; the others by transformers' generate
-ENGINE_KINDS = ("plain", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto")
+ENGINE_KINDS = ("plain", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto", "tree", "ngram+tree")
+TREE_KINDS = ("tree", "ngram+tree")  # the pair's head drafting trees of at most K nodes
 WITHOUT_K = ("plain", "hf-plain", "auto")
 DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "ngram": NGRAM, "hf-lookup": NGRAM,
-                   "ngram+spec": MODEL, "ngram+head": HEAD}
+                   "ngram+spec": MODEL, "ngram+head": HEAD, "tree": HEAD, "ngram+tree": HEAD}
 NEEDS = {MODEL: "a draft model", HEAD: "a draft head"}
 
 
@@ -92,7 +95,7 @@ def parse_modes(text: str) -> list[Mode]:
                             "ngram+spec, ngram+head, auto), not to plain decoding or transformers' generate")
         if kind not in MODE_KINDS:
             raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, "
-                            "head:K, ngram+spec:K, ngram+head:K, auto")
+                            "head:K, ngram+spec:K, ngram+head:K, tree:N, ngram+tree:N, auto")
         if kind in WITHOUT_K:
             if k:
                 raise UserError(f"mode {kind!r} takes no K")
@@ -165,6 +168,7 @@ class Bench:
                 # The pair's model or head as it is (a ModelDrafter keeps its trained output layer),
                 # with prompt lookup first exactly when the mode says so.
                 drafter = self._drafter(mode)[0]
+                drafter = HeadTree(drafter) if mode.kind in TREE_KINDS else drafter
                 drafter = LookupFirst(drafter) if mode.kind.startswith("ngram+") else drafter
             engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.eos_token_ids,
                                        self.runtime.block_plan)
@@ -355,6 +359,9 @@ def report(samples: dict[Mode, list[Sample]], draws: int = 1, seed: int = 0) -> 
         result["lossless"] = mode.rule.lossless
         result["accept"] = str(mode.rule)
         drafted, rounds = sum(s.drafted for s in chosen), sum(s.rounds for s in chosen)
+        if mode.kind in TREE_KINDS:
+            result["tree_budget"] = mode.k
+            result["mean_nodes"] = round(drafted / rounds, 3) if rounds else 0.0  # draft nodes verified per round
         if mode.kind == "auto":
             result["mean_k"] = round(sum(s.k_total for s in chosen) / rounds, 3) if rounds else 0.0
         if mode.kind in ENGINE_KINDS and drafted and one_token_s > 0:
@@ -362,7 +369,8 @@ def report(samples: dict[Mode, list[Sample]], draws: int = 1, seed: int = 0) -> 
             verify_cost = sum(s.verify_s for s in chosen) / rounds / one_token_s
             draft_cost = sum(s.draft_s for s in chosen) / drafted / one_token_s
             result.update(alpha=round(alpha, 4), verify_cost=round(verify_cost, 3), draft_cost=round(draft_cost, 4))
-            result["predicted_speedup"] = round(predicted_from_rounds(chosen, base), 3)
+            if mode.kind not in TREE_KINDS:  # the rounds' model is one chain per round; a tree's is not modelled
+                result["predicted_speedup"] = round(predicted_from_rounds(chosen, base), 3)
         return result
 
     return {

@@ -16,6 +16,7 @@ from ..decoding.engine import RoundEvent
 class RunStats:
     k: int | str
     accept: str = "exact"  # the acceptance rule; anything else is lossy and says so in every output
+    tree: int | None = None  # the node budget of a tree (`generate --tree N`); None for a chain
     drafted: int = 0
     accepted: int = 0
     rounds: int = 0
@@ -70,6 +71,10 @@ class RunStats:
             draft_s=round(self.draft_s, 4),
             verify_s=round(self.verify_s, 4),
         )
-        order = ["k", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds",
+        if self.tree is not None:  # nodes verified per round: what a tree round costs the target
+            figures["mean_nodes_verified"] = round(self.drafted / self.rounds, 4) if self.rounds else 0.0
+        else:
+            figures.pop("tree")
+        order = ["k", *(["tree", "mean_nodes_verified"] if self.tree is not None else []), "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds",
                  "new_tokens", "wall_s", "tokens_per_s", "draft_s", "verify_s", "lossless", "accept"]
         return {key: figures[key] for key in order}
