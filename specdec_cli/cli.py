@@ -12,7 +12,7 @@ from typer.core import TyperArgument, TyperGroup
 
 from . import threads
 
-threads.passive_wait_unless_set()  # before any command imports torch: see threads.py
+threads.choose_before_torch()  # before any command imports torch: see threads.py
 
 from .commands.bench import bench_command
 from .commands.calibrate import calibrate_k

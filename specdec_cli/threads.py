@@ -1,27 +1,62 @@
-"""How torch's CPU threads wait, and how many there are.
+"""How many CPU threads torch runs, and how they wait: chosen before torch loads.
 
 OpenMP's worker threads spin at every barrier while they wait for each other. On an idle machine
-that saves a wake-up; when another process holds one of the cores, the spinning threads fight it
-for the CPU and every forward waits on the slowest of them: on this project's 2-core machine one
-busy process made generation 6× slower. A passive wait (the threads sleep) keeps the speed on a
-busy machine and costs next to nothing on an idle one (README, "Threads"), so the CLI asks for it
-before torch is imported, unless the user chose a policy. `--threads N` sets the count.
+that is the fastest way to wait; when another process holds one of the cores, two spinning threads
+fight it for the CPU and every op waits on the descheduled one: with the int4 target on this
+project's 2-core machine, one busy process took plain decoding from 36 to 2 tok/s. A passive wait
+(threads sleep) survives that, but on an idle machine its wake-ups halve the speed of the int4
+target (19 vs 36 tok/s), whose tokens are many small ops. No single policy serves both (README,
+"Threads"), so the CLI looks before it starts: where other processes keep cores busy it runs on
+the cores left free with a passive wait; on an idle machine it leaves OpenMP's own default. A user
+who set OMP_NUM_THREADS or OMP_WAIT_POLICY decides alone; `--threads N` sets the count.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
+COUNT = "OMP_NUM_THREADS"
 _chosen_by = "user"
 
 
-def passive_wait_unless_set() -> None:
-    """Ask OpenMP for a passive wait; effective only before torch (and its OpenMP runtime) loads."""
+def plan(cores: int, busy: float) -> dict[str, str]:
+    """The OpenMP settings for a machine of ``cores`` with ``busy`` cores' worth of other work:
+    none on an idle machine (OpenMP's default), else the free cores (at least one), waiting passively."""
+    taken = min(cores - 1, round(busy))
+    if taken <= 0:
+        return {}
+    return {COUNT: str(cores - taken), WAIT_POLICY: "PASSIVE"}
+
+
+def busy_cores(sample_s: float = 0.1) -> float:
+    """Cores' worth of CPU time other processes used over a short sample (this process is idle
+    then: nothing has been computed yet); 0 where /proc/stat cannot be read."""
+    def ticks():
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # all, idle + iowait
+
+    try:
+        total_0, idle_0 = ticks()
+        time.sleep(sample_s)
+        total_1, idle_1 = ticks()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    elapsed = total_1 - total_0
+    return (elapsed - (idle_1 - idle_0)) / elapsed * (os.cpu_count() or 1) if elapsed > 0 else 0.0
+
+
+def choose_before_torch() -> None:
+    """Effective only before torch (and its OpenMP runtime) loads; a user's own settings win."""
     global _chosen_by
-    if WAIT_POLICY not in os.environ:
-        os.environ[WAIT_POLICY] = "PASSIVE"
-        _chosen_by = "specdec"
+    if WAIT_POLICY in os.environ or COUNT in os.environ:
+        return
+    busy = busy_cores()
+    settings = plan(os.cpu_count() or 1, busy)
+    os.environ.update(settings)
+    _chosen_by = f"specdec ({busy:.1f} cores busy at start)"
 
 
 def apply(threads: int | None) -> None:
@@ -46,6 +81,6 @@ def policy(threads: int | None = None) -> dict:
     return {
         "torch_threads": torch.get_num_threads(),
         "threads_from": source,
-        "omp_wait_policy": os.environ.get(WAIT_POLICY, "unset"),
-        "wait_policy_from": _chosen_by if WAIT_POLICY in os.environ else "unset",
+        "omp_wait_policy": os.environ.get(WAIT_POLICY, "unset (OpenMP's default)"),
+        "chosen_by": _chosen_by,
     }

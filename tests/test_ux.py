@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -214,14 +215,32 @@ def test_a_table_to_a_pipe_keeps_each_value_whole_and_has_no_trailing_blanks(mod
 
 # --- threads ------------------------------------------------------------------------------------
 
-WAIT = "import os, specdec_cli.cli; print(os.environ['OMP_WAIT_POLICY'])"
+WAIT = "import os, specdec_cli.cli; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('OMP_NUM_THREADS'))"
 
 
-@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_the_cli_asks_for_a_passive_openmp_wait_unless_the_user_chose_one(given, expected):
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | ({"OMP_WAIT_POLICY": given} if given else {})
-    done = subprocess.run([sys.executable, "-c", WAIT], capture_output=True, text=True, check=False, timeout=120, cwd=ROOT, env=env)
-    assert done.stdout.strip() == expected, done.stderr
+def test_threads_plan_leaves_an_idle_machine_to_openmp_and_gives_a_busy_one_its_free_cores():
+    from specdec_cli.threads import plan
+
+    assert plan(2, 0.1) == {}
+    assert plan(2, 1.0) == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert plan(2, 2.0) == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}  # never fewer than one
+    assert plan(8, 2.6) == {"OMP_NUM_THREADS": "5", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_the_cli_sees_a_busy_core_before_torch_loads_and_keeps_the_users_own_choice():
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        chosen = subprocess.run([sys.executable, "-c", WAIT], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+        kept = subprocess.run([sys.executable, "-c", WAIT], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                              env=env | {"OMP_WAIT_POLICY": "ACTIVE"})
+    finally:
+        busy.kill()
+    cores = os.cpu_count() or 1
+    if cores > 1:
+        assert chosen.stdout.split() == ["PASSIVE", str(cores - 1)], chosen.stderr
+    assert kept.stdout.split() == ["ACTIVE", "None"], kept.stderr
 
 
 def test_threads_option_sets_torch_threads_and_the_bench_manifest_records_the_policy(models, tmp_path):
@@ -236,7 +255,7 @@ def test_threads_option_sets_torch_threads_and_the_bench_manifest_records_the_po
         assert result.exit_code == 0, result.output
         threads = json.loads(result.stdout)["manifest"]["threads"]
         assert threads["torch_threads"] == 1 and threads["threads_from"] == "--threads"
-        assert threads["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "unset")
+        assert threads["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "unset (OpenMP's default)")
     finally:
         torch.set_num_threads(before)
 
