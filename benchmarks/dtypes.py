@@ -14,9 +14,9 @@ import json
 
 import torch
 
-from specdec_cli.decoding.runtime import override, prepare
+from specdec_cli.decoding.runtime import prepare
 from specdec_cli.measure import bench
-from specdec_cli.pairs.registry import load_registry
+from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
 

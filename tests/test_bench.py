@@ -111,8 +111,7 @@ def test_bench_runs_the_alternates_of_a_pair_drafted_by_ngram(pair_dir, prompt_f
 
 def test_default_modes_follow_the_pairs_drafters(pair_dir):
     from specdec_cli.commands.bench import _default_modes
-    from specdec_cli.decoding.runtime import override
-    from specdec_cli.pairs.registry import load_registry
+    from specdec_cli.pairs.registry import load_registry, override
 
     registry = load_registry(pair_dir / "models.yaml")
     assert _default_modes(registry.pair("tiny-alt")) == "plain,hf-plain,ngram:4,hf-lookup:4,spec:4,hf-assisted:4,head:4"

@@ -7,9 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.decoding.runtime import override
 from specdec_cli.errors import UserError
-from specdec_cli.pairs.registry import DrafterSpec, ModelSpec, load_registry
+from specdec_cli.pairs.registry import DrafterSpec, ModelSpec, load_registry, override
 from specdec_cli.pairs.sources import ModelSource
 
 

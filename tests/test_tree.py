@@ -9,14 +9,7 @@ from transformers import DynamicCache
 
 from specdec_cli.decoding.acceptance import greedy_accept, residual_distribution
 from specdec_cli.decoding.kv import keep_positions
-from specdec_cli.decoding.tree import (
-    Tree,
-    attention_mask,
-    expected_accepted,
-    greedy_tree_accept,
-    tree_sample_accept,
-    verify_tree,
-)
+from specdec_cli.decoding.tree import Tree, attention_mask, greedy_tree_accept, tree_sample_accept, verify_tree
 
 PROMPT = [5, 17, 33, 8, 2, 61]
 # root, two children of the root, a grandchild under each, and a third level under the first
@@ -140,8 +133,3 @@ def test_min_p_over_q_on_top_k_children_is_caught():
         return [], int(torch.multinomial(residual_distribution(row, Q_ROOT), 1, generator=generator))
 
     assert pvalue(outcome_counts(ratio_rule, n=5000), exact_outcomes()) < 1e-6
-
-
-def test_expected_length_sums_path_probabilities():
-    probability = torch.tensor([1.0, 0.5, 0.2, 0.4])
-    assert expected_accepted(FORK, probability) == pytest.approx(1 + 0.5 + 0.2 + 0.5 * 0.4)

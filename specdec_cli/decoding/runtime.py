@@ -13,7 +13,7 @@ import torch
 from ..errors import UserError
 from ..pairs.loading import LoadedModel, cache_root, load
 from ..pairs.meta import read_meta
-from ..pairs.registry import HEAD, MISSING, MODEL, DrafterSpec, PairSpec, override  # noqa: F401 (override: its old home)
+from ..pairs.registry import MISSING, DrafterSpec, PairSpec
 from ..pairs.tokenization import check_compatible, eos_ids
 from .blocks import cached_plan
 from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter

@@ -140,19 +140,6 @@ def best_nodes(scores: list[float], parents: list[int], n: int) -> list[int]:
     return chosen
 
 
-def expected_accepted(tree: Tree, node_probability: torch.Tensor) -> float:
-    """1 + Σ over nodes of the product of acceptance probabilities along the path to it.
-
-    ``node_probability[i]`` is the chance node i is accepted given its parent was (e.g. the draft's
-    estimate of p(token)); the root's entry is ignored. The tokens a round emits, in expectation.
-    """
-    along = torch.ones(len(tree), dtype=torch.float64)
-    for i, parent in enumerate(tree.parents):
-        if parent >= 0:
-            along[i] = along[parent] * float(node_probability[i])
-    return float(along.sum())
-
-
 def verify_tree(model, cache, tree: Tree, device: torch.device, **extra):
     """One target forward over the whole tree; ``out.logits[0, i]`` scores the children of node i."""
     cached = cache.get_seq_length()
