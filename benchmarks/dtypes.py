@@ -83,13 +83,13 @@ def main() -> None:
         b = bench.Bench(runtime, args.max_new_tokens)
         runners[dtype] = {mode: b.runner(mode) for mode in modes}
         for mode in modes:  # warm-up, then a fresh controller for auto
-            runners[dtype][mode](encoded[0][:], items[0])
+            runners[dtype][mode](encoded[0][:], items[0], 0)
         runners[dtype][modes[1]] = b.runner(modes[1])
     samples = {(d, m): [] for d in dtypes for m in modes}
     for index, (item, ids) in enumerate(zip(items, encoded)):
         for dtype in dtypes[index % len(dtypes):] + dtypes[: index % len(dtypes)]:
             for mode in modes if index % 2 == 0 else modes[::-1]:
-                samples[dtype, mode].append(runners[dtype][mode](ids, item))
+                samples[dtype, mode].append(runners[dtype][mode](ids, item, 0))
     reference = [s.tokens for s in samples[dtypes[0], modes[0]]]
     result = {}
     for dtype in dtypes:
