@@ -115,12 +115,24 @@ def test_training_lowers_the_loss_and_resume_continues_without_new_answers(pair_
     "args, message",
     [(["--kind", "wizard", "--steps", "1"], "unknown drafter kind 'wizard'"),
      (["--kind", "head"], "give a training budget"),
-     (["--kind", "head", "--steps", "1", "--resume"], "nothing to resume")],
+     (["--kind", "head", "--steps", "1", "--resume"], "nothing to resume"),
+     (["--kind", "head", "--steps", "1", "--dtype", "int3"], "unknown dtype 'int3'")],
 )
 def test_bad_train_draft_input_is_exit_code_2(pair_dir, prompt_file, tmp_path, args, message):
     result = runner.invoke(app, ["train-draft", "--models", str(pair_dir / "models.yaml"), "--prompts", str(prompt_file),
                                  "--out", str(tmp_path / "x"), *args])
     assert result.exit_code == 2 and message in " ".join(result.stderr.split())
+
+
+def test_a_head_trains_on_the_target_at_the_dtype_asked_for(pair_dir, prompt_file, tmp_path, monkeypatch):
+    from specdec_cli.training import draft_job
+
+    loaded = []
+    real_load = draft_job.load
+    monkeypatch.setattr(draft_job, "load", lambda spec: loaded.append(spec.dtype) or real_load(spec))
+    result = train(pair_dir, prompt_file, tmp_path / "int4", "head", "--steps", "2", "--dtype", "int4")
+    assert result.exit_code == 0, result.output
+    assert loaded == ["int4"]
 
 
 def test_a_head_for_another_target_is_refused(trained, pair_dir):

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import threads as thread_policy
 from ..atomic import check_writable
 from .common import (
+    DtypeOption,
     MaxNewTokensOption,
     ModelsOption,
     PairOption,
@@ -74,6 +75,7 @@ def train_draft(
     target: TargetOption = None,
     models: ModelsOption = None,
     threads: ThreadsOption = None,
+    dtype: DtypeOption = None,
 ) -> None:
     """Train a drafter for the pair's target by distillation from the target's own answers.
 
@@ -85,7 +87,7 @@ def train_draft(
     check_count("--layers", layers, 1)
     check_count("--hidden-size", hidden_size, 1)
     check_writable(out, "--out", directory=True)
-    spec = resolve_pair(models, pair, target)
+    spec = resolve_pair(models, pair, target, dtype=dtype)  # the target answers and gives features at this precision
 
     from ..training import draft_job
     from ..training.distill import AnswerSettings

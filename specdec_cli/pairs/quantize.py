@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .fused_projections import install, sibling_groups
+
 GROUP = 32  # weights per int4 group: a GGUF block
 QUANTISED = ("int8", "int4")
 INNER_K_TILES = 8
@@ -110,14 +112,25 @@ def supports_int4(linear: nn.Linear) -> bool:
 
 
 def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None = None,
-                   dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+                   dtype: torch.dtype = torch.bfloat16, fuse: bool = True) -> nn.Module:
     """Replace every nn.Linear by its weight-only quantised form, in place; ``blocks``: module name →
     GGUF int4 blocks. The lm_head keeps its float weight as ``float_weight`` (for a tied model that is
     the embedding itself), which a draft head scores with and fingerprints its target by. ``dtype``:
     what the kernels take and give (bfloat16: float32 takes their slow paths); the rest of the model
     keeps its own dtype, inputs and outputs are cast at each linear. A linear whose input width is not
-    a multiple of 32 cannot take int4 groups and goes to int8."""
+    a multiple of 32 cannot take int4 groups and goes to int8. ``fuse``: q/k/v and gate/up become
+    one matmul each (fused_projections.py)."""
     blocks = blocks or {}
+    for parent_name, siblings in sibling_groups(model) if fuse else []:
+        parent = model.get_submodule(parent_name) if parent_name else model
+        linears = [getattr(parent, s) for s in siblings]
+        if kind == "int4" and supports_int4(linears[0]):
+            parts = [blocks.get(f"{parent_name}.{s}" if parent_name else s) or int4_groups(linear.weight.detach())
+                     for s, linear in zip(siblings, linears)]
+            fused = Int4Linear(*(torch.cat(part) for part in zip(*parts)), None, dtype)
+        else:  # int8 scales are per row: the stacked weight's are each sibling's own
+            fused = Int8Linear(*int8_per_channel(torch.cat([linear.weight.detach() for linear in linears])), None, dtype)
+        install(parent, siblings, fused, [linear.out_features for linear in linears])
     output = model.get_output_embeddings()
     named = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     for name, module in named:

@@ -5,9 +5,11 @@ With weight-only int8/int4 linears every other op of a decoder layer already giv
 same result whatever the block length (the kernels are row-independent; norms and element-wise
 ops work per row); the attention kernels do not, and their float round-off, re-rounded to bfloat16
 at the next linear, flips near-tied greedy tokens (logits moved by up to ~0.4 here). Running each
-of a short block's rows as a one-query call over its own prefix — the very call a one-token
-forward makes — removes the difference. Long inputs (a prompt) take the ordinary kernel: they
-are computed the same way in plain and speculative decoding.
+of a short block's rows as a one-query call over the keys it may see — the very call a one-token
+forward makes — removes the difference. A row's keys are its causal prefix, or, under a tree's
+mask, the cache and its ancestors gathered in order: what the cache holds once the path is kept.
+Long inputs (a prompt) take the ordinary kernel: they are computed the same way in plain and
+speculative decoding.
 """
 
 from __future__ import annotations
@@ -21,18 +23,50 @@ NAME = "specdec_rowwise"
 ROWWISE_UP_TO = 64  # query rows; verify blocks are at most MAX_K + 1
 
 
+def one_query(query, key, value, scaling, groups: int) -> torch.Tensor:
+    """[1, heads, 1, dim] against all of ``key``: the call a one-token forward makes (transformers'
+    SDPA path for one query and no mask: GQA inside the kernel), as [1, 1, heads, dim]."""
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, scale=scaling, enable_gqa=groups > 1)
+    return out.transpose(1, 2)
+
+
+def visible_keys(mask: torch.Tensor | None, rows: int, keys: int) -> list[torch.Tensor | None]:
+    """Per query row, the key positions it may see when they are not its causal prefix (a tree's
+    mask), else None; ``mask``: bool [1, 1, rows, keys], True = attend."""
+    if mask is None or mask.dtype != torch.bool:
+        return [None] * rows
+    seen = mask[0, 0, :, :keys]
+    causal = torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
+    if torch.equal(seen, causal):
+        return [None] * rows
+    return [row.nonzero()[:, 0] for row in seen]
+
+
+_last: list = [None, None]  # every layer of a forward gets the same mask: read it once
+
+
+def visible_keys_once(mask: torch.Tensor | None, rows: int, keys: int) -> list[torch.Tensor | None]:
+    if mask is None or mask is not _last[0]:
+        _last[:] = mask, visible_keys(mask, rows, keys)
+    return _last[1]
+
+
 def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     rows, keys = query.shape[2], key.shape[2]
-    if rows > ROWWISE_UP_TO or query.shape[0] != 1:
+    if rows > ROWWISE_UP_TO or query.shape[0] != 1 or module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    groups = getattr(module, "num_key_value_groups", 1)
+    if rows == 1 and attention_mask is None:  # a one-token forward: transformers passes no mask then
+        return one_query(query, key, value, scaling, groups), None
     outputs = []
-    for row in range(rows):
-        seen = keys - rows + row + 1  # this row's prefix: causal, batch of one, no padding
-        k = key[:, :, :seen].contiguous() if seen < keys else key
-        v = value[:, :, :seen].contiguous() if seen < keys else value
-        out, _ = sdpa_attention_forward(module, query[:, :, row : row + 1].contiguous(), k, v, None,
-                                        dropout=dropout, scaling=scaling, is_causal=False)
-        outputs.append(out)
+    for row, gathered in enumerate(visible_keys_once(attention_mask, rows, keys)):
+        if gathered is None:
+            seen = keys - rows + row + 1  # this row's prefix: causal, batch of one, no padding
+            k = key[:, :, :seen].contiguous() if seen < keys else key
+            v = value[:, :, :seen].contiguous() if seen < keys else value
+        else:
+            k, v = key.index_select(2, gathered), value.index_select(2, gathered)
+        outputs.append(one_query(query[:, :, row : row + 1].contiguous(), k, v, scaling, groups))
     return torch.cat(outputs, dim=1), None
 
 

@@ -1,0 +1,90 @@
+"""Where a one-token forward of a pair's target spends its time: torch.profiler's op table, grouped.
+
+    OMP_NUM_THREADS=2 python3 benchmarks/forward_profile.py --dtype int4
+
+Runs greedy one-token forwards the way plain decoding does (a DynamicCache, one token a call) after
+a short prompt, times them plainly, then profiles a second run and sums the ops' own CPU time per
+group: the weight-only matmuls (by layer role), the attention kernel, cache concatenation,
+element-wise ops (norms, rotary, SiLU), and what no op accounts for (Python and module dispatch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import torch
+from transformers import DynamicCache
+
+from specdec_cli.pairs.loading import load
+from specdec_cli.pairs.registry import load_registry, override
+
+PROMPT = "Explain in a few sentences why the sky is blue, and what changes at sunset."
+GROUPS = {  # aten op -> group; anything else is "other ops"
+    "aten::_weight_int4pack_mm_for_cpu": "weight-only matmuls",
+    "aten::_weight_int8pack_mm": "weight-only matmuls",
+    "aten::mm": "float matmuls", "aten::addmm": "float matmuls", "aten::linear": "float matmuls",
+    "aten::matmul": "float matmuls", "aten::bmm": "float matmuls",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "attention kernel",
+    "aten::_scaled_dot_product_attention_math": "attention kernel",
+    "aten::cat": "cache concatenation and cat",
+    "aten::copy_": "dtype casts and copies", "aten::to": "dtype casts and copies", "aten::_to_copy": "dtype casts and copies",
+    "aten::contiguous": "dtype casts and copies", "aten::clone": "dtype casts and copies",
+    "aten::mul": "element-wise", "aten::add": "element-wise", "aten::pow": "element-wise", "aten::mean": "element-wise",
+    "aten::rsqrt": "element-wise", "aten::silu": "element-wise", "aten::neg": "element-wise", "aten::cos": "element-wise",
+    "aten::sin": "element-wise", "aten::div": "element-wise", "aten::sub": "element-wise",
+}
+
+
+def decode(model, ids, steps):
+    """``steps`` greedy one-token forwards after the prompt; seconds per forward."""
+    cache = DynamicCache(config=model.config)
+    out = model(ids[:, :-1], cache=cache, use_cache=True, logits_to_keep=1)
+    token, times = ids[:, -1:], []
+    for _ in range(steps):
+        started = time.perf_counter()
+        out = model(token, cache=cache, use_cache=True, logits_to_keep=1)
+        token = out.logits[:, -1:].argmax(-1)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair")
+    parser.add_argument("--dtype", default="int4")
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--table", type=int, default=0, help="Also print the profiler's top N ops.")
+    args = parser.parse_args()
+    pair = override(load_registry().pair(args.pair), dtype=args.dtype)
+    loaded = load(pair.target)
+    model, ids = loaded.model, loaded.tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        decode(model, ids, 8)  # warm-up
+        times = sorted(decode(model, ids, args.steps))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            profiled = decode(model, ids, args.steps)
+    events = prof.key_averages()
+    groups = defaultdict(float)
+    for event in events:
+        if event.key.startswith("aten::") or event.key.startswith("specdec"):
+            groups[GROUPS.get(event.key, "other ops")] += event.self_cpu_time_total / 1000 / args.steps
+    wall = 1000 * sum(profiled) / args.steps
+    groups["Python and dispatch (no op)"] = wall - sum(groups.values())
+    print(json.dumps({
+        "dtype": args.dtype, "threads": torch.get_num_threads(), "steps": args.steps,
+        "forward_ms_median": round(1000 * times[len(times) // 2], 3),
+        "forward_ms_min": round(1000 * times[0], 3),
+        "profiled_forward_ms": round(wall, 3),
+        "per_forward_ms": {k: round(v, 3) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
+    }, indent=2))
+    if args.table:
+        print(events.table(sort_by="self_cpu_time_total", row_limit=args.table))
+        by_shape = prof.key_averages(group_by_input_shape=True)
+        print(by_shape.table(sort_by="self_cpu_time_total", row_limit=args.table))
+
+
+if __name__ == "__main__":
+    main()
