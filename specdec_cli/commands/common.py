@@ -41,6 +41,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Results as JSON on std
 ProfileOption = Annotated[Optional[str], typer.Option("--profile", metavar="FILE", help="Calibration profile. Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")]
 TreeOption = Annotated[Optional[str], typer.Option("--tree", metavar="N|auto", help=f"Draft a tree of at most N nodes (1 to {MAX_K}) with the pair's draft head and verify it in one forward, instead of a chain of K (-k). auto: adaptive K (-k auto) may also choose trees, round by round.")]
 ThreadsOption = Annotated[Optional[int], typer.Option("--threads", metavar="N", help="Torch CPU threads (default: OMP_NUM_THREADS, else torch's choice, one per core).")]
+TreeBudgetsOption = Annotated[Optional[str], typer.Option("--tree", metavar="N,N,...", help=f"Also measure the pair's draft head drafting trees of these node budgets (1 to {MAX_K}), beside the chains of K; --write keeps what they did for -k auto's trees.")]
 DtypeOption = Annotated[Optional[str], typer.Option("--dtype", metavar="DTYPE", help="Target precision: float32, bfloat16, int8 or int4 (weight-only, on a CPU; an int4 GGUF keeps its own blocks), float16, auto. Default: the pair's `dtype:`.")]
 AcceptOption = Annotated[str, typer.Option("--accept", metavar="RULE", help="Acceptance rule: exact (the default: lossless) or a LOSSY relaxed rule, lenient:L, typical:EPS,DELTA or top:N, whose output is no longer the target's and is flagged as such (README: 'Why specdec is lossless by default').")]
 
@@ -158,6 +159,21 @@ def parse_tree(text: str | None, k: str | None) -> int | str | None:
     if not 1 <= nodes <= MAX_K:
         raise UserError(f"--tree must be from 1 to {MAX_K}, got {nodes}")
     return nodes
+
+
+def parse_k_list(text: str, option: str = "--k", least: int = 0) -> list[int]:
+    """'1,4,8' → [1, 4, 8], each checked by parse_k; duplicates dropped, order kept."""
+    ks = []
+    for part in text.split(","):
+        if not part.strip():
+            raise UserError(f"{option} {text!r}: expected comma-separated integers from {least} to {MAX_K}")
+        try:
+            ks.append(parse_k(part.strip()))
+        except UserError as exc:
+            raise UserError(f"{option} {text!r}: {exc}") from None
+        if ks[-1] < least:
+            raise UserError(f"{option} {text!r}: each must be from {least} to {MAX_K}, got {ks[-1]}")
+    return list(dict.fromkeys(ks))
 
 
 def stdin_is_interactive() -> bool:

@@ -341,7 +341,8 @@ class AdaptiveK:
             "rounds_off": self.rounds_off,
             "probes": self.probes,
             "alpha_estimate": round(self.alpha, 4),
-            **({"tree_rounds": sum(self.trees_used.values()),
+            **({"tree_end": 0 if self.off else self._source(self.main).tree,
+                "tree_rounds": sum(self.trees_used.values()),
                 "tree_nodes": {str(n): rounds for n, rounds in sorted(self.trees_used.items())}} if self.trees else {}),
         }
 
