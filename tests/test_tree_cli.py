@@ -88,14 +88,17 @@ def test_tree_auto_refuses_a_fixed_k_and_a_lossy_rule(pair_dir):
 def test_bench_auto_tree_matches_plain_and_counts_its_tree_rounds(pair_dir, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "abcabcabc"}\n{"prompt": "hello there"}\n')
-    result = invoke(pair_dir, "bench", "--pair", "tiny-alt", "--drafter", "head", "--prompts", str(prompts),
-                    "--max-new-tokens", "10", "--json", "--modes", "plain,auto,auto+tree")
+    models = tmp_path / "models.yaml"  # bench runs a pair's own drafter: one drafted by its head, after lookup
+    models.write_text(f"pairs:\n  headed:\n    target: {pair_dir / 'target'}\n"
+                      f"    draft: {{kind: head, source: {pair_dir / 'head'}, lookup: true}}\n    k: 2\n")
+    result = runner.invoke(app, ["bench", "--models", str(models), "--pair", "headed", "--prompts", str(prompts),
+                                 "--max-new-tokens", "10", "--json", "--modes", "plain,auto,auto+tree"])
     assert result.exit_code == 0, result.output
     modes = json.loads(result.stdout)["modes"]
     assert modes["auto+tree"]["identical_to_plain"] and modes["auto"]["identical_to_plain"]
     assert "tree_rounds" in modes["auto+tree"] and "tree_rounds" not in modes["auto"]
     ngram = invoke(pair_dir, "bench", "--pair", "tiny-alt", "--prompts", str(prompts), "--modes", "plain,auto+tree")
-    assert ngram.exit_code == 2 and "mode auto+tree needs a pair drafted by its head (--drafter head)" in ngram.output
+    assert ngram.exit_code == 2 and "mode auto+tree needs a pair drafted by its head; pair 'tiny-alt' drafts with 'ngram'" in ngram.output
 
 
 def test_calibrate_k_sweeps_tree_budgets_and_writes_what_they_did(pair_dir, tmp_path):

@@ -10,11 +10,11 @@ steps=${*:-"equivalence calibrate bench"}
 for step in $steps; do
   case $step in
     equivalence)
-      spec verify-equivalence --prompts examples/equivalence-prompts.jsonl --tree 4,10 --max-new-tokens 24 \
-        --sampling 60 --json --report $out/equivalence.json > /dev/null; echo "verify-equivalence rc=$?" ;;
+      spec verify-equivalence --prompts examples/equivalence-prompts.jsonl --tree 4,10 --max-new-tokens 16 \
+        --sampling 40 --json --report $out/equivalence.json > /dev/null; echo "verify-equivalence rc=$?" ;;
     calibrate)
       /work/shared/tools/quiet-check 1.5
-      spec calibrate-k --prompts benchmarks/bench-prompts.jsonl -k 0,1,2,3 --tree 4,6,8,10 --max-new-tokens 32 \
+      spec calibrate-k --prompts benchmarks/bench-prompts.jsonl -k 0,2,3 --tree 4,8 --max-new-tokens 24 \
         --json --write --profile $out/profile.yaml > $out/calibrate.json; echo "calibrate-k rc=$?" ;;
     bench)
       /work/shared/tools/quiet-check 1.5

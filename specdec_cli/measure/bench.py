@@ -161,7 +161,7 @@ class Bench:
             engine = self.runtime.engine
             trees = mode.kind == "auto+tree"
             if trees and self.runtime.pair.drafter.kind != HEAD:
-                raise UserError(f"mode {mode} needs a pair drafted by its head (--drafter head); "
+                raise UserError(f"mode {mode} needs a pair drafted by its head; "
                                 f"pair {self.runtime.pair.name!r} drafts with {self.runtime.pair.drafter.kind!r}")
             controller = AdaptiveController.for_pair(self.runtime.pair, self.profile, trees, self.runtime.verify_costs())
             return lambda ids, prompt, seed: self._run_engine(engine, controller.schedule(prompt.scenario), ids, prompt,
