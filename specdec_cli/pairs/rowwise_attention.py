@@ -25,15 +25,35 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     rows, keys = query.shape[2], key.shape[2]
     if rows > ROWWISE_UP_TO or query.shape[0] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    visible = _visible(attention_mask, rows, keys)
     outputs = []
     for row in range(rows):
-        seen = keys - rows + row + 1  # this row's prefix: causal, batch of one, no padding
-        k = key[:, :, :seen].contiguous() if seen < keys else key
-        v = value[:, :, :seen].contiguous() if seen < keys else value
+        if visible is not None:  # a token tree (decoding/tree.py): the cache and the row's ancestors
+            index = visible[row].nonzero()[:, 0].to(key.device)
+            k, v = key.index_select(2, index), value.index_select(2, index)
+        else:
+            seen = keys - rows + row + 1  # this row's prefix: causal, batch of one, no padding
+            k = key[:, :, :seen].contiguous() if seen < keys else key
+            v = value[:, :, :seen].contiguous() if seen < keys else value
         out, _ = sdpa_attention_forward(module, query[:, :, row : row + 1].contiguous(), k, v, None,
                                         dropout=dropout, scaling=scaling, is_causal=False)
         outputs.append(out)
     return torch.cat(outputs, dim=1), None
+
+
+def _visible(attention_mask, rows: int, keys: int) -> torch.Tensor | None:
+    """[rows, keys] bool of the keys each row may see, when the mask is not plain causal (a tree's);
+    None for a causal block, whose rows keep the contiguous prefix a one-token forward sees.
+
+    A tree node sees the cache and its ancestors; gathered in block order (parents come first) they
+    are the very keys the path run alone would hold, so the node's scores are a one-token forward's.
+    """
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
+        return None
+    mask = attention_mask[0, 0, -rows:, -keys:]
+    visible = mask if mask.dtype == torch.bool else mask == 0
+    causal = torch.ones(rows, keys, dtype=torch.bool, device=visible.device).tril(keys - rows)
+    return None if torch.equal(visible, causal) else visible.cpu()
 
 
 AttentionInterface.register(NAME, rowwise_attention)
