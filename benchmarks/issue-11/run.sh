@@ -19,7 +19,7 @@ for step in $steps; do
     bench)
       /work/shared/tools/quiet-check 1.5
       profile=(); [ -f $out/profile.yaml ] && profile=(--profile $out/profile.yaml)
-      spec bench --prompts benchmarks/unseen-sample.jsonl --max-new-tokens 40 "${profile[@]}" \
+      spec bench --prompts benchmarks/unseen-sample.jsonl --max-new-tokens 32 "${profile[@]}" \
         --modes plain,head:2,head:3,tree:6,tree:10,auto,auto+tree --json > $out/bench.json; echo "bench rc=$?" ;;
   esac
 done
