@@ -48,12 +48,19 @@ def _visible(attention_mask, rows: int, keys: int) -> torch.Tensor | None:
     A tree node sees the cache and its ancestors; gathered in block order (parents come first) they
     are the very keys the path run alone would hold, so the node's scores are a one-token forward's.
     """
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
-        return None
+    global _last
+    if rows == 1 or not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
+        return None  # one row sees every key; no mask is causal
+    if _last[0] is attention_mask:  # every layer of a forward gets the same mask: looked at once
+        return _last[1]
     mask = attention_mask[0, 0, -rows:, -keys:]
     visible = mask if mask.dtype == torch.bool else mask == 0
     causal = torch.ones(rows, keys, dtype=torch.bool, device=visible.device).tril(keys - rows)
-    return None if torch.equal(visible, causal) else visible.cpu()
+    _last = (attention_mask, None if torch.equal(visible, causal) else visible.cpu())
+    return _last[1]
+
+
+_last: tuple = (None, None)  # the last mask seen and what it lets each row see
 
 
 AttentionInterface.register(NAME, rowwise_attention)
