@@ -133,3 +133,20 @@ def test_min_p_over_q_on_top_k_children_is_caught():
         return [], int(torch.multinomial(residual_distribution(row, Q_ROOT), 1, generator=generator))
 
     assert pvalue(outcome_counts(ratio_rule, n=5000), exact_outcomes()) < 1e-6
+
+
+def test_rowwise_attention_verifies_a_tree_exactly_as_one_token_forwards_along_each_path():
+    """The int4 targets' attention (pairs/rowwise_attention.py) scores each row alone: for a tree it
+    must gather the row's ancestors, not its causal prefix (which holds its siblings)."""
+    from specdec_cli.pairs.rowwise_attention import use_rowwise_attention
+
+    model = tiny_llama(seed=3)
+    use_rowwise_attention(model)
+    with torch.no_grad():
+        tree_logits = verify_tree(model, prefilled(model, PROMPT), TREE, torch.device("cpu")).logits[0]
+        for leaf in (4, 5, 6):
+            cache = prefilled(model, PROMPT)
+            for node in TREE.path_to(leaf):  # the root, then the path, one token at a time
+                step = model(torch.tensor([[int(TREE.tokens[node])]]), cache=cache, use_cache=True).logits[0, -1]
+                # float32 linears may round differently by row count; seeing a sibling moves logits by far more
+                torch.testing.assert_close(tree_logits[node], step, atol=1e-5, rtol=1e-5)

@@ -57,3 +57,67 @@ def test_verify_equivalence_checks_tree_budgets(pair_dir, tmp_path):
     assert report["equivalent"] and report["tree"] and report["drafter"] == "head-tree"
     bad = invoke(pair_dir, "verify-equivalence", "--pair", "tiny-alt", "--prompts", str(prompts), "--tree", "0")
     assert bad.exit_code == 2 and "--tree '0': each must be from 1 to 32, got 0" in bad.output
+
+
+def test_generate_tree_auto_lets_adaptive_k_choose_trees_and_stays_plain(pair_dir):
+    def run(*options):
+        result = invoke(pair_dir, "generate", "--pair", "tiny-alt", "--drafter", "head", "--max-new-tokens", "16",
+                        "--json", *options, "abcabcabc")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout.splitlines()[0])
+
+    auto, plain = run("--tree", "auto"), run("-k", "0")
+    assert auto["token_ids"] == plain["token_ids"]
+    stats = auto["stats"]
+    assert stats["k"] == "auto" and stats["tree"] == "auto" and "mean_nodes_verified" in stats
+    assert stats["tree_rounds"] == sum(stats["tree_nodes"].values())
+    assert run("-k", "auto", "--tree", "auto")["token_ids"] == plain["token_ids"]
+    chain_only = run("-k", "auto")["stats"]
+    assert "tree_rounds" not in chain_only and "tree" not in chain_only
+
+
+def test_tree_auto_refuses_a_fixed_k_and_a_lossy_rule(pair_dir):
+    fixed = invoke(pair_dir, "generate", "--pair", "tiny-alt", "--drafter", "head", "--tree", "auto", "-k", "3", "hi")
+    assert fixed.exit_code == 2 and "specdec: error: --tree auto lets -k auto choose trees: give -k auto or no -k" in fixed.output
+    lossy = invoke(pair_dir, "generate", "--pair", "tiny-alt", "--drafter", "head", "--tree", "auto", "--accept", "top:3", "hi")
+    assert lossy.exit_code == 2 and "trees are verified exactly" in lossy.output
+    word = invoke(pair_dir, "generate", "--pair", "tiny-alt", "--drafter", "head", "--tree", "wide", "hi")
+    assert word.exit_code == 2 and "--tree must be an integer from 1 to 32 or auto, got 'wide'" in word.output
+
+
+def test_bench_auto_tree_matches_plain_and_counts_its_tree_rounds(pair_dir, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "abcabcabc"}\n{"prompt": "hello there"}\n')
+    models = tmp_path / "models.yaml"  # bench runs a pair's own drafter: one drafted by its head, after lookup
+    models.write_text(f"pairs:\n  headed:\n    target: {pair_dir / 'target'}\n"
+                      f"    draft: {{kind: head, source: {pair_dir / 'head'}, lookup: true}}\n    k: 2\n")
+    result = runner.invoke(app, ["bench", "--models", str(models), "--pair", "headed", "--prompts", str(prompts),
+                                 "--max-new-tokens", "10", "--json", "--modes", "plain,auto,auto+tree"])
+    assert result.exit_code == 0, result.output
+    modes = json.loads(result.stdout)["modes"]
+    assert modes["auto+tree"]["identical_to_plain"] and modes["auto"]["identical_to_plain"]
+    assert "tree_rounds" in modes["auto+tree"] and "tree_rounds" not in modes["auto"]
+    ngram = invoke(pair_dir, "bench", "--pair", "tiny-alt", "--prompts", str(prompts), "--modes", "plain,auto+tree")
+    assert ngram.exit_code == 2 and "mode auto+tree needs a pair drafted by its head; pair 'tiny-alt' drafts with 'ngram'" in ngram.output
+
+
+def test_calibrate_k_sweeps_tree_budgets_and_writes_what_they_did(pair_dir, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "abcabcabc", "scenario": "code"}\n{"prompt": "hello there", "scenario": "chat"}\n')
+    profile = tmp_path / "profile.yaml"
+    result = invoke(pair_dir, "calibrate-k", "--pair", "tiny-alt", "--drafter", "head", "--prompts", str(prompts),
+                    "--max-new-tokens", "8", "-k", "0,2", "--tree", "3,6", "--json", "--write", "--profile", str(profile))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report["trees"]) == {"code", "chat", "overall"}
+    assert [f["budget"] for f in report["trees"]["code"]] == [3, 6]
+    assert all(f["rounds"] > 0 and 0 < f["mean_nodes"] <= f["budget"] for f in report["trees"]["overall"])
+    from specdec_cli.decoding.adaptive import sibling_prior
+    from specdec_cli.pairs.profile import read_profiles
+
+    written = next(iter(read_profiles(profile).values()))
+    tree = written.settings["tree"]
+    assert tree["budgets"] == [3, 6] and tree["scenarios"]["code"]["best"] in (3, 6)
+    assert sibling_prior(written, "code") == tuple(tree["scenarios"]["code"]["siblings"])
+    ngram = invoke(pair_dir, "calibrate-k", "--pair", "tiny-alt", "--prompts", str(prompts), "--tree", "3")
+    assert ngram.exit_code == 2 and "--tree needs a draft head, and pair 'tiny-alt' drafts with 'ngram'" in ngram.output

@@ -60,7 +60,7 @@ ONLY_WHEN_MEASURED = {"mean_k", "mean_nodes"}  # auto's alone: a column of dashe
 @user_errors
 def bench_command(
     prompts: PromptsOption,
-    modes: Annotated[Optional[str], typer.Option("--modes", metavar="MODE,MODE,...", help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K, ngram+spec:K, ngram+head:K (prompt lookup first, the model or head where it finds nothing), tree:N, ngram+tree:N (the head drafting a tree of at most N nodes, verified in one forward), auto (the default drafter with adaptive K, as `generate -k auto`, seeded from the calibration profile). MODE@RULE runs a speculative mode under a LOSSY acceptance rule (head:3@top:3, spec:3@lenient:2, head:3@typical:0.3,0.09) beside the same mode lossless, and reports what the rule cost. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
+    modes: Annotated[Optional[str], typer.Option("--modes", metavar="MODE,MODE,...", help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K, ngram+spec:K, ngram+head:K (prompt lookup first, the model or head where it finds nothing), tree:N, ngram+tree:N (the head drafting a tree of at most N nodes, verified in one forward), auto (the default drafter with adaptive K, as `generate -k auto`, seeded from the calibration profile), auto+tree (auto weighing the head's trees too, as `generate --tree auto`). MODE@RULE runs a speculative mode under a LOSSY acceptance rule (head:3@top:3, spec:3@lenient:2, head:3@typical:0.3,0.09) beside the same mode lossless, and reports what the rule cost. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
     pair: PairOption = None,
     max_new_tokens: MaxNewTokensOption = 64,
     temperature: Annotated[float, typer.Option("--temperature", metavar="T", help="0: greedy (the default, so outputs can be compared token by token).")] = 0.0,
@@ -109,7 +109,7 @@ def bench_command(
         names = ", ".join(str(m) for m in lossy_modes)
         warning_line(lossy_message(f"mode{'s' if len(lossy_modes) > 1 else ''} {names} {'are' if len(lossy_modes) > 1 else 'is'}"))
     watcher = None
-    if bench.Mode("auto") in chosen:
+    if any(m.kind in bench.AUTO_KINDS for m in chosen):
         watcher = open_profile(profile, spec, warn=warning_line)
         console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
     runtime = prepare(spec)

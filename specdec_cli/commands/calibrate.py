@@ -20,6 +20,7 @@ from ..decoding.speedup import SPECULATE
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import profile_path, read_profiles, write_profile
+from ..pairs.registry import HEAD
 from ..prompts import read_file
 from .common import (
     WRITE_FAILED,
@@ -34,9 +35,11 @@ from .common import (
     RawOption,
     TargetOption,
     ThreadsOption,
+    TreeBudgetsOption,
     accept_rule,
     check_count,
     check_sampling,
+    parse_k_list,
     plain_console,
     resolve_pair,
     sampling_params,
@@ -66,6 +69,7 @@ def calibrate_k(
     draft: DraftOption = None,
     drafter: DrafterOption = None,
     dtype: DtypeOption = None,
+    tree: TreeBudgetsOption = None,
     models: ModelsOption = None,
     threads: ThreadsOption = None,
     accept: AcceptOption = "exact",
@@ -85,6 +89,9 @@ def calibrate_k(
     if profile and not write:
         raise UserError("--profile names the file for --write; add --write")
     rule = accept_rule(accept)
+    budgets = parse_k_list(tree, "--tree", least=1) if tree is not None else []
+    if budgets and not rule.lossless:
+        raise UserError(f"acceptance rule {rule} applies to chains of drafts; trees are verified exactly")
     if write and not rule.lossless:
         raise UserError(f"--write keeps K for lossless decoding; a K measured under the lossy rule {rule} is not written")
     if plot:
@@ -92,12 +99,24 @@ def calibrate_k(
         _check_plotting()
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
+    if budgets and spec.drafter.kind != HEAD:
+        raise UserError(f"--tree needs a draft head, and pair {spec.name!r} drafts with {spec.drafter.kind!r}; "
+                        "choose its head with --drafter head")
     destination = check_writable(profile_path(profile, spec), "--profile") if write else None
     if destination is not None:
         read_profiles(destination)  # a damaged profile stops us now, not after the measuring
 
-    from ..decoding.runtime import prepare
-    from ..measure.calibration import DEFAULT_SCENARIO, measure, parse_ks, summarise_all, to_profile
+    from ..decoding.engine import SpeculativeEngine
+    from ..decoding.runtime import as_tree, prepare
+    from ..measure.calibration import (
+        DEFAULT_SCENARIO,
+        measure,
+        parse_ks,
+        summarise_all,
+        to_profile,
+        tree_findings,
+        tree_setting,
+    )
     from ..pairs.tokenization import encode_prompt
 
     ks = parse_ks(k, MAX_K)
@@ -106,16 +125,22 @@ def calibrate_k(
     console = stderr_console()
     with console.status(f"loading {spec.name}…") if console.is_terminal else nullcontext():
         runtime = prepare(spec)
+    tree_engine = None
+    if budgets:
+        tree_engine = SpeculativeEngine(runtime.target.model, as_tree(runtime.drafter), runtime.eos_token_ids, runtime.block_plan)
     encoded = [(item.scenario or DEFAULT_SCENARIO, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
-    with _progress(console, len(ks)) as report:
-        measured = measure(runtime.engine, encoded, ks, max_new_tokens, sampling, seed, report, rule)
+    with _progress(console, len(ks) + len(budgets)) as report:
+        measured = measure(runtime.engine, encoded, ks, max_new_tokens, sampling, seed, report, rule, budgets, tree_engine)
     scenarios, overall = summarise_all(measured)
+    trees = tree_findings(measured, scenarios)
 
     # The files first, each failure one line; the result goes to stdout either way.
     written, failed = None, False
     if destination is not None:
         settings = dict(prompts=str(prompts), prompt_count=len(items), k=k, max_new_tokens=max_new_tokens,
                         temperature=temperature, threads=thread_policy.policy(threads))
+        if trees:
+            settings["tree"] = tree_setting(measured, trees, {**scenarios, "overall": overall})
         pair_profile = to_profile(spec, scenarios, overall, settings)
         if write_output("--profile", destination, lambda: write_profile(destination, pair_profile)):
             written = str(destination)
@@ -126,9 +151,15 @@ def calibrate_k(
 
         failed |= not write_output("--plot", plot, lambda: plot_calibration(scenarios, plot, spec.name))
     if json_out:
-        print(json.dumps(_as_json(spec.name, runtime.drafter.name, ks, scenarios, overall, written, rule), ensure_ascii=False))
+        result = _as_json(spec.name, runtime.drafter.name, ks, scenarios, overall, written, rule)
+        if trees:
+            result["trees"] = {name: [{key: _round(value) for key, value in vars(f).items()} for f in figures]
+                               for name, figures in trees.items()}
+        print(json.dumps(result, ensure_ascii=False))
     else:
         _print_tables(plain_console(), scenarios, overall, len(scenarios) > 1, not rule.lossless)
+        if trees:
+            _print_trees(plain_console(), trees, {**scenarios, "overall": overall}, len(scenarios) > 1)
     if written:
         console.print(f"wrote the profile of {spec.name} to {written}")
     if failed:
@@ -224,6 +255,25 @@ COLUMNS = ("K", "α", "accepted", "per position", "acc/rd", "tok/rd", "rounds", 
            "tok/s", "speed-up", "predicted")
 LOSSY_COLUMNS = ("length", "NLL")  # beside speed, what a lossy rule's K costs: completion length over K=0's, target NLL/token
 LOSSY_ONLY = {"length_ratio", "nll"}
+
+
+def _print_trees(console: Console, trees: dict, results: dict, with_overall: bool) -> None:
+    """Per scenario, the swept tree budgets beside the best chain's speed-up."""
+    for name, figures in trees.items():
+        if name == "overall" and not with_overall:
+            continue
+        chain = results[name].verdict
+        table = Table(title=f"{name} · trees (the head's; best chain K {chain.best_k} at {chain.speedup:.2f}×)",
+                      title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for column in ("N", "nodes/rd", "tok/rd", "rounds", "tok/s", "speed-up", "rank 1/2/3 kept"):
+            table.add_column(column, justify="right")
+        best = max(figures, key=lambda f: f.speedup)
+        for f in figures:
+            speed = f"{f.speedup:.2f}×"
+            table.add_row(str(f.budget), f"{f.mean_nodes:.2f}", f"{f.tokens_per_round:.2f}", str(f.rounds),
+                          f"{f.tokens_per_s:.1f}", f"[bold]{speed}[/]" if f is best else speed,
+                          " ".join(f"{r:.0%}" for r in f.siblings))
+        console.print(table)
 
 
 def _verdict_line(result: ScenarioResult) -> str:

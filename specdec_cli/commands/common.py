@@ -39,8 +39,9 @@ SeedOption = Annotated[int, typer.Option("--seed", metavar="N", help="Random see
 RawOption = Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the model's chat template.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Results as JSON on stdout instead of text and tables.")]
 ProfileOption = Annotated[Optional[str], typer.Option("--profile", metavar="FILE", help="Calibration profile. Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")]
-TreeOption = Annotated[Optional[int], typer.Option("--tree", metavar="N", help=f"Draft a tree of at most N nodes (1 to {MAX_K}) with the pair's draft head and verify it in one forward, instead of a chain of K (-k).")]
+TreeOption = Annotated[Optional[str], typer.Option("--tree", metavar="N|auto", help=f"Draft a tree of at most N nodes (1 to {MAX_K}) with the pair's draft head and verify it in one forward, instead of a chain of K (-k). auto: adaptive K (-k auto) may also choose trees, round by round.")]
 ThreadsOption = Annotated[Optional[int], typer.Option("--threads", metavar="N", help="Torch CPU threads (default: OMP_NUM_THREADS, else torch's choice, one per core).")]
+TreeBudgetsOption = Annotated[Optional[str], typer.Option("--tree", metavar="N,N,...", help=f"Also measure the pair's draft head drafting trees of these node budgets (1 to {MAX_K}), beside the chains of K; --write keeps what they did for -k auto's trees.")]
 DtypeOption = Annotated[Optional[str], typer.Option("--dtype", metavar="DTYPE", help="Target precision: float32, bfloat16, int8 or int4 (weight-only, on a CPU; an int4 GGUF keeps its own blocks), float16, auto. Default: the pair's `dtype:`.")]
 AcceptOption = Annotated[str, typer.Option("--accept", metavar="RULE", help="Acceptance rule: exact (the default: lossless) or a LOSSY relaxed rule, lenient:L, typical:EPS,DELTA or top:N, whose output is no longer the target's and is flagged as such (README: 'Why specdec is lossless by default').")]
 
@@ -139,6 +140,40 @@ def parse_k(text: str | None, allow_auto: bool = False) -> int | str | None:
     if not 0 <= k <= MAX_K:
         raise UserError(f"K must be from 0 to {MAX_K}, got {k}")
     return k
+
+
+def parse_tree(text: str | None, k: str | None) -> int | str | None:
+    """``--tree``: a node budget 1..MAX_K, or 'auto' (adaptive K weighing trees too; -k auto or no -k)."""
+    if text is None:
+        return None
+    if text == "auto":
+        if k not in (None, "auto"):
+            raise UserError("--tree auto lets -k auto choose trees: give -k auto or no -k")
+        return "auto"
+    if k is not None:
+        raise UserError("-k drafts a chain and --tree a tree: give one of them")
+    try:
+        nodes = int(text)
+    except ValueError:
+        raise UserError(f"--tree must be an integer from 1 to {MAX_K} or auto, got {text!r}") from None
+    if not 1 <= nodes <= MAX_K:
+        raise UserError(f"--tree must be from 1 to {MAX_K}, got {nodes}")
+    return nodes
+
+
+def parse_k_list(text: str, option: str = "--k", least: int = 0) -> list[int]:
+    """'1,4,8' → [1, 4, 8], each checked by parse_k; duplicates dropped, order kept."""
+    ks = []
+    for part in text.split(","):
+        if not part.strip():
+            raise UserError(f"{option} {text!r}: expected comma-separated integers from {least} to {MAX_K}")
+        try:
+            ks.append(parse_k(part.strip()))
+        except UserError as exc:
+            raise UserError(f"{option} {text!r}: {exc}") from None
+        if ks[-1] < least:
+            raise UserError(f"{option} {text!r}: each must be from {least} to {MAX_K}, got {ks[-1]}")
+    return list(dict.fromkeys(ks))
 
 
 def stdin_is_interactive() -> bool:

@@ -37,6 +37,7 @@ from .common import (
     check_count,
     check_sampling,
     parse_k,
+    parse_tree,
     resolve_pair,
     sampling_params,
     stderr_console,
@@ -89,12 +90,11 @@ def generate(
     check_count("--threads", threads, 1)
     fixed_k = parse_k(k, allow_auto=True)
     rule = accept_rule(accept)
+    tree = parse_tree(tree, k)
     if tree is not None:
-        if k is not None:
-            raise UserError("-k drafts a chain and --tree a tree: give one of them")
-        if not 1 <= tree <= MAX_K:
-            raise UserError(f"--tree must be from 1 to {MAX_K}, got {tree}")
-        fixed_k = tree  # the engine's K is a tree's node budget
+        fixed_k = tree  # a fixed tree: the engine's K is its node budget; auto: adaptive, trees weighed too
+        if tree == "auto" and not rule.lossless:
+            raise UserError(f"acceptance rule {rule} applies to chains of drafts; trees are verified exactly")
     prompts = _prompts(prompt)
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
     if tree is not None and spec.drafter.kind != HEAD:
@@ -107,11 +107,11 @@ def generate(
     sampling = sampling_params(temperature, top_k, top_p)
     console = stderr_console()
     watcher = _profile_watcher(spec, fixed_k, profile, console)
-    controller = _controller(spec, fixed_k, watcher, console, not json_lines)
     live = not json_lines and console.is_terminal
     with console.status(f"loading {spec.name}…") if live else nullcontext():
         runtime = prepare(spec)
-    if tree is not None:
+    controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
+    if isinstance(tree, int):
         from ..decoding.runtime import as_tree
 
         runtime.drafter = as_tree(runtime.drafter)
@@ -120,7 +120,7 @@ def generate(
     try:
         for item in prompts:
             if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
-                controller = _controller(spec, fixed_k, watcher, console, not json_lines)
+                controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
             k_for_item = controller.schedule(item.scenario) if controller else fixed_k
             result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule, tree)
             if view is not None and _stdout_is_a_file():
@@ -193,16 +193,17 @@ def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
     return open_profile(explicit, spec, warn=warning_line)
 
 
-def _controller(spec, fixed_k, watcher: ProfileWatcher | None, console, say: bool) -> AdaptiveController | None:
+def _controller(spec, fixed_k, watcher: ProfileWatcher | None, console, say: bool, runtime: Runtime,
+                trees: bool = False) -> AdaptiveController | None:
     """Adaptive K for `-k auto`, and by default whenever the pair has a profile or says `adaptive: true`;
-    stderr (or, with --json, each result's stats) says which profile seeds it."""
+    stderr (or, with --json, each result's stats) says which profile seeds it. ``trees``: `--tree auto`."""
     from ..decoding.adaptive import AdaptiveController
 
     if watcher is None or (fixed_k is None and watcher.profile is None and not spec.adaptive):
         return None
     if say:
         console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
-    return AdaptiveController.for_pair(spec, watcher.profile)
+    return AdaptiveController.for_pair(spec, watcher.profile, trees, runtime.verify_costs())
 
 
 def _prompts(argument: str | None) -> Iterable[Prompt]:

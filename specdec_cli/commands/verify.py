@@ -41,7 +41,7 @@ from .common import (
     ThreadsOption,
     accept_rule,
     check_count,
-    parse_k,
+    parse_k_list,
     plain_console,
     resolve_pair,
     stderr_console,
@@ -147,21 +147,6 @@ def _tolerance(runtime) -> float:
     from ..measure.equivalence import default_tolerance
 
     return NEAR_TIE_TOLERANCE["bfloat16"] if precision in ("int8", "int4") else default_tolerance(runtime.target.model.dtype)
-
-
-def parse_k_list(text: str, option: str = "--k", least: int = 0) -> list[int]:
-    """'1,4,8' → [1, 4, 8], each checked by parse_k; duplicates dropped, order kept."""
-    ks = []
-    for part in text.split(","):
-        if not part.strip():
-            raise UserError(f"{option} {text!r}: expected comma-separated integers from {least} to {MAX_K}")
-        try:
-            ks.append(parse_k(part.strip()))
-        except UserError as exc:
-            raise UserError(f"{option} {text!r}: {exc}") from None
-        if ks[-1] < least:
-            raise UserError(f"{option} {text!r}: each must be from {least} to {MAX_K}, got {ks[-1]}")
-    return list(dict.fromkeys(ks))
 
 
 def _progress(total: int):

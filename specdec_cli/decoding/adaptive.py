@@ -21,9 +21,12 @@ from typing import Callable
 from ..pairs.profile import PairProfile, ScenarioProfile
 from ..pairs.registry import NGRAM, PairSpec
 from .engine import RoundEvent
-from .estimates import Acceptance, probe_wait, smooth
+from .estimates import SIBLING_PRIOR, Acceptance, Siblings, probe_wait, smooth
+from .tree import TreeShape, best_first, judgements, shape_of, tree_source
 
 DEFAULT_K_MAX = 8
+TREE_MAX = 12  # the largest tree budget weighed: verify blocks of 13 tokens, past which a CPU's cost climbs
+TREE_LEVEL_COST = 1.15  # a tree level's head forward (width rows) against a chain step's, until measured
 
 
 @dataclass(frozen=True)
@@ -34,10 +37,14 @@ class Prior:
     alpha: float
     c: float
     verify_cost: dict[int, float] = field(default_factory=dict)
+    block_cost: dict[int, float] = field(default_factory=dict)  # K → verify cost from the block-cost cache
+    siblings: tuple[float, ...] = SIBLING_PRIOR  # acceptance of a tree's rank-1, 2, 3 children
 
     @classmethod
-    def from_section(cls, section: ScenarioProfile) -> "Prior":
-        return cls(section.k, section.alpha, section.c, dict(section.verify_cost))
+    def from_section(cls, section: ScenarioProfile, block_cost: dict[int, float] | None = None,
+                     siblings: tuple[float, ...] | None = None) -> "Prior":
+        return cls(section.k, section.alpha, section.c, dict(section.verify_cost), dict(block_cost or {}),
+                   siblings or SIBLING_PRIOR)
 
     @classmethod
     def guess(cls, k: int, model_drafter: bool) -> "Prior":
@@ -51,13 +58,15 @@ class Prior:
         return 0.6 if name == "lookup" else 0.4
 
     def cost(self, k: int) -> float:
-        """Verify cost of K drafts; without a measured figure, 1 + 0.12·K (a CPU-like slope)."""
-        if k in self.verify_cost:
-            return self.verify_cost[k]
-        known = [m for m in self.verify_cost if m < k]
+        """Verify cost of K drafts (a tree's K is its node count): the profile's, else the block-cost
+        cache's, else the largest known one plus 0.12 per token (a CPU-like slope), else 1 + 0.12·K."""
+        costs = {**self.block_cost, **self.verify_cost}
+        if k in costs:
+            return costs[k]
+        known = [m for m in costs if m < k]
         if known:
             top = max(known)
-            return self.verify_cost[top] + 0.12 * (k - top)
+            return costs[top] + 0.12 * (k - top)
         return 1.0 + 0.12 * k
 
 
@@ -70,6 +79,9 @@ class Source:
     k: int
     on: bool
     draft_s_per_token: float | None = None
+    siblings: Siblings = field(default_factory=Siblings)  # a tree's runners-up, by depth and rank
+    level_s: float | None = None  # seconds per level of a tree draft (one head forward over the level)
+    tree: int = 0  # the tree budget that beats every chain, 0 when a chain is best (or trees are not weighed)
     failures: int = 0  # probes in a row that found it still not paying
     wait: int = 0  # rounds (with it on offer) until its next probe, while off
 
@@ -79,9 +91,11 @@ class AdaptiveK:
     only the per-prompt counters reported in the statistics and halves the acceptance evidence."""
 
     def __init__(self, prior: Prior, k_max: int = DEFAULT_K_MAX, main: str = "draft", probe_k: int = 2,
-                 margin: float = 0.05, smoothing: float = 0.2):
+                 margin: float = 0.05, smoothing: float = 0.2, trees: bool = False, tree_max: int = TREE_MAX,
+                 shape: TreeShape = TreeShape(TREE_MAX)):
         self.k_max = max(k_max, prior.k, 1)
         self.prior, self.main = prior, main
+        self.trees, self.tree_max, self.shape = trees, tree_max, shape  # trees: the main drafter's, weighed too
         self.probe_k, self.margin, self.smoothing = min(probe_k, self.k_max), margin, smoothing
         self.block_s: dict[int, float] = {}  # block size → smoothed verify seconds
         self.other_s: float | None = None  # a round's bookkeeping outside draft and verify
@@ -105,10 +119,14 @@ class AdaptiveK:
             source = self._source(name)
             if source.on:
                 # Until its own rounds say otherwise, a drafter runs at the K the profile measured best.
-                untried = source.draft_s_per_token is None and source.k <= cap
+                untried = source.draft_s_per_token is None and source.level_s is None and source.k <= cap
                 k, rate = (source.k, max(self.rate(name, source.k), best_rate * 1.001)) if untried else self.best(name, cap)
                 if rate > best_rate:
                     best_rate, best = rate, (k, name)
+                if not untried and self.weighs_trees(name):
+                    nodes, tree_rate = self.best_tree(name, self.tree_max)  # paths past the budget are cut
+                    if tree_rate > best_rate:
+                        best_rate, best = tree_rate, (nodes, tree_source(name))
             else:
                 source.wait -= 1
                 if source.wait <= 0:
@@ -130,14 +148,25 @@ class AdaptiveK:
         if drafted:
             name = event.source or self.main
             source = self._source(name)
-            source.acceptance.observe(event.accepted, drafted)
             # A head's catch-up after sitting out is paid once per gap, not per drafted token.
-            per_token = max(event.draft_s - event.catchup_s, 0.0) / drafted
-            source.draft_s_per_token = smooth(source.draft_s_per_token, per_token, self.smoothing)
+            drafting = max(event.draft_s - event.catchup_s, 0.0)
+            if event.parents is not None:
+                parents = (-1, *event.parents)
+                for depth, rank, kept in judgements(parents, event.path or [], event.token is not None):
+                    if rank == 0:
+                        source.acceptance.judge(depth - 1, kept)
+                    else:
+                        source.siblings.judge(depth, rank, kept)
+                source.level_s = smooth(source.level_s, drafting / max(shape_of(parents)[0]), self.smoothing)
+                self.trees_used[drafted] += 1
+            else:
+                source.acceptance.observe(event.accepted, drafted)
+                source.draft_s_per_token = smooth(source.draft_s_per_token, drafting / drafted, self.smoothing)
             self.used[name] += 1
         else:
             self.rounds_off += 1
-        self.k_used[event.k] += 1
+        if event.parents is None:
+            self.k_used[event.k] += 1
         self.rounds_seen += 1
         probed = self.probing if drafted else None
         if probed:
@@ -148,13 +177,16 @@ class AdaptiveK:
         plain = self.plain_rate()
         for name, source in self.sources.items():
             k, rate = self.best(name, self.k_max)
+            nodes, tree_rate = self.best_tree(name, self.tree_max) if self.weighs_trees(name) else (0, float("-inf"))
+            tree = nodes if tree_rate > rate else 0
+            rate = max(rate, tree_rate)
             if source.on and rate < plain:
                 source.on, source.failures = False, 0
                 source.wait = probe_wait(self.loss(name, self.probe_k), 0)
             elif source.on:
-                source.k = k
+                source.k, source.tree = k, tree
             elif not source.on and rate > plain * (1.0 + self.margin):  # hysteresis: back only when clearly worth it
-                source.on, source.k, source.failures = True, k, 0
+                source.on, source.k, source.tree, source.failures = True, k, tree, 0
             elif not source.on and name == probed:
                 source.failures += 1
                 source.wait = probe_wait(self.loss(name, self.probe_k), source.failures)
@@ -208,6 +240,41 @@ class AdaptiveK:
                 best = (k, rate)
         return best
 
+    def weighs_trees(self, name: str) -> bool:
+        return self.trees and name == self.main
+
+    def tree_rates(self, name: str):
+        """(depth, rank) → the estimated chance a tree node is kept given its parent was."""
+        source = self._source(name)
+        chain = source.acceptance.rates(self.shape.depth)
+        return lambda depth, rank: chain[depth - 1] if rank == 0 else source.siblings.rate(depth, rank)
+
+    def tree_draft_s(self, name: str, levels: int) -> float:
+        """A tree draft of this many levels: measured per level, else a chain step's cost a little raised."""
+        source = self._source(name)
+        if source.level_s is not None and self.one_token_s() is not None:
+            return levels * source.level_s
+        return TREE_LEVEL_COST * self.draft_s(name, levels)
+
+    def best_tree(self, name: str, cap: int) -> tuple[int, float]:
+        """The tree budget N (2 ≤ N ≤ cap, tree_max) with the highest expected tokens per second.
+
+        Expected tokens of the best N-node tree under the estimates (tree.best_first: every prefix of
+        the best-first order is the best tree of its size), over the verify time of N + 1 tokens, the
+        draft time of its levels and a round's bookkeeping.
+        """
+        taken = best_first(self.tree_rates(name), min(cap, self.tree_max), self.shape.width, self.shape.depth)
+        overhead, best = self.overhead_s(), (0, float("-inf"))
+        total, levels = 1.0, 0
+        for nodes, (value, _, depth) in enumerate(taken, start=1):
+            total, levels = total + value, max(levels, depth)
+            if nodes < 2:
+                continue  # a one-node tree is the chain of one
+            rate = total / (self.verify_s(nodes) + self.tree_draft_s(name, levels) + overhead)
+            if rate > best[1]:
+                best = (nodes, rate)
+        return best
+
     def loss(self, name: str, k: int) -> float:
         """What a round of K drafts costs over what it yields, in plain rounds (0 when it pays)."""
         cost = (self.verify_s(k) + self.draft_s(name, k) + self.overhead_s()) * self.plain_rate()
@@ -229,7 +296,8 @@ class AdaptiveK:
         if name not in self.sources:
             lookup = name.startswith("lookup")
             alpha = self.prior.lookup_alpha(name) if lookup and name != self.main else self.prior.alpha
-            source = Source(Acceptance(alpha), 0.0 if lookup else self.prior.c, 1, self.prior.k > 0)
+            source = Source(Acceptance(alpha), 0.0 if lookup else self.prior.c, 1, self.prior.k > 0,
+                            siblings=Siblings(self.prior.siblings))
             source.k = self.prior.k if self.prior.k > 0 else self.best_for(source)
             if not source.on:
                 source.wait = probe_wait(1.0, 0)
@@ -256,8 +324,10 @@ class AdaptiveK:
         if self.rounds_seen:
             for source in self.sources.values():
                 source.acceptance.forget()
+                source.siblings.forget()
         self.rounds_off, self.probes = 0, 0
         self.k_used: Counter[int] = Counter()
+        self.trees_used: Counter[int] = Counter()  # tree rounds by nodes drafted
         self.used: Counter[str] = Counter()
         self.k_start = 0 if self.off else self.k
 
@@ -271,6 +341,9 @@ class AdaptiveK:
             "rounds_off": self.rounds_off,
             "probes": self.probes,
             "alpha_estimate": round(self.alpha, 4),
+            **({"tree_end": 0 if self.off else self._source(self.main).tree,
+                "tree_rounds": sum(self.trees_used.values()),
+                "tree_nodes": {str(n): rounds for n, rounds in sorted(self.trees_used.items())}} if self.trees else {}),
         }
 
     def describe(self) -> str:
@@ -278,25 +351,33 @@ class AdaptiveK:
         parts = []
         for name, source in sorted(self.sources.items()):
             alpha = source.acceptance.alpha
-            parts.append(f"{name} K {source.k} (α≈{alpha:.2f})" if source.on
+            what = f"tree {source.tree}" if source.tree else f"K {source.k}"
+            parts.append(f"{name} {what} (α≈{alpha:.2f})" if source.on
                          else f"{name} off (α≈{alpha:.2f}, probe in {max(source.wait, 0)})")
         return "auto: " + ", ".join(parts)
 
 
 class AdaptiveController:
-    """One AdaptiveK per scenario, seeded from the pair's profile; a new profile re-seeds them."""
+    """One AdaptiveK per scenario, seeded from the pair's profile; a new profile re-seeds them.
+
+    ``trees``: the main drafter (a draft head) may also draft trees, weighed against its chains.
+    ``block_cost``: verify costs by K from the block-cost cache (blocks.relative_costs), for the
+    block sizes the profile did not measure (a tree's, mostly).
+    """
 
     def __init__(self, fallback_k: Callable[[str | None], int], model_drafter: bool,
-                 profile: PairProfile | None = None, k_max: int = DEFAULT_K_MAX, main: str = "draft"):
+                 profile: PairProfile | None = None, k_max: int = DEFAULT_K_MAX, main: str = "draft",
+                 trees: bool = False, block_cost: dict[int, float] | None = None):
         self.fallback_k, self.model_drafter, self.k_max, self.main = fallback_k, model_drafter, k_max, main
-        self.profile = profile
+        self.profile, self.trees, self.block_cost = profile, trees, dict(block_cost or {})
         self.schedules: dict[str | None, AdaptiveK] = {}
 
     @classmethod
-    def for_pair(cls, pair: PairSpec, profile: PairProfile | None) -> "AdaptiveController":
+    def for_pair(cls, pair: PairSpec, profile: PairProfile | None, trees: bool = False,
+                 block_cost: dict[int, float] | None = None) -> "AdaptiveController":
         """Without a profile, the pair's K per scenario is the best starting point there is."""
         main = pair.drafter.kind if pair.drafter.kind != NGRAM else "lookup"
-        return cls(pair.k_for, pair.drafter.kind != NGRAM, profile, main=main)
+        return cls(pair.k_for, pair.drafter.kind != NGRAM, profile, main=main, trees=trees, block_cost=block_cost)
 
     def reseed(self, profile: PairProfile | None) -> None:
         self.profile = profile
@@ -306,8 +387,28 @@ class AdaptiveController:
         """The scenario's controller, counters reset for a new prompt."""
         if scenario not in self.schedules:
             section = self.profile.for_scenario(scenario) if self.profile else None
-            prior = Prior.from_section(section) if section else Prior.guess(self.fallback_k(scenario), self.model_drafter)
-            self.schedules[scenario] = AdaptiveK(prior, self.k_max, main=self.main)
+            siblings = sibling_prior(self.profile, scenario)
+            if section:
+                prior = Prior.from_section(section, self.block_cost, siblings)
+            else:
+                guess = Prior.guess(self.fallback_k(scenario), self.model_drafter)
+                prior = Prior(guess.k, guess.alpha, guess.c, block_cost=self.block_cost, siblings=siblings or SIBLING_PRIOR)
+            self.schedules[scenario] = AdaptiveK(prior, self.k_max, main=self.main, trees=self.trees)
         schedule = self.schedules[scenario]
         schedule.begin()
         return schedule
+
+
+def sibling_prior(profile: PairProfile | None, scenario: str | None) -> tuple[float, ...] | None:
+    """The acceptance of a tree's rank-1, 2, 3 children that calibrate-k measured (kept in the profile's
+    settings under ``tree``: per scenario, ``siblings``), or None."""
+    found = (profile.settings.get("tree") or {}) if profile else {}
+    scenarios = found.get("scenarios") if isinstance(found, dict) else None
+    if not isinstance(scenarios, dict):
+        return None
+    section = scenarios.get(scenario or "default") or scenarios.get("overall") or {}
+    values = section.get("siblings") if isinstance(section, dict) else None
+    try:
+        return tuple(min(max(float(v), 0.0), 1.0) for v in values) if values else None
+    except (TypeError, ValueError):
+        return None

@@ -60,11 +60,25 @@ def measure(model: PreTrainedModel, lengths: int = MEASURED_LENGTHS, reps: int =
     return {n: sorted(samples[1:])[reps // 2] for n, samples in times.items()}
 
 
+def relative_costs(costs: dict[int, float], chosen: dict[int, int]) -> dict[int, float]:
+    """Verify cost of K drafts (a block of K + 1, run at its planned length) over a one-token
+    block's: what the adaptive controller starts from for block sizes it has not timed yet."""
+    one = costs.get(chosen.get(1, 1))
+    if not one:
+        return {}
+    return {n - 1: costs[chosen.get(n, n)] / one for n in sorted(costs) if n > 1}
+
+
 def cached_plan(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, int]:
     """The padding plan for this model on this machine, measured on first use (a few seconds).
 
     Accelerators do not show the effect and are left alone: the plan is the identity there.
     """
+    return plan(cached_costs(model, identity, cache_dir))
+
+
+def cached_costs(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, float]:
+    """Seconds of a block of each length for this model on this machine (see cached_plan); {} off a CPU."""
     if input_device(model).type != "cpu":
         return {}
     key = "|".join([identity, str(model.dtype), torch.__version__, transformers.__version__, str(torch.get_num_threads()),
@@ -79,5 +93,5 @@ def cached_plan(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, i
             path.write_text(json.dumps(costs))
         except OSError:
             pass  # a read-only cache only costs the measurement next time
-    return plan(costs)
+    return costs
 

@@ -19,7 +19,7 @@ from ..limits import MAX_K
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept, speculative_accept
 from .drafters import Draft, Drafter, parts
 from .kv import crop_cache, input_device, keep_positions
-from .tree import Tree, greedy_tree_accept, tree_sample_accept, verify_tree
+from .tree import Tree, TreeShape, greedy_tree_accept, tree_sample_accept, tree_source, verify_tree
 
 
 @dataclass
@@ -49,6 +49,7 @@ class RoundEvent:
     # path's last node, every one of which the target tested and refused. None for a chain.
     parents: tuple[int, ...] | None = None
     turned_down: list[int] | None = None
+    path: list[int] | None = None  # a tree round's kept nodes, as block indices (1 the first draft node)
 
     @property
     def nodes(self) -> int:
@@ -76,7 +77,8 @@ class KSchedule(Protocol):
 
     A schedule may also have ``plan(offer, offer_source, learned, room) -> (k, source)``: it is then
     shown prompt lookup's match first (``offer`` tokens long, 0 for none; free to find) and picks the
-    round's drafter itself: the match (its first k tokens), the learned drafter (k tokens), or nothing.
+    round's drafter itself: the match (its first k tokens), the learned drafter (k tokens), or nothing;
+    or, naming ``tree_source(learned)``, the learned drafter's tree of at most k nodes (a head's).
     Each round's draft still comes whole from one drafter, with its q, so acceptance is unchanged.
     """
 
@@ -128,7 +130,7 @@ class SpeculativeEngine:
         """``rule`` other than exact is a lossy acceptance rule (acceptance.py): opt-in, and every
         caller that passes one must say so in its output."""
         schedule = FixedK(k) if isinstance(k, int) else k
-        if self.drafts_trees and not rule.lossless:
+        if (self.drafts_trees or getattr(schedule, "trees", False)) and not rule.lossless:
             raise UserError(f"acceptance rule {rule} applies to chains of drafts; trees are verified exactly")
         if not prompt_ids:
             raise UserError("the prompt is empty")
@@ -246,6 +248,8 @@ class SpeculativeEngine:
         self._hand_features(out, rows)
         complete = len(emitted) == len(path) + 1  # neither EOS nor the budget cut the path short
         return RoundEvent(
+            source=draft.source,
+            catchup_s=draft.catchup_s,
             k=want,
             drafted=draft.tokens.tolist(),
             accepted=min(len(path), len(emitted)),
@@ -257,6 +261,7 @@ class SpeculativeEngine:
             logits=logits[rows].cpu() if record_logits else None,
             parents=tuple(draft.parents),
             turned_down=[int(tree.tokens[c]) for c in tree.children(rows[-1])] if complete else [],
+            path=rows[1:],
         )
 
     def _padded_tree(self, tree: Tree, cached: int) -> Tree:
@@ -291,11 +296,15 @@ class SpeculativeEngine:
         offer = self._offer(tokens, room) if self._offer is not None and room else Draft.empty()
         learned = self._learned.name if self._learned is not None else None
         want, source = schedule.plan(len(offer), offer.source or None, learned, room)
-        want = max(0, min(want, room))
+        tree = learned is not None and source == tree_source(learned)
+        # A tree's budget is its node count, however shallow (paths past the token budget are cut).
+        want = max(0, min(want, MAX_K if room else 0) if tree else min(want, room))
         if want == 0 or source is None:
             return 0, Draft.empty()
         if source == offer.source and want <= len(offer):
             return want, Draft(offer.tokens[:want], None, offer.source)
+        if tree and hasattr(self._learned, "propose_tree"):
+            return want, self._learned.propose_tree(tokens, TreeShape(want))  # verified as a tree: _tree_round
         if source != learned:
             raise ValueError(f"schedule chose drafter {source!r} for {want} tokens; offered {offer.source!r} "
                              f"({len(offer)} tokens) and {learned!r}")

@@ -27,8 +27,12 @@ class Acceptance:
         """Positions 0..accepted-1 survived; position ``accepted`` (if drafted) was turned down;
         the ones after it were never judged and teach nothing."""
         for i in range(min(accepted + 1, drafted)):
-            self.hits[i] = self.hits[i] * self.memory + (i < accepted)
-            self.trials[i] = self.trials[i] * self.memory + 1.0
+            self.judge(i, i < accepted)
+
+    def judge(self, position: int, kept: bool) -> None:
+        if position < MAX_K:
+            self.hits[position] = self.hits[position] * self.memory + kept
+            self.trials[position] = self.trials[position] * self.memory + 1.0
 
     def rates(self, k: int) -> list[float]:
         """Conditional acceptance of positions 0..k-1."""
@@ -57,6 +61,41 @@ class Acceptance:
         """Keep only ``share`` of the evidence: a new prompt is a new context."""
         self.hits = [h * share for h in self.hits]
         self.trials = [t * share for t in self.trials]
+
+
+SIBLING_PRIOR = (0.12, 0.06, 0.04)  # ranks 1, 2, 3: a guess for a weak head (α ≈ 0.3), soon replaced
+
+
+@dataclass
+class Siblings:
+    """Acceptance of a tree's runners-up: by depth and sibling rank (≥ 1), the chance that the target
+    keeps a node's rank-r child (given the node was reached). Rank 0 is the chain's ``Acceptance``.
+
+    Kept like ``Acceptance``: discounted counts, an unseen depth borrows the depth above, depth 1 the
+    prior of its rank.
+    """
+
+    prior: tuple[float, ...] = SIBLING_PRIOR
+    weight: float = 1.0
+    memory: float = 0.92
+    hits: dict[tuple[int, int], float] = field(default_factory=dict)
+    trials: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def judge(self, depth: int, rank: int, kept: bool) -> None:
+        key = (depth, rank)
+        self.hits[key] = self.hits.get(key, 0.0) * self.memory + kept
+        self.trials[key] = self.trials.get(key, 0.0) * self.memory + 1.0
+
+    def rate(self, depth: int, rank: int) -> float:
+        estimate = self.prior[rank - 1] if rank - 1 < len(self.prior) else 0.0
+        for d in range(1, depth + 1):
+            key = (d, rank)
+            estimate = (self.hits.get(key, 0.0) + self.weight * estimate) / (self.trials.get(key, 0.0) + self.weight)
+        return estimate
+
+    def forget(self, share: float = 0.5) -> None:
+        self.hits = {key: h * share for key, h in self.hits.items()}
+        self.trials = {key: t * share for key, t in self.trials.items()}
 
 
 def smooth(old: float | None, new: float, weight: float = 0.2) -> float:

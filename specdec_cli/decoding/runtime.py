@@ -15,7 +15,7 @@ from ..pairs.loading import LoadedModel, cache_root, load
 from ..pairs.meta import read_meta
 from ..pairs.registry import MISSING, DrafterSpec, PairSpec
 from ..pairs.tokenization import check_compatible, eos_ids
-from .blocks import cached_plan
+from .blocks import cached_costs, plan, relative_costs
 from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
 from .head import HeadDrafter, HeadTree, load_head
@@ -28,6 +28,7 @@ class Runtime:
     drafter: Drafter
     draft: LoadedModel | None  # the draft model, when the drafter is one
     block_plan: dict[int, int] = field(default_factory=dict)  # verify-block padding (blocks.py)
+    block_costs: dict[int, float] = field(default_factory=dict)  # seconds per block length, measured (blocks.py)
     _by_kind: dict[str, tuple[Drafter, LoadedModel | None]] = field(default_factory=dict, repr=False)
 
     @property
@@ -41,6 +42,10 @@ class Runtime:
     @property
     def eos_token_ids(self) -> set[int]:
         return eos_ids(self.target.tokenizer, self.target.model.generation_config)
+
+    def verify_costs(self) -> dict[int, float]:
+        """Verify cost by K relative to one token, padding included: the adaptive controller's start."""
+        return relative_costs(self.block_costs, self.block_plan)
 
     def drafter_of(self, kind: str) -> tuple[Drafter, LoadedModel | None]:
         """The pair's drafter of this kind for the loaded target, and its draft model when it is one,
@@ -72,7 +77,8 @@ def prepare(pair: PairSpec) -> Runtime:
     running = LookupFirst(drafter) if pair.drafter.lookup else drafter
     runtime = Runtime(pair, target, running, draft, _by_kind={pair.drafter.kind: (drafter, draft)})
     if pair.pad_blocks:
-        runtime.block_plan = cached_plan(target.model, f"{target.source} {pair.target.dtype}", cache_root())
+        runtime.block_costs = cached_costs(target.model, f"{target.source} {pair.target.dtype}", cache_root())
+        runtime.block_plan = plan(runtime.block_costs)
     return runtime
 
 

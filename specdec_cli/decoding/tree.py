@@ -16,7 +16,10 @@ the draft's q is not, for candidates that were not sampled from q.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
@@ -126,6 +129,11 @@ class TreeShape:
     depth: int = 5
 
 
+def tree_source(learned: str) -> str:
+    """What a schedule's ``plan`` names to have the learned drafter draft a tree (its K the budget)."""
+    return f"{learned}-tree"
+
+
 def best_nodes(scores: list[float], parents: list[int], n: int) -> list[int]:
     """The ``n`` candidates with the highest cumulative log-probability, in creation order.
 
@@ -138,6 +146,83 @@ def best_nodes(scores: list[float], parents: list[int], n: int) -> list[int]:
     kept = set(chosen)
     assert all(parents[i] < 0 or parents[i] in kept for i in chosen), "a chosen node's parent was left out"
     return chosen
+
+
+Rate = Callable[[int, int], float]  # (depth, sibling rank) → chance a node is kept, given its parent was
+
+
+def shape_of(parents: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Each block index's depth (the root 0) and rank among its parent's children (in block order,
+    which is a drafter's order of preference: top-1 first)."""
+    depths, ranks, seen = [], [], {}
+    for parent in parents:
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+        ranks.append(seen.get(parent, 0))
+        seen[parent] = ranks[-1] + 1
+    return depths, ranks
+
+
+def expected_accepted(parents: Sequence[int], rate: Rate) -> float:
+    """Tokens a round with this tree emits on average: 1 + Σ over nodes of Π along the path to it.
+
+    Under the point-mass rule (and greedy) a node is kept with the chance the target picks its token,
+    so a node's path probability is its parent's times ``rate(depth, rank)``.
+    """
+    depths, ranks = shape_of(parents)
+    along = [1.0] * len(parents)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            along[i] = along[parent] * rate(depths[i], ranks[i])
+    return sum(along)
+
+
+def judgements(parents: Sequence[int], path: Sequence[int], complete: bool) -> list[tuple[int, int, bool]]:
+    """What a tree round taught, as (depth, rank, kept) per child the target judged.
+
+    At each node the path reached, every child was judged: the kept one is the target's pick, so no
+    other child was (under greedy by definition; under the point-mass rule the pick is distributed as
+    p, and the children tried after it would have been its rivals). The last node's children all
+    lost, unless EOS or the budget cut the round before they were judged (``complete`` False).
+    """
+    depths, ranks = shape_of(parents)
+    reached = [0, *path] if complete else [0, *path[:-1]]
+    kept = set(path)
+    return [(depths[child], ranks[child], child in kept)
+            for node in reached for child in range(len(parents)) if parents[child] == node]
+
+
+def best_first(rate: Rate, nodes: int, width: int, depth: int) -> list[tuple[float, int, int]]:
+    """The best tree of at most ``nodes`` nodes under ``rate``, as (path probability, parent, depth)
+    per node in the order taken; every prefix of it is the best tree of its size.
+
+    Best-first over the tree of ``width`` children per node and ``depth`` levels: the nodes of highest
+    path probability, which is what a drafter's rerank aims at. A node's next sibling becomes a
+    candidate only once the node is taken, so the tree holds ranks in order, as a drafter's does.
+    Parents are block indices (0 the root, i the i-th node taken).
+    """
+    taken: list[tuple[float, int, int]] = []
+    order = itertools.count()  # ties go to the candidate pushed first: the shallower, the better-ranked
+    heap: list[tuple[float, int, int, int, int, float]] = []  # (-value, order, parent, depth, rank, parent's value)
+
+    def push(parent: int, level: int, rank: int, base: float) -> None:
+        if level <= depth and rank < width:
+            value = base * min(max(rate(level, rank), 0.0), 1.0)
+            heapq.heappush(heap, (-value, next(order), parent, level, rank, base))
+
+    push(0, 1, 0, 1.0)
+    while heap and len(taken) < nodes:
+        value, _, parent, level, rank, base = heapq.heappop(heap)
+        taken.append((-value, parent, level))
+        push(len(taken), level + 1, 0, -value)
+        push(parent, level, rank + 1, base)
+    return taken
+
+
+def expected_tree(rate: Rate, nodes: int, width: int, depth: int) -> tuple[float, list[int]]:
+    """The best tree of at most ``nodes`` nodes under ``rate``: its expected tokens per round, and its
+    parents (block indices, the root first)."""
+    taken = best_first(rate, nodes, width, depth)
+    return 1.0 + sum(value for value, _, _ in taken), [-1, *(parent for _, parent, _ in taken)]
 
 
 def verify_tree(model, cache, tree: Tree, device: torch.device, **extra):

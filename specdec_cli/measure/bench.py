@@ -41,11 +41,12 @@ from ..prompts import Prompt
 from . import lossy
 
 MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto",
-              "tree", "ngram+tree")
+              "auto+tree", "tree", "ngram+tree")
 # run by this loop; the others by transformers' generate
-ENGINE_KINDS = ("plain", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto", "tree", "ngram+tree")
+ENGINE_KINDS = ("plain", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto", "auto+tree", "tree", "ngram+tree")
 TREE_KINDS = ("tree", "ngram+tree")  # the pair's head drafting trees of at most K nodes
-WITHOUT_K = ("plain", "hf-plain", "auto")
+AUTO_KINDS = ("auto", "auto+tree")  # adaptive K; auto+tree weighs the head's trees too (`generate --tree auto`)
+WITHOUT_K = ("plain", "hf-plain", "auto", "auto+tree")
 DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "ngram": NGRAM, "hf-lookup": NGRAM,
                    "ngram+spec": MODEL, "ngram+head": HEAD, "tree": HEAD, "ngram+tree": HEAD}
 NEEDS = {MODEL: "a draft model", HEAD: "a draft head"}
@@ -95,7 +96,7 @@ def parse_modes(text: str) -> list[Mode]:
                             "ngram+spec, ngram+head, auto), not to plain decoding or transformers' generate")
         if kind not in MODE_KINDS:
             raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, "
-                            "head:K, ngram+spec:K, ngram+head:K, tree:N, ngram+tree:N, auto")
+                            "head:K, ngram+spec:K, ngram+head:K, tree:N, ngram+tree:N, auto, auto+tree")
         if kind in WITHOUT_K:
             if k:
                 raise UserError(f"mode {kind!r} takes no K")
@@ -142,6 +143,7 @@ class Sample:
     correct: bool | None = None  # the task's answer found (prompts with an answer, lossy runs only)
     other_s: float = 0.0  # rounds' bookkeeping outside draft and verify
     drafts: list[tuple[str, int, int]] = field(default_factory=list)  # per round: drafter, drafted, accepted
+    tree_rounds: int = 0
 
 
 @dataclass
@@ -155,9 +157,13 @@ class Bench:
 
     def runner(self, mode: Mode) -> Callable[[list[int], Prompt, int], Sample]:
         """A fresh runner: for auto, a fresh controller that has learnt nothing yet."""
-        if mode.kind == "auto":
+        if mode.kind in AUTO_KINDS:
             engine = self.runtime.engine
-            controller = AdaptiveController.for_pair(self.runtime.pair, self.profile)
+            trees = mode.kind == "auto+tree"
+            if trees and self.runtime.pair.drafter.kind != HEAD:
+                raise UserError(f"mode {mode} needs a pair drafted by its head; "
+                                f"pair {self.runtime.pair.name!r} drafts with {self.runtime.pair.drafter.kind!r}")
+            controller = AdaptiveController.for_pair(self.runtime.pair, self.profile, trees, self.runtime.verify_costs())
             return lambda ids, prompt, seed: self._run_engine(engine, controller.schedule(prompt.scenario), ids, prompt,
                                                               seed, mode.rule)
         if mode.kind in ENGINE_KINDS:
@@ -206,6 +212,7 @@ class Bench:
             sample.verify_s += event.verify_s
             sample.other_s += event.other_s
             sample.drafts.append((event.source, len(event.drafted), event.accepted))
+            sample.tree_rounds += event.parents is not None
         return _timed(sample, tokens, started, stamps)
 
     def _run_hf(self, kwargs: dict, ids: list[int], prompt: Prompt, seed: int) -> Sample:
@@ -272,7 +279,7 @@ def run(bench: Bench, modes: list[Mode], prompts: list[Prompt], encode, progress
     for mode in modes:  # warm-up: first-call allocations and lazy inits are nobody's cost
         runners[mode](encoded[0][:], prompts[0], bench.seed)
     # auto learns from every round: it starts afresh, untaught by first-call costs and prompt 0
-    runners.update({mode: bench.runner(mode) for mode in modes if mode.kind == "auto"})
+    runners.update({mode: bench.runner(mode) for mode in modes if mode.kind in AUTO_KINDS})
     samples: dict[Mode, list[Sample]] = {mode: [] for mode in modes}
     turn = 0
     for prompt, ids in zip(prompts, encoded):
@@ -361,15 +368,17 @@ def report(samples: dict[Mode, list[Sample]], draws: int = 1, seed: int = 0) -> 
         drafted, rounds = sum(s.drafted for s in chosen), sum(s.rounds for s in chosen)
         if mode.kind in TREE_KINDS:
             result["tree_budget"] = mode.k
+        if mode.kind in TREE_KINDS or mode.kind == "auto+tree":
             result["mean_nodes"] = round(drafted / rounds, 3) if rounds else 0.0  # draft nodes verified per round
-        if mode.kind == "auto":
+            result["tree_rounds"] = sum(s.tree_rounds for s in chosen)
+        if mode.kind in AUTO_KINDS:
             result["mean_k"] = round(sum(s.k_total for s in chosen) / rounds, 3) if rounds else 0.0
         if mode.kind in ENGINE_KINDS and drafted and one_token_s > 0:
             alpha = sum(s.accepted for s in chosen) / max(sum(s.judged for s in chosen), 1)
             verify_cost = sum(s.verify_s for s in chosen) / rounds / one_token_s
             draft_cost = sum(s.draft_s for s in chosen) / drafted / one_token_s
             result.update(alpha=round(alpha, 4), verify_cost=round(verify_cost, 3), draft_cost=round(draft_cost, 4))
-            if mode.kind not in TREE_KINDS:  # the rounds' model is one chain per round; a tree's is not modelled
+            if mode.kind not in TREE_KINDS and mode.kind != "auto+tree":  # the rounds' model is one chain per round
                 result["predicted_speedup"] = round(predicted_from_rounds(chosen, base), 3)
         return result
 

@@ -21,6 +21,7 @@ from ..decoding.acceptance import AcceptRule, SamplingParams
 from ..decoding.engine import RoundEvent, SpeculativeEngine
 from ..decoding.estimates import Acceptance
 from ..decoding.speedup import Verdict, break_even_alpha, choose, fill_verify_costs
+from ..decoding.tree import judgements
 from ..errors import UserError
 from ..pairs.manifest import libraries, source_version
 from ..pairs.profile import PairProfile, ScenarioProfile, drafter_identity, drafter_name, section_name
@@ -48,6 +49,8 @@ class Tally:
     nll: float | None = None  # the target's NLL of the outputs, summed (lossy rules only)
     drafts: Acceptance = field(default_factory=lambda: Acceptance(0.0, weight=0.0, memory=1.0))  # by position
     lengths: Counter = field(default_factory=Counter)  # rounds per number of tokens drafted
+    rank_kept: Counter = field(default_factory=Counter)  # tree rounds: children of sibling rank r kept
+    rank_judged: Counter = field(default_factory=Counter)  # … and judged
 
     def add(self, event: RoundEvent) -> None:
         n = len(event.drafted)
@@ -59,7 +62,11 @@ class Tally:
         self.draft_s += event.draft_s
         self.verify_s += event.verify_s
         self.lengths[n] += 1
-        if n:
+        if n and event.parents is not None:
+            for _, rank, kept in judgements((-1, *event.parents), event.path or [], event.token is not None):
+                self.rank_kept[rank] += kept
+                self.rank_judged[rank] += 1
+        elif n:
             self.drafts.observe(event.accepted, n)
         for counts, upto in ((self.offered, n), (self.kept, event.accepted)):
             counts.extend([0] * (upto - len(counts)))
@@ -72,6 +79,8 @@ class Tally:
         if other.nll is not None:
             self.nll = (self.nll or 0.0) + other.nll
         self.lengths.update(other.lengths)
+        self.rank_kept.update(other.rank_kept)
+        self.rank_judged.update(other.rank_judged)
         self.drafts.hits = [a + b for a, b in zip(self.drafts.hits, other.drafts.hits)]
         self.drafts.trials = [a + b for a, b in zip(self.drafts.trials, other.drafts.trials)]
         for mine, theirs in ((self.offered, other.offered), (self.kept, other.kept)):
@@ -103,8 +112,18 @@ class Measurements:
     ks: list[int]
     per_k: dict[str, dict[int, Tally]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(Tally)))
     blocks: dict[str, dict[int, list[float]]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(list)))
+    trees: list[int] = field(default_factory=list)  # tree budgets swept beside K (the head's trees)
+    per_tree: dict[str, dict[int, Tally]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(Tally)))
 
-    def record(self, scenario: str, k: int, events: list[RoundEvent], wall_s: float, nll: float | None = None) -> None:
+    def record(self, scenario: str, k: int, events: list[RoundEvent], wall_s: float, nll: float | None = None,
+               tree: bool = False) -> None:
+        if tree:  # its own tally; its blocks are tree-masked and stay out of the chains' verify costs
+            tally = self.per_tree[scenario][k]
+            tally.runs += 1
+            tally.wall_s += wall_s
+            for event in events:
+                tally.add(event)
+            return
         tally = self.per_k[scenario][k]
         tally.runs += 1
         tally.wall_s += wall_s
@@ -151,21 +170,28 @@ def measure(
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
     rule: AcceptRule = AcceptRule(),
+    trees: list[int] | None = None,
+    tree_engine: SpeculativeEngine | None = None,
 ) -> Measurements:
-    """Run every (scenario, prompt ids) at every K, rotating the K order per prompt; under a lossy
-    ``rule``, score each output's NLL after its timed run."""
+    """Run every (scenario, prompt ids) at every K, and with ``tree_engine`` (the head drafting trees)
+    at every tree budget, rotating the order per prompt; under a lossy ``rule``, score each output's
+    NLL after its timed run."""
     if not prompts:
         raise UserError("no prompts to calibrate on")
+    trees = list(trees or []) if tree_engine is not None else []
     for k in (max(ks), 0):  # warm-up: first-call costs (allocations, caches) stay out of the figures
         _run(engine, prompts[0][1], k, min(max_new_tokens, 16), sampling, seed, rule)
-    result = Measurements(ks)
-    total, done = len(prompts) * len(ks), 0
+    if trees:
+        _run(tree_engine, prompts[0][1], max(trees), min(max_new_tokens, 16), sampling, seed)
+    result = Measurements(ks, trees=trees)
+    runs = [(engine, k, False) for k in ks] + [(tree_engine, n, True) for n in trees]
+    total, done = len(prompts) * len(runs), 0
     for index, (scenario, ids) in enumerate(prompts):
-        shift = index % len(ks)
-        for k in ks[shift:] + ks[:shift]:
-            events, wall_s = _run(engine, ids, k, max_new_tokens, sampling, seed, rule)
-            nll = None if rule.lossless else target_nll(engine.target, ids, [t for e in events for t in e.emitted])
-            result.record(scenario, k, events, wall_s, nll)
+        shift = index % len(runs)
+        for runner, k, tree in runs[shift:] + runs[:shift]:
+            events, wall_s = _run(runner, ids, k, max_new_tokens, sampling, seed, rule)
+            nll = None if rule.lossless or tree else target_nll(engine.target, ids, [t for e in events for t in e.emitted])
+            result.record(scenario, k, events, wall_s, nll, tree)
             done += 1
             if progress:
                 progress(done, total)
@@ -295,3 +321,76 @@ def _section(result: ScenarioResult) -> ScenarioProfile:
     return ScenarioProfile(k=v.k, verdict=v.verdict, best_k=v.best_k, speedup=round(v.speedup, 4),
                            alpha=round(result.alpha, 4), c=round(result.c, 5),
                            verify_cost={k: round(cost, 4) for k, cost in result.verify_cost.items()})
+
+
+@dataclass
+class TreeFigures:
+    """One tree budget in one scenario, beside the chains: what it kept per round and its speed."""
+
+    budget: int
+    mean_nodes: float  # draft nodes verified per round
+    tokens_per_round: float
+    rounds: int
+    new_tokens: int
+    tokens_per_s: float
+    speedup: float  # over K = 0 of the same scenario, same run
+    siblings: list[float]  # acceptance of the rank-1, 2, 3 children (pooled over depths)
+
+
+def summarise_trees(per_tree: dict[int, Tally], plain: Tally | None, budgets: list[int]) -> list[TreeFigures]:
+    base = plain.new_tokens / plain.wall_s if plain and plain.wall_s else 0.0
+    figures = []
+    for n in budgets:
+        tally = per_tree.get(n, Tally())
+        tps = tally.new_tokens / tally.wall_s if tally.wall_s else 0.0
+        figures.append(TreeFigures(
+            budget=n,
+            mean_nodes=tally.drafted / tally.rounds if tally.rounds else 0.0,
+            tokens_per_round=tally.new_tokens / tally.rounds if tally.rounds else 0.0,
+            rounds=tally.rounds, new_tokens=tally.new_tokens, tokens_per_s=tps,
+            speedup=tps / base if base else 0.0,
+            siblings=sibling_rates(tally),
+        ))
+    return figures
+
+
+def sibling_rates(tally: Tally, ranks: int = 3) -> list[float]:
+    """Kept over judged, per sibling rank 1..ranks (0 where none was judged)."""
+    return [tally.rank_kept[r] / tally.rank_judged[r] if tally.rank_judged[r] else 0.0 for r in range(1, ranks + 1)]
+
+
+def tree_findings(measured: Measurements, scenarios: dict[str, ScenarioResult]) -> dict[str, list[TreeFigures]]:
+    """Per scenario (and overall), every swept tree budget's figures; {} when none were swept."""
+    if not measured.trees:
+        return {}
+    found = {name: summarise_trees(measured.per_tree[name], measured.per_k[name].get(0), measured.trees)
+             for name in measured.per_tree}
+    pooled_trees: dict[int, Tally] = defaultdict(Tally)
+    pooled_plain = Tally()
+    for name in measured.per_tree:
+        for n, tally in measured.per_tree[name].items():
+            pooled_trees[n].merge(tally)
+        if 0 in measured.per_k[name]:
+            pooled_plain.merge(measured.per_k[name][0])
+    found["overall"] = summarise_trees(pooled_trees, pooled_plain, measured.trees)
+    return found
+
+
+def tree_setting(measured: Measurements, found: dict[str, list[TreeFigures]], results: dict[str, ScenarioResult]) -> dict:
+    """What the profile keeps of a tree sweep (under its settings, ``tree``): per scenario the best
+    budget, its speed-up and tokens per round, whether it beat the best chain, and the sibling
+    acceptance over every budget's rounds, which seeds the adaptive controller (``adaptive.sibling_prior``)."""
+    kept = {}
+    for name, figures in found.items():
+        pooled = Tally()
+        for scenario, tallies in measured.per_tree.items():
+            if name in ("overall", scenario):
+                for tally in tallies.values():
+                    pooled.merge(tally)
+        best = max(figures, key=lambda f: f.speedup)
+        chain = results[name].verdict.speedup if name in results else None
+        kept[name] = {"best": best.budget, "speedup": round(best.speedup, 4),
+                      "tokens_per_round": round(best.tokens_per_round, 4),
+                      "beats_chain": None if chain is None else bool(best.speedup > chain),
+                      "siblings": [round(r, 4) for r in sibling_rates(pooled)]}
+    return {"budgets": list(measured.trees), "scenarios": kept}

@@ -16,7 +16,7 @@ from ..decoding.engine import RoundEvent
 class RunStats:
     k: int | str
     accept: str = "exact"  # the acceptance rule; anything else is lossy and says so in every output
-    tree: int | None = None  # the node budget of a tree (`generate --tree N`); None for a chain
+    tree: int | str | None = None  # a tree's node budget (`generate --tree N`), or auto (`--tree auto`); None for chains
     drafted: int = 0
     accepted: int = 0
     rounds: int = 0

@@ -32,10 +32,11 @@ def one_query(query, key, value, scaling, groups: int) -> torch.Tensor:
 
 def visible_keys(mask: torch.Tensor | None, rows: int, keys: int) -> list[torch.Tensor | None]:
     """Per query row, the key positions it may see when they are not its causal prefix (a tree's
-    mask), else None; ``mask``: bool [1, 1, rows, keys], True = attend."""
-    if mask is None or mask.dtype != torch.bool:
+    mask), else None; ``mask``: [1, 1, rows, keys], bool (True = attend) or additive (0 = attend)."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
         return [None] * rows
-    seen = mask[0, 0, :, :keys]
+    seen = mask[0, 0, -rows:, -keys:]
+    seen = seen if seen.dtype == torch.bool else seen == 0
     causal = torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
     if torch.equal(seen, causal):
         return [None] * rows
