@@ -80,8 +80,9 @@ def answer(target: PreTrainedModel, prompts: list[list[int]], eos: set[int], pad
 
 @torch.inference_mode()
 def teacher(target: PreTrainedModel, sequences: list[tuple[list[int], int]], top_k: int, features: bool,
-            batch_size: int, pad: int, progress=None) -> list[Example]:
-    """Top-k log-probs at each answer position (and all features, for a head), right-padded batches."""
+            batch_size: int, pad: int, progress=None, layers: tuple[int, ...] = (-1,)) -> list[Example]:
+    """Top-k log-probs at each answer position (and, for a head, the hidden states ``layers`` select,
+    concatenated, at every position), right-padded batches."""
     device = target.get_input_embeddings().weight.device
     vocab = target.config.get_text_config().vocab_size
     examples = []
@@ -90,11 +91,11 @@ def teacher(target: PreTrainedModel, sequences: list[tuple[list[int], int]], top
         width = max(len(ids) for ids, _ in batch)
         ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch], device=device)
         mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch], device=device)
-        out = target(ids, attention_mask=mask, **({"output_hidden_states": -1} if features else {}))
+        out = target(ids, attention_mask=mask, **({"output_hidden_states": list(layers)} if features else {}))
         for row, (tokens, start) in enumerate(batch):
             logp = F.log_softmax(out.logits[row, start - 1 : len(tokens) - 1, :vocab].float(), dim=-1)
             top = logp.topk(min(top_k, vocab), dim=-1)
-            hidden = out.hidden_states[-1][row, : len(tokens)].float().cpu() if features else None
+            hidden = torch.cat([out.hidden_states[i][row, : len(tokens)] for i in layers], -1).float().cpu() if features else None
             examples.append(Example(torch.tensor(tokens), start, top.indices.int().cpu(), top.values.cpu(), hidden))
         if progress:
             progress(len(batch))
@@ -151,7 +152,7 @@ def collate(examples: list[Example], pad: int) -> Batch:
     if examples[0].hidden is not None:
         hidden = torch.zeros(len(examples), width, examples[0].hidden.shape[1])
         for i, e in enumerate(examples):
-            hidden[i, : e.hidden.shape[0]] = e.hidden
+            hidden[i, : e.hidden.shape[0]] = e.hidden.float()  # kept in bfloat16 by a large corpus
     return Batch(ids, (torch.cat(rows), torch.cat(positions)), torch.cat([e.top_ids for e in examples]).long(),
                  torch.cat([e.top_logp for e in examples]), hidden)
 
