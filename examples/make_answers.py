@@ -31,7 +31,7 @@ from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt, eos_ids
 from specdec_cli.prompts import read_file
 from specdec_cli.training.corpus import clean_request, dedup_key, dedupe, read_shards, shard_path, write_shard
-from specdec_cli.training.distill import AnswerSettings, answer
+from specdec_cli.training.distill import AnswerSettings, answer_pruned
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "answers"
@@ -112,7 +112,7 @@ def run_shards(directory: Path, jobs: list[list[dict]], minutes: float, settings
             if not chosen:
                 continue
             settings.seed = SEED + index + (100_000 if sampled else 0)
-            replies = answer(target.model, [encoded[i] for i in chosen], eos, pad, sampled, settings)
+            replies = answer_pruned(target.model, [encoded[i] for i in chosen], eos, pad, sampled, settings)
             for i, reply in zip(chosen, replies):
                 if reply:
                     rows.append({"id": shard[i]["id"], "kind": "sampled" if sampled else "greedy",

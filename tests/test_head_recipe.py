@@ -149,3 +149,20 @@ def test_sampling_with_a_fused_head_keeps_the_targets_distribution():
     torch.manual_seed(0)
     drafter = HeadDrafter(DraftHead(head_config(small), (0, 1, -1)), small, allowed=torch.tensor([0, 2, 3, 6]))
     assert assert_lossless(small, drafter, SamplingParams(1.0)) is None
+
+
+# --- answers with finished rows dropped --------------------------------------------------------
+
+
+def test_pruned_answers_are_each_prompts_own_greedy_continuation(target):
+    from specdec_cli.training.distill import AnswerSettings, answer_pruned
+
+    prompts = [[0, 5, 6, 7, 8, 5, 6], [0, 40, 41], [0, 9, 9, 9, 9, 9, 9, 9, 9, 10]]
+
+    def alone(prompt, eos):
+        return [t for e in SpeculativeEngine(target, None, eos).generate(prompt, k=0, max_new_tokens=12) for t in e.emitted]
+
+    eos = {1, alone(prompts[0], {1})[3]}  # the first prompt ends early: its row leaves the batch mid-way
+    got = answer_pruned(target, prompts, eos=eos, pad=0, sampled=False, settings=AnswerSettings(max_new_tokens=12))
+    assert len(got[0]) <= 4 and max(map(len, got)) > len(got[0])
+    assert got == [alone(p, eos) for p in prompts]
