@@ -3,7 +3,10 @@ the share of the target's tokens its output vocabulary cannot propose.
 
     python benchmarks/drafter_report.py --prompts benchmarks/unseen-prompts.jsonl --drafter head -k 3
 
-Greedy, fixed K, the pair's drafter of that kind without prompt lookup in front. The output is the
+Greedy, fixed K, the pair's drafter of that kind without prompt lookup in front (``--draft DIR``: a
+head directory instead; ``--dtype``: the target's precision; ``--vocab full|N``: a head's output
+layer widened at inference to all ids, or to the N ids the target writes most often in
+examples/answers/, to see what its vocabulary costs in acceptance). The output is the
 target's (lossless), so the out-of-vocabulary share is measured on exactly what the target wrote.
 """
 
@@ -14,10 +17,28 @@ import json
 from collections import defaultdict
 
 from specdec_cli.decoding.engine import SpeculativeEngine
+from specdec_cli.decoding.head import HeadDrafter
 from specdec_cli.decoding.runtime import prepare
-from specdec_cli.pairs.registry import load_registry
+from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
+
+
+def frequent_ids(size: int):
+    """The ``size`` ids the target wrote most often in examples/answers/ (its answers, not the prompts)."""
+    from collections import Counter
+    from pathlib import Path
+
+    import torch
+
+    from specdec_cli.training.corpus import read_shards
+
+    counts = Counter()
+    root = Path(__file__).resolve().parent.parent / "examples" / "answers"
+    for directory in ("requests", "answers"):
+        for row in read_shards(root / directory):
+            counts.update(row["ids"][row["start"] :])
+    return torch.tensor(sorted(token for token, _ in counts.most_common(size)), dtype=torch.long)
 
 
 def main() -> None:
@@ -28,12 +49,18 @@ def main() -> None:
     parser.add_argument("--drafter", default="head")
     parser.add_argument("-k", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--draft", default=None)
+    parser.add_argument("--vocab", default=None, help="full, or N: the N most frequent ids of examples/answers")
     parser.add_argument("--per-scenario", type=int, default=0, help="first N prompts of each scenario (0: all)")
     args = parser.parse_args()
 
     registry = load_registry(args.models)
-    runtime = prepare(registry.pair(args.pair))
+    pair = override(registry.pair(args.pair), dtype=args.dtype, draft=args.draft)
+    runtime = prepare(pair)
     drafter, _ = runtime.drafter_of(args.drafter)  # bare: no prompt lookup in front
+    if args.vocab:
+        drafter = HeadDrafter(drafter.head, runtime.target.model, None if args.vocab == "full" else frequent_ids(int(args.vocab)))
     engine = SpeculativeEngine(runtime.target.model, drafter, runtime.eos_token_ids, runtime.block_plan)
     allowed = getattr(drafter, "allowed", None)
     vocab = None if allowed is None else set(allowed.tolist())
@@ -66,7 +93,7 @@ def main() -> None:
             "tokens": sum(tokens[s] for s in names),
             "outside_vocab": round(sum(outside[s] for s in names) / max(1, sum(tokens[s] for s in names)), 4),
         }
-    print(json.dumps({"drafter": args.drafter, "k": args.k, "max_new_tokens": args.max_new_tokens, "scenarios": report}))
+    print(json.dumps({"drafter": args.draft or args.drafter, "dtype": args.dtype, "vocab": args.vocab or (None if vocab is None else len(vocab)), "k": args.k, "max_new_tokens": args.max_new_tokens, "scenarios": report}))
 
 
 if __name__ == "__main__":

@@ -108,11 +108,12 @@ class SpeculativeEngine:
         self.eos_token_ids = set(eos_token_ids)
         self.vocab_size = target.config.get_text_config().vocab_size
         self.context_length = getattr(target.config.get_text_config(), "max_position_embeddings", None)
-        # Only a drafter that reads the target's features gets them (the last hidden state, post-norm):
-        # plain decoding and the other drafters pay nothing.
+        # Only a drafter that reads the target's features gets them (the hidden states it names in
+        # feature_layers, by default the last one, post-norm): plain decoding and the other drafters pay nothing.
         self.wants_features = bool(getattr(drafter, "uses_target_features", False))
-        self._extra = {"output_hidden_states": -1} if self.wants_features else {}
         self._offer, self._learned = parts(drafter)
+        self.feature_layers = tuple(getattr(self._learned, "feature_layers", None) or (-1,))
+        self._extra = {"output_hidden_states": list(self.feature_layers)} if self.wants_features else {}
         self.drafts_trees = bool(getattr(drafter, "drafts_trees", False))
 
     @torch.inference_mode()
@@ -221,8 +222,8 @@ class SpeculativeEngine:
     def _hand_features(self, out, rows: int | list[int]) -> None:
         """The target's features of the positions that stay cached: the first ``rows``, or those listed."""
         if self.wants_features:
-            hidden = out.hidden_states[-1][0]
-            self.drafter.add_features(hidden[:rows] if isinstance(rows, int) else hidden[rows])
+            chosen = slice(0, rows) if isinstance(rows, int) else rows
+            self.drafter.add_features(torch.cat([out.hidden_states[i][0][chosen] for i in self.feature_layers], dim=-1))
 
     def _tree_round(self, cache, tokens, draft: Draft, want: int, room: int, sampling, generator, draft_s: float,
                     record_logits: bool) -> RoundEvent:

@@ -7,6 +7,12 @@ the target's hidden state at t, and the target's own (frozen) lm_head turns that
 draft K tokens it feeds its own guesses back in place of the target's states. Only the fc and the
 decoder layer are trained and saved (a few MB); embedding and lm_head are borrowed from the target,
 which is why a head is tied to the one target it was trained for.
+
+A fused head (meta ``format`` 2, EAGLE-3) reads several of the target's hidden states instead of the
+last one: ``feature_layers`` indexes transformers' ``hidden_states`` (-1 is the last, post-norm),
+and a linear ``fuse`` folds their concatenation to one H-wide feature for the confirmed positions;
+the positions it drafts feed back its own H-wide guess in place of that. A head without
+``feature_layers`` in its meta (format 1) reads the last hidden state alone.
 """
 
 from __future__ import annotations
@@ -33,24 +39,35 @@ from .kv import crop_cache
 from .tree import TreeShape, best_nodes
 
 WEIGHTS_FILE = "head.safetensors"
+FORMAT = 2  # meta "format": 1 (absent) = the last hidden state only; 2 adds "feature_layers"
+TOP_ONLY = (-1,)
 
 
 class DraftHead(nn.Module):
-    def __init__(self, layer: dict):
-        """``layer``: LlamaConfig fields of the decoder layer (see ``head_config``), saved with the weights."""
+    def __init__(self, layer: dict, feature_layers: tuple[int, ...] = TOP_ONLY):
+        """``layer``: LlamaConfig fields of the decoder layer (see ``head_config``), saved with the weights;
+        ``feature_layers``: the target's hidden states it reads (indices into ``hidden_states``)."""
         super().__init__()
         self.config_dict = dict(layer)
+        self.feature_layers = tuple(int(i) for i in feature_layers)
         config = LlamaConfig(**layer)
         config._attn_implementation = "sdpa"
         self.config = config
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden)
+        width = len(self.feature_layers) * hidden
+        self.fuse = nn.Linear(width, hidden, bias=False) if len(self.feature_layers) > 1 else None
         self.layer = LlamaDecoderLayer(config, layer_idx=0)
         self.rotary = LlamaRotaryEmbedding(config)
 
+    def fused(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's (concatenated) hidden states → the H-wide feature the head reads."""
+        return features if self.fuse is None else self.fuse(features)
+
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, cache=None, start: int = 0,
                 positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(batch, positions, H) embeddings and previous-position features → guessed features.
+        """(batch, positions, H) embeddings and previous-position H-wide features (``fused`` target
+        states, or the head's own guesses) → guessed features.
 
         Consecutive positions from ``start`` under a causal mask; or, for a tree level, the given
         ``positions`` (1, n) and 4D bool ``mask`` (decoding/tree.py's layout).
@@ -98,7 +115,7 @@ def save_head(directory: str | Path, head: DraftHead, meta: dict) -> None:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, directory / WEIGHTS_FILE)
-    write_meta(directory, {**meta, "kind": "head"})
+    write_meta(directory, {**meta, "kind": "head", "format": FORMAT, "feature_layers": list(head.feature_layers)})
 
 
 def load_head(directory: str | Path, target: PreTrainedModel, source) -> "HeadDrafter":
@@ -114,10 +131,17 @@ def load_head(directory: str | Path, target: PreTrainedModel, source) -> "HeadDr
             f"{theirs.get('fingerprint')}), not for {mine['source']} (fingerprint {mine['fingerprint']}); "
             "train one for this target with `specdec train-draft --kind head`"
         )
-    head = DraftHead(meta["layer"])
+    if meta.get("format", 1) > FORMAT:
+        raise UserError(f"draft head {directory} has format {meta['format']}, newer than this specdec reads ({FORMAT}); upgrade specdec")
+    head = DraftHead(meta["layer"], tuple(meta.get("feature_layers", TOP_ONLY)))
     head.load_state_dict(load_file(Path(directory) / WEIGHTS_FILE))
     top = meta.get("top_vocab")
     return HeadDrafter(head, target, None if top is None else torch.tensor(top, dtype=torch.long))
+
+
+def gather_features(hidden_states, layers: tuple[int, ...], rows=slice(None)) -> torch.Tensor:
+    """The rows of batch 0 of the chosen hidden states, concatenated along the feature axis."""
+    return torch.cat([hidden_states[i][0][rows] for i in layers], dim=-1)
 
 
 def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -140,6 +164,7 @@ class HeadDrafter:
         weight = output_weight(target)  # float even when the target's own lm_head is quantised
         self.device = weight.device
         self.head = head.to(self.device).eval()
+        self.feature_layers = head.feature_layers
         self.embed = target.get_input_embeddings()
         self.vocab_size = target.config.get_text_config().vocab_size
         self.allowed = None if allowed is None else allowed.to(self.device)
@@ -154,7 +179,7 @@ class HeadDrafter:
         # Row t + 1 holds the target's feature at position t; row 0 stays zero (what the first token
         # reads). Grown by doubling, so handing over a round's rows costs those rows, not the context:
         # the engine hands them every round, speculating or not.
-        self._rows = torch.zeros(256, self.head.config.hidden_size, device=self.device)
+        self._rows = torch.zeros(256, len(self.feature_layers) * self.head.config.hidden_size, device=self.device)
         self._count = 1
 
     @property
@@ -200,7 +225,7 @@ class HeadDrafter:
 
         def step(token):
             nonlocal guess
-            guess = self._step(token.view(1), guess.view(1, -1), position[0])
+            guess = self._step(token.view(1), guess.view(1, -1), position[0], fuse=False)
             position[0] += 1
             return self._logits(guess)
 
@@ -274,8 +299,11 @@ class HeadDrafter:
                      parents=tuple(0 if parents[i] < 0 else block[parents[i]] for i in chosen),
                      source=self.name, catchup_s=caught_up)
 
-    def _step(self, tokens: torch.Tensor, features: torch.Tensor, start: int) -> torch.Tensor:
+    def _step(self, tokens: torch.Tensor, features: torch.Tensor, start: int, fuse: bool = True) -> torch.Tensor:
+        """Feed positions from ``start``: the target's states (``fuse``) or the head's own guesses."""
         embeds = self.embed(tokens.to(self.embed.weight.device)).to(self.device, torch.float32)
+        if fuse:
+            features = self.head.fused(features)
         return self.head(embeds[None], features[None], self.cache, start)[0, -1]
 
     def _logits(self, guess: torch.Tensor) -> torch.Tensor:
@@ -296,6 +324,7 @@ class HeadTree:
 
     def __init__(self, head: HeadDrafter, width: int = TreeShape.width, depth: int = TreeShape.depth):
         self.head, self.width, self.depth = head, width, depth
+        self.feature_layers = head.feature_layers
         self.name = f"{head.name}-tree"
 
     def reset(self) -> None:

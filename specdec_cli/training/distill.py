@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from ..errors import UserError
 from ..pairs.tokenization import encode_prompt
@@ -79,9 +79,53 @@ def answer(target: PreTrainedModel, prompts: list[list[int]], eos: set[int], pad
 
 
 @torch.inference_mode()
+def answer_pruned(target: PreTrainedModel, prompts: list[list[int]], eos: set[int], pad: int, sampled: bool,
+                  settings: AnswerSettings) -> list[list[int]]:
+    """``answer`` for one batch, with finished rows dropped from the batch (and its KV cache) as
+    they end: a batch then costs its answers' tokens, not its longest answer times its rows."""
+    device = target.get_input_embeddings().weight.device
+    vocab = target.config.get_text_config().vocab_size
+    generator = torch.Generator(device=device).manual_seed(settings.seed)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=target.config)
+    logits = target(ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1).logits
+    rows, following = torch.arange(len(prompts)), positions[:, -1] + 1
+    alive = torch.ones(len(prompts), dtype=torch.bool)
+    answers: list[list[int]] = [[] for _ in prompts]
+    for step in range(settings.max_new_tokens):
+        scores = logits[:, -1, :vocab].float()
+        if sampled:
+            token = torch.multinomial(torch.softmax(scores / settings.temperature, -1), 1, generator=generator)[:, 0]
+        else:
+            token = scores.argmax(-1)
+        for i, (row, value) in enumerate(zip(rows.tolist(), token.tolist())):
+            if alive[i]:
+                answers[row].append(value)
+                alive[i] = value not in eos
+        if step == settings.max_new_tokens - 1 or not alive.any():
+            break
+        kept = alive.nonzero().flatten()
+        if kept.numel() == 1 and len(prompts) > 1:
+            # A lone left-padded row would take the one-query attention path, which assumes no
+            # padding: a finished row stays along (its tokens are not kept) to keep the batch at two.
+            kept = torch.cat([kept, (~alive).nonzero().flatten()[:1]])
+        if kept.numel() < alive.shape[0]:
+            cache.batch_select_indices(kept.to(device))
+            rows, mask, token, following, alive = rows[kept], mask[kept], token[kept], following[kept], alive[kept]
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        logits = target(token[:, None], attention_mask=mask, position_ids=following[:, None], cache=cache, use_cache=True).logits
+        following = following + 1
+    return answers
+
+
+@torch.inference_mode()
 def teacher(target: PreTrainedModel, sequences: list[tuple[list[int], int]], top_k: int, features: bool,
-            batch_size: int, pad: int, progress=None) -> list[Example]:
-    """Top-k log-probs at each answer position (and all features, for a head), right-padded batches."""
+            batch_size: int, pad: int, progress=None, layers: tuple[int, ...] = (-1,)) -> list[Example]:
+    """Top-k log-probs at each answer position (and, for a head, the hidden states ``layers`` select,
+    concatenated, at every position), right-padded batches."""
     device = target.get_input_embeddings().weight.device
     vocab = target.config.get_text_config().vocab_size
     examples = []
@@ -90,11 +134,11 @@ def teacher(target: PreTrainedModel, sequences: list[tuple[list[int], int]], top
         width = max(len(ids) for ids, _ in batch)
         ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch], device=device)
         mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch], device=device)
-        out = target(ids, attention_mask=mask, **({"output_hidden_states": -1} if features else {}))
+        out = target(ids, attention_mask=mask, **({"output_hidden_states": list(layers)} if features else {}))
         for row, (tokens, start) in enumerate(batch):
             logp = F.log_softmax(out.logits[row, start - 1 : len(tokens) - 1, :vocab].float(), dim=-1)
             top = logp.topk(min(top_k, vocab), dim=-1)
-            hidden = out.hidden_states[-1][row, : len(tokens)].float().cpu() if features else None
+            hidden = torch.cat([out.hidden_states[i][row, : len(tokens)] for i in layers], -1).float().cpu() if features else None
             examples.append(Example(torch.tensor(tokens), start, top.indices.int().cpu(), top.values.cpu(), hidden))
         if progress:
             progress(len(batch))
@@ -151,7 +195,7 @@ def collate(examples: list[Example], pad: int) -> Batch:
     if examples[0].hidden is not None:
         hidden = torch.zeros(len(examples), width, examples[0].hidden.shape[1])
         for i, e in enumerate(examples):
-            hidden[i, : e.hidden.shape[0]] = e.hidden
+            hidden[i, : e.hidden.shape[0]] = e.hidden.float()  # kept in bfloat16 by a large corpus
     return Batch(ids, (torch.cat(rows), torch.cat(positions)), torch.cat([e.top_ids for e in examples]).long(),
                  torch.cat([e.top_logp for e in examples]), hidden)
 

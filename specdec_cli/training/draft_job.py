@@ -144,7 +144,7 @@ def _trainer(data: dict, target: LoadedModel, settings: JobSettings, pad: int) -
         student = HeadStudent(new_head(target.model, settings.seed), target.model, allowed)
     return Trainer(student, [e for e in examples if not e.heldout], [e for e in examples if e.heldout], slots, pad,
                    settings.lr or DEFAULT_LR[data["kind"]], settings.batch_size, settings.seed,
-                   ce_weight=0.1 if data["kind"] == "head" else 1.0)
+                   ce_weight=1.0)
 
 
 def _make_data(settings: JobSettings, target: LoadedModel, identity: dict, eos: set[int], pad: int, reporter: Reporter) -> dict:

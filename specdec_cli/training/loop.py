@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from ..decoding.head import DraftHead, head_config, head_logits
 from ..errors import UserError
@@ -102,11 +102,20 @@ class ModelStudent:
 
 
 class HeadStudent:
-    """A DraftHead trained on teacher features, unrolled ``unroll`` steps: step 2 reads the head's own
-    step-1 guesses in place of the target's features, as when it drafts its second token."""
+    """A DraftHead trained as it drafts (EAGLE-3's training-time test), unrolled ``unroll`` steps.
 
-    def __init__(self, head: DraftHead, target: PreTrainedModel, allowed: torch.Tensor | None, unroll: int = 2, noise: float = 0.1):
-        self.head, self.unroll, self.noise = head.train(), unroll, noise
+    Step 0 reads the target's true features at every position. Step ``a`` puts the head's own
+    step-(a-1) guess at the newest position only, the one ``a`` tokens past each anchor: its
+    queries attend to the anchor's true context (the step-0 keys up to the anchor, as the head's
+    cache holds at inference) and to the anchor's own earlier unrolled positions, nothing else.
+    Gradients flow through the whole unroll; step ``a``'s loss is weighted ``decay ** a``.
+    ``columns`` picks the head's feature layers out of the data's (which may hold more).
+    """
+
+    def __init__(self, head: DraftHead, target: PreTrainedModel, allowed: torch.Tensor | None, unroll: int = 3,
+                 noise: float = 0.0, decay: float = 0.8, columns: torch.Tensor | None = None, regression: float = 0.0):
+        self.head, self.unroll, self.noise, self.decay = head.train(), unroll, noise, decay
+        self.columns, self.regression = columns, regression
         self.embed = target.get_input_embeddings().weight.detach()
         self.out_weight = _rows(output_weight(target), allowed)
 
@@ -119,19 +128,47 @@ class HeadStudent:
     def load(self, state: dict) -> None:
         self.head.load_state_dict(state)
 
-    def logits(self, batch: Batch) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    def logits(self, batch: Batch, steps: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor | None, float, torch.Tensor]]:
+        """Per unrolled step: (logits at the teacher rows it reaches, regression or None, weight, which rows)."""
+        steps = steps or (self.unroll if self.head.training else 1)
+        raw = batch.hidden if self.columns is None else batch.hidden[..., self.columns]
+        true = self.head.fused(raw)
         embeds = F.embedding(batch.ids, self.embed).float()
-        features = batch.hidden
-        previous = F.pad(features[:, :-1], (0, 0, 1, 0))
+        previous = F.pad(true[:, :-1], (0, 0, 1, 0))  # position t reads the feature at t - 1
         if self.head.training and self.noise:  # robustness to imperfect features, as EAGLE does
-            previous = previous + self.noise * features.std() * torch.randn_like(previous)
+            previous = previous + self.noise * true.detach().std() * torch.randn_like(previous)
+        rows, positions = batch.where
+        width = batch.ids.shape[1]
+        at = torch.arange(width)[None].expand(batch.ids.shape[0], -1)
+        cache = DynamicCache(config=self.head.config)
         outputs = []
-        for _ in range(self.unroll if self.head.training else 1):
-            guess = self.head(embeds, previous)
-            picked = guess[batch.where]
-            outputs.append((head_logits(picked, self.out_weight), F.smooth_l1_loss(picked, features[batch.where])))
-            previous = F.pad(guess[:, :-1].detach(), (0, 0, 1, 0))
+        for step in range(steps):
+            tokens = F.pad(embeds[:, step:], (0, 0, 0, step))  # anchor i reads token i + step
+            guess = self.head(tokens, previous, cache, positions=at + step, mask=unroll_mask(width, step)[None, None])
+            reached = positions >= step  # the teacher row of position p is anchor p - step's target
+            picked = guess[rows[reached], positions[reached] - step]
+            regression = None
+            if self.regression:
+                regression = self.regression * F.smooth_l1_loss(picked, true[rows[reached], positions[reached]])
+            outputs.append((head_logits(picked, self.out_weight), regression, self.decay**step, reached))
+            previous = guess  # the newest position of the next step reads this guess
         return outputs
+
+
+def unroll_mask(width: int, step: int) -> torch.Tensor:
+    """(width, (step + 1) * width) bool: which keys each anchor's query sees at unroll ``step``.
+
+    Keys are laid out step by step; step 0's are the true positions (anchor i sees 0..i), each
+    later step's hold one key per anchor, seen only by that same anchor.
+    """
+    blocks = [torch.ones(width, width, dtype=torch.bool).tril()]
+    blocks += [torch.eye(width, dtype=torch.bool)] * step
+    return torch.cat(blocks, dim=1)
+
+
+def _steps(outputs: list[tuple]) -> list[tuple]:
+    """A student's outputs as (logits, regression, weight, teacher rows): a model's single step reaches every row."""
+    return [o if len(o) == 4 else (o[0], o[1], 1.0, slice(None)) for o in outputs]
 
 
 def _rows(weight: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -159,7 +196,8 @@ class Trainer:
     lr: float
     batch_size: int = 8
     seed: int = 0
-    ce_weight: float = 1.0  # the head weighs its feature regression 1 and the cross-entropy 0.1 (EAGLE)
+    ce_weight: float = 1.0
+    autocast: bool = False  # bfloat16 matmuls (several times faster where the CPU has AMX / AVX512-BF16)
     step: int = 0
     history: list[dict] = field(default_factory=list)
 
@@ -169,9 +207,9 @@ class Trainer:
 
     def loss(self, batch: Batch) -> torch.Tensor:
         total = 0.0
-        for logits, regression in self.student.logits(batch):
-            ce = soft_cross_entropy(logits, batch.top_ids, batch.top_logp, self.slots)
-            total = total + self.ce_weight * ce + (0.0 if regression is None else regression)
+        for logits, regression, weight, rows in _steps(self.student.logits(batch)):
+            ce = soft_cross_entropy(logits, batch.top_ids[rows], batch.top_logp[rows], self.slots)
+            total = total + weight * (self.ce_weight * ce + (0.0 if regression is None else regression))
         return total
 
     def run(self, budget: Budget, on_step: Callable[[int, float], None] | None = None,
@@ -179,7 +217,8 @@ class Trainer:
         started = last_save = time.monotonic()
         while not budget.done(self.step, started):
             chosen = [self.train[self.rng.randrange(len(self.train))] for _ in range(self.batch_size)]
-            loss = self.loss(collate(chosen, self.pad))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+                loss = self.loss(collate(chosen, self.pad))
             self.optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0)
@@ -197,21 +236,31 @@ class Trainer:
     @torch.no_grad()
     def agreement(self) -> float | None:
         """Held-out greedy top-1 agreement with the teacher (None without held-out data)."""
+        chain = self.chain_agreement(1)
+        return None if chain is None else chain[0]
+
+    @torch.no_grad()
+    def chain_agreement(self, steps: int = 1) -> list[float] | None:
+        """Held-out top-1 agreement at each of ``steps`` draft positions, a head drafting on its own
+        guesses after the first (the true tokens before it): what acceptance per position approximates."""
         if not self.heldout:
             return None
-        module = self.student.model if isinstance(self.student, ModelStudent) else self.student.head
+        head = isinstance(self.student, HeadStudent)
+        module = self.student.head if head else self.student.model
         module.eval()
-        hits = total = 0
+        hits, total = [0] * steps, [0] * steps
         for at in range(0, len(self.heldout), self.batch_size):
             batch = collate(self.heldout[at : at + self.batch_size], self.pad)
-            logits, _ = self.student.logits(batch)[0]
-            choice = logits.argmax(-1)
-            if self.slots is not None:
-                choice = torch.nonzero(self.slots >= 0).flatten()[choice]
-            hits += int((choice == batch.top_ids[:, 0]).sum())
-            total += choice.shape[0]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+                outputs = self.student.logits(batch, steps) if head else self.student.logits(batch)
+            for step, (logits, _, _, rows) in enumerate(_steps(outputs)):
+                choice = logits.argmax(-1)
+                if self.slots is not None:
+                    choice = torch.nonzero(self.slots >= 0).flatten()[choice]
+                hits[step] += int((choice == batch.top_ids[rows, 0]).sum())
+                total[step] += choice.shape[0]
         module.train()
-        return round(hits / max(total, 1), 4)
+        return [round(h / max(t, 1), 4) for h, t in zip(hits, total)]
 
     def checkpoint(self) -> dict:
         return {"student": self.student.state(), "optimizer": self.optimizer.state_dict(), "step": self.step,

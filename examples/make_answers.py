@@ -1,0 +1,224 @@
+"""Writes examples/answers/: the default target's own answers (token ids), the data the shipped head
+is trained on (specdec_cli/trained/README.md).
+
+Two stages, each sharded and resumable (a shard is written once, atomically; a rerun skips it), each
+run given a time budget so that it fits between other jobs:
+
+    python examples/make_answers.py requests --minutes 9   # the target writes requests (sampled)
+    python examples/make_answers.py prompts                # filter, de-duplicate, compose: prompts.jsonl
+    python examples/make_answers.py answers --minutes 9    # greedy + sampled answers to all prompts
+
+Stage 1 asks the target (as configured: the pair's int4 default) for user requests across topics
+and task types, seeded; paragraphs and sentences it writes become summarise / read-and-answer /
+translate / rewrite prompts. Its replies to those requests are target text too and are kept as
+answers. Stage 3 answers examples/train-prompts.jsonl (the templates) and the new prompts: greedy,
+and sampled at temperature 0.8 for the new ones. No text from outside the project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specdec_cli.pairs.loading import load
+from specdec_cli.pairs.registry import load_registry
+from specdec_cli.pairs.tokenization import encode_prompt, eos_ids
+from specdec_cli.prompts import read_file
+from specdec_cli.training.corpus import clean_request, dedup_key, dedupe, read_shards, shard_path, write_shard
+from specdec_cli.training.distill import AnswerSettings, answer_pruned
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "answers"
+SEED = 0
+SHARD = 64
+
+TOPICS = [
+    "cooking at home", "baking bread", "gardening", "house plants", "personal finance", "saving for retirement",
+    "astronomy", "the solar system", "volcanoes", "ocean life", "birds", "dogs", "cats", "insects", "dinosaurs",
+    "ancient Rome", "ancient Egypt", "the Middle Ages", "the industrial revolution", "world war history",
+    "climate", "renewable energy", "electric cars", "public transport", "city planning", "architecture",
+    "painting", "photography", "music theory", "learning the guitar", "jazz", "film making", "video games",
+    "board games", "chess", "football", "running", "swimming", "yoga", "sleep", "nutrition", "first aid",
+    "the human heart", "the immune system", "genetics", "chemistry in the kitchen", "electricity", "magnets",
+    "computer networks", "databases", "web development", "operating systems", "cyber security", "machine learning",
+    "spreadsheets", "writing emails", "job interviews", "public speaking", "time management", "studying for exams",
+    "learning a language", "travel planning", "camping", "mountains", "deserts", "rivers", "weather", "recycling",
+    "small businesses", "marketing", "economics", "taxes", "law and contracts", "philosophy", "psychology",
+    "friendship", "parenting", "moving house", "home repairs", "bicycles", "coffee", "tea", "chocolate",
+]
+LANGUAGES = ["Python", "JavaScript", "Java", "C", "C++", "Go", "Rust", "SQL", "Bash", "TypeScript"]
+HUMAN_LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese"]
+KINDS = {  # what the target is asked to write; the reply is a request unless composed later
+    "question": "Write one question that a curious person might ask an AI assistant about {topic}. Reply with the question only.",
+    "chat": "Write a short, casual message that someone might send to a friendly chatbot about {topic}. Reply with the message only.",
+    "explain": "Write a request asking an assistant to explain an idea from {topic} in simple words. Reply with the request only.",
+    "howto": "Write a request asking an assistant for step-by-step instructions for a task related to {topic}. Reply with the request only.",
+    "code": "Write a request asking an assistant to write a small {lang} program related to {topic}. Reply with the request only.",
+    "math": "Write a short math word problem about {topic} that uses numbers. Reply with the problem only.",
+    "creative": "Write a request asking an assistant for a short poem, story or slogan about {topic}. Reply with the request only.",
+    "paragraph": "Write a short informative paragraph about {topic}.",
+    "sentence": "Write one interesting sentence about {topic}.",
+    "function": "Write a short {lang} function related to {topic}, with no explanation.",
+}
+
+
+def meta_prompts() -> list[dict]:
+    rng = random.Random(SEED)
+    rows = []
+    for topic in TOPICS:
+        for kind, template in KINDS.items():
+            for copy in range(1):
+                lang = rng.choice(LANGUAGES if kind == "code" else ["Python", "JavaScript", "Python", "C", "Go"])
+                rows.append({"id": f"req-{kind}-{len(rows)}", "kind": kind, "topic": topic,
+                             "text": template.format(topic=topic, lang=lang)})
+    rng.shuffle(rows)
+    return rows
+
+
+def target_and_tokens():
+    pair = load_registry(None).pair(None)
+    target = load(pair.target)
+    eos = eos_ids(target.tokenizer, target.model.generation_config)
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
+    return target, eos, pad
+
+
+def run_shards(directory: Path, jobs: list[list[dict]], minutes: float, settings: AnswerSettings, sampled_of,
+               greedy: bool = True) -> None:
+    """Answer each shard of prompts not answered yet, until the budget would be overrun."""
+    started = time.monotonic()
+    todo = [i for i in range(len(jobs)) if not shard_path(directory, i).is_file()]
+    print(f"{len(todo)} of {len(jobs)} shards to do", flush=True)
+    if not todo:
+        return
+    target, eos, pad = target_and_tokens()
+    longest = 0.0
+    for index in todo:
+        if time.monotonic() - started + 1.2 * longest > 60 * minutes:
+            print("budget spent; rerun to continue", flush=True)
+            return
+        began = time.monotonic()
+        shard = jobs[index]
+        encoded = [encode_prompt(target.tokenizer, row["text"]) for row in shard]
+        rows = []
+        for sampled in (False, True) if greedy else (True,):
+            chosen = [i for i, row in enumerate(shard) if (sampled_of(row) if sampled else True)]
+            if not chosen:
+                continue
+            settings.seed = SEED + index + (100_000 if sampled else 0)
+            replies = answer_pruned(target.model, [encoded[i] for i in chosen], eos, pad, sampled, settings)
+            for i, reply in zip(chosen, replies):
+                if reply:
+                    rows.append({"id": shard[i]["id"], "kind": "sampled" if sampled else "greedy",
+                                 "ids": encoded[i] + reply, "start": len(encoded[i])})
+        write_shard(shard_path(directory, index), rows)
+        longest = max(longest, time.monotonic() - began)
+        tokens = sum(len(r["ids"]) - r["start"] for r in rows)
+        print(f"shard {index}: {len(rows)} answers, {tokens} tokens, {time.monotonic() - began:.0f} s", flush=True)
+
+
+def stage_requests(minutes: float) -> None:
+    rows = meta_prompts()
+    jobs = [rows[i : i + SHARD] for i in range(0, len(rows), SHARD)]
+    settings = AnswerSettings(max_new_tokens=96, temperature=0.9, batch_size=SHARD)
+    # Sampled only: variety is the point here.
+    run_shards(OUT / "requests", jobs, minutes, settings, sampled_of=lambda row: True, greedy=False)
+
+
+def stage_prompts() -> None:
+    """Requests → prompts.jsonl: cleaned, de-duplicated (also against the template, bench and unseen files)."""
+    from transformers import AutoTokenizer  # the target's tokenizer, without loading the target
+
+    pair = load_registry(None).pair(None)
+    tokenizer = AutoTokenizer.from_pretrained(str(_converted_dir(pair)))
+    by_id = {row["id"]: row for row in meta_prompts()}
+    replies: dict[str, list[str]] = {}
+    for row in read_shards(OUT / "requests"):
+        if row["kind"] != "sampled":
+            continue
+        text = tokenizer.decode(row["ids"][row["start"] :], skip_special_tokens=True).strip()
+        replies.setdefault(by_id[row["id"]]["kind"], []).append((row["id"], text))
+    rng = random.Random(SEED)
+    seen = set()
+    for path in (HERE / "train-prompts.jsonl", HERE.parent / "benchmarks" / "unseen-prompts.jsonl",
+                 HERE.parent / "benchmarks" / "bench-prompts.jsonl"):
+        seen |= {dedup_key(p.text) for p in read_file(path)}
+    prompts = []
+
+    def add(kind: str, text: str, source: str) -> None:
+        if dedupe([text], seen):
+            prompts.append({"id": f"gen-{len(prompts)}", "prompt": text, "scenario": kind, "from": source})
+
+    questions = []
+    for kind in ("question", "chat", "explain", "howto", "code", "math", "creative"):
+        for source, text in replies.get(kind, []):
+            first = text.split("\n\n")[0].strip()
+            cleaned = clean_request(first)
+            if cleaned:
+                add(kind, cleaned, source)
+                if kind == "question":
+                    questions.append((by_id[source]["topic"], cleaned))
+    for source, text in replies.get("paragraph", []):
+        if clean_request(text, 150, 1500):
+            topic = by_id[source]["topic"]
+            asked = [q for t, q in questions if t == topic]
+            choice = rng.random()
+            if asked and choice < 0.5:
+                add("long-context", f"{text}\n\nUsing the text above, answer this: {rng.choice(asked)}", source)
+            else:
+                add("summarise", rng.choice(["Summarize this paragraph in two sentences:", "Give the main points of this text:",
+                                            "TL;DR this for me please:"]) + f"\n\n{text}", source)
+    for source, text in replies.get("sentence", []):
+        sentence = clean_request(text.split("\n")[0], 20, 300)
+        if sentence:
+            if rng.random() < 0.6:
+                add("translate", f"Translate into {rng.choice(HUMAN_LANGUAGES)}: {sentence}", source)
+            else:
+                add("rewrite", rng.choice(["Rewrite this sentence in a formal tone:", "Make this sentence simpler:",
+                                          "Paraphrase this:"]) + f" {sentence}", source)
+    for source, text in replies.get("function", []):
+        if ("def " in text or "function" in text or "{" in text) and clean_request(text, 40, 1200):
+            add("code-edit", rng.choice(["Add comments to this code:", "Is there a bug in this code?",
+                                        "Make this code shorter:", "Explain this code:"]) + f"\n\n{text}", source)
+    (OUT / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    counts = {}
+    for p in prompts:
+        counts[p["scenario"]] = counts.get(p["scenario"], 0) + 1
+    print(f"{len(prompts)} prompts: {counts}")
+
+
+def _converted_dir(pair) -> Path:
+    from specdec_cli.pairs.loading import _converted, _resolve
+
+    directory, gguf = _resolve(pair.target.source)
+    return Path(_converted(pair.target.source, directory, gguf)) if gguf else Path(directory)
+
+
+def stage_answers(minutes: float) -> None:
+    templates = [{"id": f"tpl-{p.id}", "text": p.text, "new": False} for p in read_file(HERE / "train-prompts.jsonl")]
+    generated = [{"id": p.id, "text": p.text, "new": True} for p in read_file(OUT / "prompts.jsonl")]
+    rows = templates + generated
+    random.Random(SEED).shuffle(rows)
+    jobs = [rows[i : i + SHARD] for i in range(0, len(rows), SHARD)]
+    settings = AnswerSettings(max_new_tokens=128, temperature=0.8, batch_size=SHARD)
+    run_shards(OUT / "answers", jobs, minutes, settings, sampled_of=lambda row: row["new"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=("requests", "prompts", "answers"))
+    parser.add_argument("--minutes", type=float, default=9.0)
+    args = parser.parse_args()
+    torch.manual_seed(SEED)
+    {"requests": lambda: stage_requests(args.minutes), "prompts": stage_prompts,
+     "answers": lambda: stage_answers(args.minutes)}[args.stage]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

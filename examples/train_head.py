@@ -1,0 +1,248 @@
+"""Trains the shipped draft head from examples/answers/ (specdec_cli/trained/README.md has the runs).
+
+    python examples/train_head.py teacher --minutes 9            # features + top-k, per answer shard
+    python examples/train_head.py train --out runs/head --minutes 9 [--resume] [options]
+
+The teacher pass re-reads the target's stored answers (token ids) and keeps, per position, its
+top-k log-probabilities and the hidden states a head may read (``LAYERS``): it never asks the
+target to write again. Both stages are resumable, so each run fits a time budget: the teacher pass
+skips shards it has done; ``train --resume`` continues the optimiser, the data order and the best
+held-out state. Prompts are held out by id (all answers of a held-out prompt), seeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from specdec_cli.decoding.head import DraftHead, head_config, save_head, target_identity
+from specdec_cli.pairs.loading import load
+from specdec_cli.pairs.registry import load_registry
+from specdec_cli.pairs.tokenization import eos_ids
+from specdec_cli.training.distill import Example, teacher
+from specdec_cli.training.loop import Budget, HeadStudent, Trainer, save_atomically
+
+HERE = Path(__file__).resolve().parent
+ANSWERS = HERE / "answers"
+TEACHER = HERE.parent / "runs" / "teacher"
+SHIPPED = HERE.parent / "specdec_cli" / "trained" / "smollm2-135m-head"
+LAYERS = (2, 15, -1)  # low, middle, high (the last, post-norm: what the format-1 head reads)
+TOP_K = 32
+
+
+def loaded_target():
+    pair = load_registry(None).pair(None)
+    target = load(pair.target)
+    eos = eos_ids(target.tokenizer, target.model.generation_config)
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
+    return target, eos, pad
+
+
+def answer_shards() -> list[Path]:
+    return sorted(ANSWERS.glob("*/shard-*.jsonl.gz"))
+
+
+def stage_teacher(minutes: float, batch_size: int) -> None:
+    started = time.monotonic()
+    todo = [p for p in answer_shards() if not (TEACHER / f"{p.parent.name}-{p.name}.pt").is_file()]
+    print(f"{len(todo)} shards to score", flush=True)
+    if not todo:
+        return
+    target, _, pad = loaded_target()
+    longest = 0.0
+    for path in todo:
+        if time.monotonic() - started + 1.2 * longest > 60 * minutes:
+            print("budget spent; rerun to continue", flush=True)
+            return
+        began = time.monotonic()
+        rows = read_shards_file(path)
+        rows.sort(key=lambda r: len(r["ids"]))  # less padding per batch
+        examples = teacher(target.model, [(r["ids"], r["start"]) for r in rows], TOP_K, True, batch_size, pad,
+                           layers=LAYERS)
+        kept = [{"id": r["id"], "kind": r["kind"], "ids": e.ids, "start": e.start, "top_ids": e.top_ids,
+                 "top_logp": e.top_logp.half(), "hidden": e.hidden.bfloat16()} for r, e in zip(rows, examples)]
+        TEACHER.mkdir(parents=True, exist_ok=True)
+        save_atomically({"layers": LAYERS, "top_k": TOP_K, "target": target_identity(target.model, target.source),
+                         "examples": kept}, TEACHER / f"{path.parent.name}-{path.name}.pt")
+        longest = max(longest, time.monotonic() - began)
+        print(f"{path.parent.name}/{path.name}: {len(kept)} sequences, {time.monotonic() - began:.0f} s", flush=True)
+
+
+def read_shards_file(path: Path) -> list[dict]:
+    import gzip
+
+    with gzip.open(path, "rt") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def load_examples(seed: int, holdout: float) -> tuple[list[Example], list[Example], dict]:
+    files = sorted(TEACHER.glob("*.pt"))
+    if not files:
+        raise SystemExit("no teacher data: run the teacher stage first")
+    rows, info = [], {}
+    for path in files:
+        data = torch.load(path, weights_only=True)
+        info = {k: data[k] for k in ("layers", "top_k", "target")}
+        rows += data["examples"]
+    ids = sorted({r["id"] for r in rows})
+    random.Random(seed).shuffle(ids)
+    held = set(ids[: round(holdout * len(ids))])
+    train, heldout = [], []
+    for r in rows:
+        example = Example(r["ids"], r["start"], r["top_ids"], r["top_logp"].float(), r["hidden"], r["id"] in held)
+        (heldout if example.heldout else train).append(example)
+    info["sequences"], info["answer_tokens"] = len(rows), sum(len(r["ids"]) - r["start"] for r in rows)
+    return train, heldout, info
+
+
+def vocabulary(train: list[Example], coverage: float, eos: set[int], multiple: int = 256) -> tuple[list[int], float]:
+    """The fewest most-frequent answer ids (EOS always in) covering ``coverage`` of the training answers'
+    tokens, rounded up to ``multiple``; and the share they cover."""
+    counts = Counter()
+    for e in train:
+        counts.update(e.ids[e.start :].tolist())
+    total = sum(counts.values())
+    order = [t for t, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+    covered, size = 0, 0
+    for size, token in enumerate(order, start=1):
+        covered += counts[token]
+        if covered >= coverage * total:
+            break
+    size = min(len(order), -(-size // multiple) * multiple)
+    chosen = sorted(set(order[:size]) | set(eos))
+    return chosen, round(sum(counts[t] for t in chosen) / total, 4)
+
+
+def stage_train(args) -> None:
+    torch.manual_seed(args.seed)
+    target, eos, pad = loaded_target()
+    train, heldout, info = load_examples(args.seed, 0.1)
+    identity = target_identity(target.model, target.source)
+    if info["target"]["fingerprint"] != identity["fingerprint"]:
+        raise SystemExit("the teacher data were made with another target")
+    layers = tuple(int(x) for x in args.feature_layers.split(","))
+    hidden = target.model.config.get_text_config().hidden_size
+    columns = torch.cat([torch.arange(info["layers"].index(i) * hidden, (info["layers"].index(i) + 1) * hidden) for i in layers])
+    if args.vocab_size:
+        counts = Counter(t for e in train for t in e.ids[e.start :].tolist())
+        allowed = sorted({t for t, _ in counts.most_common(args.vocab_size)} | set(eos))
+        covered = round(sum(counts[t] for t in allowed) / sum(counts.values()), 4)
+    else:
+        allowed, covered = vocabulary(train, args.coverage, eos)
+    vocab = target.model.config.get_text_config().vocab_size
+    slots = torch.full((vocab,), -1, dtype=torch.long)
+    slots[torch.tensor(allowed)] = torch.arange(len(allowed))
+    head = DraftHead(head_config(target.model), layers)
+    if args.warm:
+        warm_start(head, Path(args.warm))
+    student = HeadStudent(head, target.model, torch.tensor(allowed), unroll=args.unroll, columns=columns,
+                          regression=args.regression, noise=args.noise)
+    heldout = heldout[: args.heldout_examples]
+    trainer = Trainer(student, train, heldout, slots, pad, args.lr, args.batch_size, args.seed, autocast=args.bf16)
+    out = Path(args.out)
+    state_file = out / "state.pt"
+    best = {"score": -1.0, "state": None, "step": 0, "chain": None}
+    if args.resume and state_file.is_file():
+        saved = torch.load(state_file, weights_only=False)
+        trainer.restore(saved["trainer"])
+        best = saved["best"]
+    elif state_file.is_file():
+        raise SystemExit(f"{out} holds a run: pass --resume")
+    started = time.monotonic()
+    print(f"{len(train)} train / {len(heldout)} held-out sequences, {info['answer_tokens']} answer tokens, "
+          f"vocab {len(allowed)} ({covered:.2%} of training answer tokens), layers {layers}, unroll {args.unroll}", flush=True)
+
+    def evaluate():
+        chain = trainer.chain_agreement(3)
+        score = chain[0] + chain[0] * chain[1] + chain[0] * chain[1] * chain[2]  # expected accepted of 3
+        if score > best["score"]:
+            best.update(score=round(score, 4), state={k: v.clone() for k, v in student.state().items()},
+                        step=trainer.step, chain=chain)
+        trainer.history.append({"step": trainer.step, "chain": chain, "score": round(score, 4),
+                                "minutes": round((time.monotonic() - started) / 60, 2)})
+        print(f"step {trainer.step}: held-out agreement by position {chain}, expected accepted {score:.3f}", flush=True)
+
+    if trainer.step == 0:
+        evaluate()
+    while True:
+        left = args.minutes - (time.monotonic() - started) / 60
+        if left <= 0.1 or (args.steps and trainer.step >= args.steps):
+            break
+        target_steps = trainer.step + args.eval_every
+        if args.steps:
+            target_steps = min(target_steps, args.steps)
+        trainer.run(Budget(steps=target_steps, minutes=left), eval_every=10**9)
+        evaluate()
+        out.mkdir(parents=True, exist_ok=True)
+        save_atomically({"trainer": trainer.checkpoint(), "best": best}, state_file)
+        if trainer.step - best["step"] >= args.patience:
+            print("early stop: no held-out gain", flush=True)
+            break
+    out.mkdir(parents=True, exist_ok=True)
+    save_atomically({"trainer": trainer.checkpoint(), "best": best}, state_file)
+    head.load_state_dict(best["state"])
+    head.eval()
+    meta = {"target": identity, "top_vocab": allowed, "training": {
+        "answers": "examples/answers", "sequences": info["sequences"], "answer_tokens": info["answer_tokens"],
+        "heldout_sequences": len(heldout), "seed": args.seed, "steps": trainer.step, "best_step": best["step"],
+        "unroll": args.unroll, "lr": args.lr, "bf16": args.bf16, "minutes_this_run": args.minutes, "batch_size": args.batch_size, "warm_start": args.warm or None,
+        "vocab_coverage": covered, "heldout_chain_agreement": best["chain"], "expected_accepted_3": best["score"]}}
+    save_head(out, head, {**meta, "layer": head.config_dict})
+    (out / "history.json").write_text(json.dumps(trainer.history))
+    print(json.dumps({"out": str(out), "best": best["chain"], "score": best["score"], "step": best["step"],
+                      "steps": trainer.step}), flush=True)
+
+
+def warm_start(head: DraftHead, directory: Path) -> None:
+    """Start from a trained head's fc and decoder layer; a fused head's ``fuse`` starts by passing
+    the last hidden state through (so step 0 drafts exactly as that head did)."""
+    from safetensors.torch import load_file
+
+    state = load_file(directory / "head.safetensors")
+    state = {k: v for k, v in state.items() if not k.startswith("fuse.")}
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.startswith("fuse.") for k in missing), (missing, unexpected)
+    if head.fuse is not None:
+        hidden = head.config.hidden_size
+        top = head.feature_layers.index(-1)
+        with torch.no_grad():
+            head.fuse.weight.zero_()
+            head.fuse.weight[:, top * hidden : (top + 1) * hidden] = torch.eye(hidden)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=("teacher", "train"))
+    parser.add_argument("--minutes", type=float, default=9.0)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--out", default="runs/head")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--feature-layers", default="2,15,-1")
+    parser.add_argument("--unroll", type=int, default=3)
+    parser.add_argument("--regression", type=float, default=0.0)
+    parser.add_argument("--noise", type=float, default=0.0)
+    parser.add_argument("--coverage", type=float, default=0.99)
+    parser.add_argument("--vocab-size", type=int, default=0, help="fixed size instead of --coverage")
+    parser.add_argument("--warm", default=str(SHIPPED), help="a head to start from ('' for a fresh one)")
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (AMX): faster steps")
+    parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=40)
+    parser.add_argument("--patience", type=int, default=200)
+    parser.add_argument("--heldout-examples", type=int, default=160)
+    args = parser.parse_args()
+    if args.stage == "teacher":
+        stage_teacher(args.minutes, args.batch_size)
+    else:
+        stage_train(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The target's answers kept as token ids in shards, so the teacher pass can be recomputed without
+asking the target again (generation is the dear part of the data), and the filters for the
+requests the target writes itself.
+
+A shard is a gzipped JSON-lines file, one answer per line: ``{"id", "kind", "ids", "start"}`` with
+``ids`` the prompt and answer tokens and ``start`` where the answer begins. A shard is written once,
+atomically, so a run that stops mid-way resumes at the first missing one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+SHARD = "shard-{:05d}.jsonl.gz"
+
+
+def shard_path(directory: Path, index: int) -> Path:
+    return Path(directory) / SHARD.format(index)
+
+
+def write_shard(path: Path, rows: list[dict]) -> None:
+    body = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows).encode()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + ".partial")
+    staging.write_bytes(gzip.compress(body, mtime=0))
+    staging.replace(path)
+
+
+def read_shards(directory: Path) -> list[dict]:
+    """Every answer of every shard in ``directory``, in shard order."""
+    rows = []
+    for path in sorted(Path(directory).glob("shard-*.jsonl.gz")):
+        with gzip.open(path, "rt") as handle:
+            rows += [json.loads(line) for line in handle if line.strip()]
+    return rows
+
+
+def clean_request(text: str, low: int = 20, high: int = 600) -> str | None:
+    """A request the target wrote, tidied (quotes, labels, trailing chatter cut), or None if unusable."""
+    text = text.strip()
+    text = re.sub(r"^(request|question|prompt|user|message|task)\s*[:\-]\s*", "", text, flags=re.I).strip()
+    if len(text) >= 2 and text[0] in "\"'“" and text[-1] in "\"'”":
+        text = text[1:-1].strip()
+    if not low <= len(text) <= high:
+        return None
+    if text.lower().startswith(("i'm sorry", "sorry", "as an ai", "i cannot", "i can't")):
+        return None
+    return text
+
+
+def dedup_key(text: str) -> str:
+    """Requests that differ only in case, spacing or punctuation count as one."""
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())[:80]
+
+
+def dedupe(texts: list[str], seen: set[str] | None = None) -> list[str]:
+    seen = set() if seen is None else seen
+    kept = []
+    for text in texts:
+        key = dedup_key(text)
+        if key and key not in seen:
+            seen.add(key)
+            kept.append(text)
+    return kept
