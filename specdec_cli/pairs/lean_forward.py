@@ -97,12 +97,8 @@ class LeanLlama:
                 or self.embed.dtype != torch.float32 or isinstance(kwargs.get("logits_to_keep", 0), torch.Tensor)):
             return self.fallback(input_ids, **kwargs)
         use_cache = kwargs.get("use_cache")
-        if use_cache is None:
-            use_cache = self.model.config.use_cache
-        if use_cache and cache is None:
-            cache = DynamicCache(config=self.model.config)
-        elif not use_cache:
-            cache = None
+        if cache is None and (self.model.config.use_cache if use_cache is None else use_cache):
+            cache = DynamicCache(config=self.model.config)  # as transformers: a given cache is updated either way
         mask = kwargs.get("attention_mask")
         if mask is not None and (mask.dim() != 4 or mask.dtype != torch.bool):
             return self.fallback(input_ids, **kwargs)
