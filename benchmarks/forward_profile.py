@@ -19,6 +19,7 @@ from collections import defaultdict
 import torch
 from transformers import DynamicCache
 
+from specdec_cli.pairs.lean_forward import LeanLlama
 from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.registry import load_registry, override
 
@@ -67,7 +68,8 @@ def decode_tokens(model, ids, steps):
 
 def compare(model, ids, steps, rounds):
     """A/B/A/B: the model's own (lean, where installed) forward against transformers' class forward."""
-    lean = model.forward
+    original = model.forward
+    lean = LeanLlama(model).forward  # whether or not the loader installed one (SPECDEC_LEAN_FORWARD)
     forwards = {"transformers": type(model).forward.__get__(model), "lean": lean}
     medians, tokens = {name: [] for name in forwards}, {}
     with torch.inference_mode():
@@ -77,7 +79,7 @@ def compare(model, ids, steps, rounds):
                 decode_tokens(model, ids, 4)  # warm-up
                 tokens[name], times = decode_tokens(model, ids, steps)
                 medians[name].append(1000 * sorted(times)[len(times) // 2])
-    model.forward = lean
+    model.forward = original
     print(json.dumps({"threads": torch.get_num_threads(), "steps": steps,
                       "forward_ms_median": {k: [round(v, 3) for v in vs] for k, vs in medians.items()},
                       "same_tokens": tokens["lean"] == tokens["transformers"]}, indent=2))
