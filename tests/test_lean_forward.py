@@ -82,10 +82,11 @@ def test_a_tree_mask_and_kept_path_give_transformers_logits_and_cache(kind):
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
-def test_the_loader_installs_it_on_request_and_a_block_scores_exactly_as_one_token_forwards(pair_dir, dtype, monkeypatch):
+def test_the_loader_installs_it_unless_told_not_to_and_a_block_scores_exactly_as_one_token_forwards(pair_dir, dtype, monkeypatch):
     spec = replace(load_registry(pair_dir / "models.yaml").pair("tiny").target, dtype=dtype)
-    assert not isinstance(getattr(load(spec).model.forward, "__self__", None), LeanLlama)  # off by default
-    monkeypatch.setenv("SPECDEC_LEAN_FORWARD", "1")
+    monkeypatch.setenv("SPECDEC_LEAN_FORWARD", "0")
+    assert not isinstance(getattr(load(spec).model.forward, "__self__", None), LeanLlama)
+    monkeypatch.delenv("SPECDEC_LEAN_FORWARD")
     model = load(spec).model
     assert isinstance(model.forward.__self__, LeanLlama)
     ids = torch.randint(3, 98, (1, 45), generator=torch.Generator().manual_seed(0))

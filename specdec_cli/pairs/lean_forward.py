@@ -4,9 +4,10 @@ per-layer module and kwargs dispatch.
 
 A one-token forward of a small quantised target spends about two thirds of its time outside the
 matmuls: ~250 aten calls and a tower of Python calls per layer. Here a layer is a flat loop over
-precomputed kernels and weights: RMSNorm, one fused q/k/v matmul, rotary (cos/sin from the model's
-own rotary module once a forward, applied to q and k heads in one go), the DynamicCache update, attention, o_proj, RMSNorm, fused gate/up, SiLU * up, down. Every op is the
-one transformers runs on the same values (float32 activations, each linear cast to bfloat16 and
+precomputed kernels and weights: RMSNorm, one fused q/k/v matmul, rotary (cos/sin from the
+model's own rotary module once a forward, applied to q and k heads in one go), the DynamicCache
+update, attention, o_proj, RMSNorm, fused gate/up, SiLU * up, down. Every op is the one
+transformers runs on the same values (float32 activations, each linear cast to bfloat16 and
 back), so logits are bit-identical to the transformers forward (tested), and a verify block still
 scores exactly as one-token forwards (rowwise_attention.py).
 

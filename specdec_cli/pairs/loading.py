@@ -79,13 +79,13 @@ def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None) -> Pre
     slow paths: 3-7x slower here), in a model that otherwise stays float32: norms, attention and
     residuals in float32 are faster on a CPU than in bfloat16 and do not depend on the block length,
     while the kernels give each row the same result at any block length, so a verify block scores
-    exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are. The lean forward
-    (lean_forward.py) is opt-in (``SPECDEC_LEAN_FORWARD=1``): faster, bit-identical to transformers'
-    within a process, but a run in ~1 of 3 processes gave other tokens (README "Target precision")."""
+    exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are. A Llama target
+    then runs the lean forward (lean_forward.py: transformers' ops, bit for bit, without its
+    dispatch); ``SPECDEC_LEAN_FORWARD=0`` keeps transformers' forward."""
     blocks = gguf_int4_blocks(gguf_path, model) if kind == "int4" and gguf_path is not None else {}
     model = quantise_model(model, kind, blocks)
     use_rowwise_attention(model)
-    if os.environ.get("SPECDEC_LEAN_FORWARD") == "1":
+    if os.environ.get("SPECDEC_LEAN_FORWARD") != "0":
         use_lean_forward(model)
     return model
 
