@@ -1,6 +1,7 @@
 """Where a one-token forward of a pair's target spends its time: torch.profiler's op table, grouped.
 
     OMP_NUM_THREADS=2 python3 benchmarks/forward_profile.py --dtype int4
+    OMP_NUM_THREADS=2 python3 benchmarks/forward_profile.py --dtype int4 --compare 3   # lean vs transformers
 
 Runs greedy one-token forwards the way plain decoding does (a DynamicCache, one token a call) after
 a short prompt, times them plainly, then profiles a second run and sums the ops' own CPU time per
@@ -18,6 +19,7 @@ from collections import defaultdict
 import torch
 from transformers import DynamicCache
 
+from specdec_cli.pairs.lean_forward import LeanLlama
 from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.registry import load_registry, override
 
@@ -51,16 +53,52 @@ def decode(model, ids, steps):
     return times
 
 
+def decode_tokens(model, ids, steps):
+    """(greedy tokens, seconds per forward) of ``steps`` one-token forwards after the prompt."""
+    cache = DynamicCache(config=model.config)
+    model(ids[:, :-1], cache=cache, use_cache=True, logits_to_keep=1)
+    token, tokens, times = ids[:, -1:], [], []
+    for _ in range(steps):
+        started = time.perf_counter()
+        token = model(token, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1:].argmax(-1)
+        times.append(time.perf_counter() - started)
+        tokens.append(int(token))
+    return tokens, times
+
+
+def compare(model, ids, steps, rounds):
+    """A/B/A/B: the model's own (lean, where installed) forward against transformers' class forward."""
+    original = model.forward
+    lean = LeanLlama(model).forward  # whether or not the loader installed one (SPECDEC_LEAN_FORWARD)
+    forwards = {"transformers": type(model).forward.__get__(model), "lean": lean}
+    medians, tokens = {name: [] for name in forwards}, {}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for name, forward in forwards.items():
+                model.forward = forward
+                decode_tokens(model, ids, 4)  # warm-up
+                tokens[name], times = decode_tokens(model, ids, steps)
+                medians[name].append(1000 * sorted(times)[len(times) // 2])
+    model.forward = original
+    print(json.dumps({"threads": torch.get_num_threads(), "steps": steps,
+                      "forward_ms_median": {k: [round(v, 3) for v in vs] for k, vs in medians.items()},
+                      "same_tokens": tokens["lean"] == tokens["transformers"]}, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair")
     parser.add_argument("--dtype", default="int4")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--table", type=int, default=0, help="Also print the profiler's top N ops.")
+    parser.add_argument("--compare", type=int, default=0, metavar="N",
+                        help="Instead: N interleaved rounds of transformers' forward against the lean one.")
     args = parser.parse_args()
     pair = override(load_registry().pair(args.pair), dtype=args.dtype)
     loaded = load(pair.target)
     model, ids = loaded.model, loaded.tokenizer(PROMPT, return_tensors="pt").input_ids
+    if args.compare:
+        return compare(model, ids, args.steps, args.compare)
     with torch.inference_mode():
         decode(model, ids, 8)  # warm-up
         times = sorted(decode(model, ids, args.steps))

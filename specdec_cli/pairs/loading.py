@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from ..errors import UserError
 from .gguf_int4 import gguf_int4_blocks
+from .lean_forward import use_lean_forward
 from .quantize import QUANTISED, quantise_model
 from .registry import ModelSpec
 from .rowwise_attention import use_rowwise_attention
@@ -78,10 +79,14 @@ def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None) -> Pre
     slow paths: 3-7x slower here), in a model that otherwise stays float32: norms, attention and
     residuals in float32 are faster on a CPU than in bfloat16 and do not depend on the block length,
     while the kernels give each row the same result at any block length, so a verify block scores
-    exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are."""
+    exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are. A Llama target
+    then runs the lean forward (lean_forward.py: transformers' ops, bit for bit, without its
+    dispatch); ``SPECDEC_LEAN_FORWARD=0`` keeps transformers' forward."""
     blocks = gguf_int4_blocks(gguf_path, model) if kind == "int4" and gguf_path is not None else {}
     model = quantise_model(model, kind, blocks)
     use_rowwise_attention(model)
+    if os.environ.get("SPECDEC_LEAN_FORWARD") != "0":
+        use_lean_forward(model)
     return model
 
 

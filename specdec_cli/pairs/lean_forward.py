@@ -1,0 +1,186 @@
+"""A lean forward for Llama-architecture targets with weight-only int8/int4 linears, in the spirit of
+gpt-fast's model.py: the same arithmetic as transformers' LlamaForCausalLM, op for op, without its
+per-layer module and kwargs dispatch.
+
+A one-token forward of a small quantised target spends about two thirds of its time outside the
+matmuls: ~250 aten calls and a tower of Python calls per layer. Here a layer is a flat loop over
+precomputed kernels and weights: RMSNorm, one fused q/k/v matmul, rotary (cos/sin from the
+model's own rotary module once a forward, applied to q and k heads in one go), the DynamicCache
+update, attention, o_proj, RMSNorm, fused gate/up, SiLU * up, down. Every op is the one
+transformers runs on the same values (float32 activations, each linear cast to bfloat16 and
+back), so logits are bit-identical to the transformers forward (tested), and a verify block still
+scores exactly as one-token forwards (rowwise_attention.py).
+
+It covers what the engine asks: batch of one, at most ``ROWWISE_UP_TO`` rows, a DynamicCache or
+none, position ids, a 4D bool tree mask, ``logits_to_keep``, ``output_hidden_states`` (a flag, an
+index or indices, as transformers selects them). Anything else — long prompts, other kwargs,
+other architectures — runs transformers' forward unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .fused_projections import SharedProjection
+from .quantize import Int4Linear, Int8Linear
+from .rowwise_attention import ROWWISE_UP_TO, one_query, visible_keys_once
+
+HANDLED = {"input_ids", "cache", "use_cache", "logits_to_keep", "attention_mask", "position_ids", "output_hidden_states"}
+
+
+def kernel(linear):
+    """x (rows, in) float32 -> (rows, out) float32 through ``linear``'s weight-only kernel: what its
+    forward computes, without the reshapes a 2D input does not need."""
+    if isinstance(linear, Int4Linear):
+        packed, group, table, width = linear.packed, linear.group, linear.scales_and_zeros, linear.out_features
+        padded = packed.shape[0] * 8 != width  # the int4 pack holds rows in 16s; padding rows are cut
+
+        def int4(x):
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(table.dtype), packed, group, table)
+            return (out[:, :width] if padded else out).to(x.dtype)
+        return int4
+    q, scale = linear.q, linear.scale
+
+    def int8(x):
+        return torch.ops.aten._weight_int8pack_mm(x.to(scale.dtype), q, scale).to(x.dtype)
+    return int8
+
+
+def supported(model) -> bool:
+    """A Llama-architecture causal LM whose linears are all fused and quantised, without biases or
+    position-dependent rope scaling."""
+    config = getattr(model, "config", None)
+    if config is None or config.model_type != "llama" or config.hidden_act != "silu":
+        return False
+    if config.attention_bias or config.mlp_bias:
+        return False
+    quantised = (Int4Linear, Int8Linear)
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        shared = (getattr(attention, "qkv_proj", None), getattr(mlp, "gate_up_proj", None))
+        if not all(isinstance(s, SharedProjection) and isinstance(s.linear, quantised) and s.linear.bias is None for s in shared):
+            return False
+        if not all(isinstance(m, quantised) and m.bias is None for m in (attention.o_proj, mlp.down_proj)):
+            return False
+    head = model.lm_head
+    return isinstance(head, quantised) and head.bias is None
+
+
+class LeanLlama:
+    """The precomputed pieces of one model's forward; ``forward`` is what the model's own becomes."""
+
+    def __init__(self, model):
+        config = model.config
+        self.model, self.fallback = model, model.forward
+        self.embed = model.model.embed_tokens.weight
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.groups = self.heads // self.kv_heads
+        self.scaling = self.head_dim**-0.5
+        self.layers = [
+            (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon, kernel(layer.self_attn.qkv_proj.linear),
+             kernel(layer.self_attn.o_proj), layer.post_attention_layernorm.weight,
+             layer.post_attention_layernorm.variance_epsilon, kernel(layer.mlp.gate_up_proj.linear),
+             kernel(layer.mlp.down_proj), config.intermediate_size)
+            for layer in model.model.layers[: config.num_hidden_layers]
+        ]
+        self.norm, self.norm_eps = model.model.norm.weight, model.model.norm.variance_epsilon
+        self.head = kernel(model.lm_head)
+        self.rotary = model.model.rotary_emb
+
+    def forward(self, input_ids=None, **kwargs):
+        rows = input_ids.shape[-1] if input_ids is not None else 0
+        cache = kwargs.get("cache")
+        if (input_ids is None or input_ids.shape[0] != 1 or not 0 < rows <= ROWWISE_UP_TO or not HANDLED.issuperset(kwargs)
+                or self.model.training or not (cache is None or type(cache) is DynamicCache)
+                or self.embed.dtype != torch.float32 or isinstance(kwargs.get("logits_to_keep", 0), torch.Tensor)):
+            return self.fallback(input_ids, **kwargs)
+        use_cache = kwargs.get("use_cache")
+        if cache is None and (self.model.config.use_cache if use_cache is None else use_cache):
+            cache = DynamicCache(config=self.model.config)  # as transformers: a given cache is updated either way
+        mask = kwargs.get("attention_mask")
+        if mask is not None and (mask.dim() != 4 or mask.dtype != torch.bool):
+            return self.fallback(input_ids, **kwargs)
+        positions = kwargs.get("position_ids")
+        past = cache.get_seq_length() if cache is not None else 0
+        if positions is None:
+            positions = torch.arange(past, past + rows)
+        positions = positions.reshape(-1)
+        keep = self.hidden_state_indices(kwargs.get("output_hidden_states"))
+        hidden, states = self.layers_forward(input_ids[0], positions, cache, mask, keep)
+        to_keep = kwargs.get("logits_to_keep", 0)
+        logits = self.head(hidden if not to_keep else hidden[-to_keep:])
+        return CausalLMOutputWithPast(logits=logits[None], cache=cache,
+                                      hidden_states=None if states is None else tuple(states))
+
+    def hidden_state_indices(self, selection) -> set[int] | None:
+        """transformers' selection: True = all, an index or indices (negative from the end) = those."""
+        count = len(self.layers) + 1
+        if selection is None or selection is False:
+            return None
+        if selection is True:
+            return set(range(count))
+        chosen = [selection] if isinstance(selection, int) else list(selection)
+        return {i % count for i in chosen if -count <= i < count}
+
+    def layers_forward(self, ids, positions, cache, mask, keep):
+        x = self.embed[ids]  # [rows, hidden] float32
+        rows = x.shape[0]
+        states = None if keep is None else [None] * (len(self.layers) + 1)
+        if states is not None and 0 in keep:
+            states[0] = x[None]
+        # The model's own rotary module, once a forward, on the same [1, rows] positions: a table
+        # would round cos/sin differently where a short vector takes the scalar tail loop.
+        cos, sin = self.rotary(x, positions[None])
+        cos, sin = cos[0, :, None], sin[0, :, None]  # [rows, 1, head_dim], shared by q and k heads
+        q_and_k, half = self.heads + self.kv_heads, self.head_dim // 2
+        keys = rows + (cache.get_seq_length() if cache is not None else 0)
+        seen = visible_keys_once(mask, rows, keys) if mask is not None else None
+        for index, (norm1, eps1, qkv, o_proj, norm2, eps2, gate_up, down, inner) in enumerate(self.layers):
+            h = norm1 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps1))
+            heads = qkv(h).view(rows, q_and_k + self.kv_heads, self.head_dim)
+            qk = heads[:, :q_and_k]
+            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = qk * cos + rotated * sin
+            query = qk[:, : self.heads].transpose(0, 1)[None]
+            key = qk[:, self.heads :].transpose(0, 1)[None]
+            value = heads[:, q_and_k:].transpose(0, 1)[None]
+            if cache is not None:
+                key, value = cache.update(key, value, index)
+            x = x + o_proj(self.attend(query, key, value, seen).reshape(rows, -1))
+            h = norm2 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps2))
+            both = gate_up(h)
+            x = x + down(torch.nn.functional.silu(both[:, :inner]) * both[:, inner:])
+            if states is not None and index + 1 in keep:
+                states[index + 1] = x[None]
+        x = self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm_eps))
+        if states is not None and states[-1] is not None:
+            states[-1] = x[None]  # transformers' last hidden state is the normed one
+        return x, states
+
+    def attend(self, query, key, value, seen):
+        """[1, heads, rows, dim] -> [rows, heads, dim]: each row as a one-query call over the keys it
+        may see, exactly as rowwise_attention does."""
+        rows, keys = query.shape[2], key.shape[2]
+        if rows == 1 and seen is None:
+            return one_query(query, key, value, self.scaling, self.groups)[0]
+        outputs = []
+        for row, gathered in enumerate(seen or [None] * rows):
+            if gathered is None:
+                visible = keys - rows + row + 1
+                k = key[:, :, :visible].contiguous() if visible < keys else key
+                v = value[:, :, :visible].contiguous() if visible < keys else value
+            else:
+                k, v = key.index_select(2, gathered), value.index_select(2, gathered)
+            outputs.append(one_query(query[:, :, row : row + 1].contiguous(), k, v, self.scaling, self.groups))
+        return torch.cat(outputs, dim=1)[0]
+
+
+def use_lean_forward(model) -> bool:
+    """Install the lean forward on ``model`` when it is supported; True when it was."""
+    if not supported(model):
+        return False
+    model.forward = LeanLlama(model).forward
+    return True
