@@ -48,9 +48,18 @@ def busy_cores(sample_s: float = 0.1) -> float:
     return (elapsed - (idle_1 - idle_0)) / elapsed * (os.cpu_count() or 1) if elapsed > 0 else 0.0
 
 
+# MKL picks its code path per call, by the inputs' memory alignment among other things, so the same
+# float32 op could round differently from one process to the next: an int4 greedy run of the README's
+# sky prompt stopped after 59 tokens in about half of a dozen runs and after 64 in the rest; with
+# MKL's reproducible AVX2 path, 6 of 6 gave the same tokens at the same speed (README, "Threads").
+REPRODUCIBLE = {"MKL_CBWR": "AVX2"}
+
+
 def choose_before_torch() -> None:
-    """Effective only before torch (and its OpenMP runtime) loads; a user's own settings win."""
+    """Effective only before torch (and its OpenMP runtime and MKL) load; a user's own settings win."""
     global _chosen_by
+    for name, value in REPRODUCIBLE.items():
+        os.environ.setdefault(name, value)
     if WAIT_POLICY in os.environ or COUNT in os.environ:
         return
     busy = busy_cores()

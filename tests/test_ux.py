@@ -243,6 +243,16 @@ def test_the_cli_sees_a_busy_core_before_torch_loads_and_keeps_the_users_own_cho
     assert kept.stdout.split() == ["ACTIVE", "None"], kept.stderr
 
 
+def test_the_cli_asks_mkl_for_its_reproducible_path_before_torch_loads_unless_the_user_chose_one():
+    probe = "import os, specdec_cli.cli, torch; print(os.environ.get('MKL_CBWR'))"
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    chosen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    kept = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=env | {"MKL_CBWR": "COMPATIBLE"})
+    assert chosen.stdout.split() == ["AVX2"], chosen.stderr
+    assert kept.stdout.split() == ["COMPATIBLE"], kept.stderr
+
+
 def test_threads_option_sets_torch_threads_and_the_bench_manifest_records_the_policy(models, tmp_path):
     import torch
 
