@@ -26,12 +26,19 @@ from pathlib import Path
 
 import torch
 
-from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.registry import load_registry
-from specdec_cli.pairs.tokenization import encode_prompt, eos_ids
+from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
-from specdec_cli.training.corpus import clean_request, dedup_key, dedupe, read_shards, shard_path, write_shard
-from specdec_cli.training.distill import AnswerSettings, answer_pruned
+from specdec_cli.training.corpus import (
+    clean_request,
+    dedup_key,
+    dedupe,
+    read_shards,
+    shard_path,
+    within_budget,
+    write_shard,
+)
+from specdec_cli.training.distill import AnswerSettings, answer_pruned, default_target
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "answers"
@@ -81,28 +88,15 @@ def meta_prompts() -> list[dict]:
     return rows
 
 
-def target_and_tokens():
-    pair = load_registry(None).pair(None)
-    target = load(pair.target)
-    eos = eos_ids(target.tokenizer, target.model.generation_config)
-    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
-    return target, eos, pad
-
-
 def run_shards(directory: Path, jobs: list[list[dict]], minutes: float, settings: AnswerSettings, sampled_of,
                greedy: bool = True) -> None:
     """Answer each shard of prompts not answered yet, until the budget would be overrun."""
-    started = time.monotonic()
     todo = [i for i in range(len(jobs)) if not shard_path(directory, i).is_file()]
     print(f"{len(todo)} of {len(jobs)} shards to do", flush=True)
     if not todo:
         return
-    target, eos, pad = target_and_tokens()
-    longest = 0.0
-    for index in todo:
-        if time.monotonic() - started + 1.2 * longest > 60 * minutes:
-            print("budget spent; rerun to continue", flush=True)
-            return
+    target, eos, pad = default_target()
+    for index in within_budget(todo, minutes):
         began = time.monotonic()
         shard = jobs[index]
         encoded = [encode_prompt(target.tokenizer, row["text"]) for row in shard]
@@ -118,7 +112,6 @@ def run_shards(directory: Path, jobs: list[list[dict]], minutes: float, settings
                     rows.append({"id": shard[i]["id"], "kind": "sampled" if sampled else "greedy",
                                  "ids": encoded[i] + reply, "start": len(encoded[i])})
         write_shard(shard_path(directory, index), rows)
-        longest = max(longest, time.monotonic() - began)
         tokens = sum(len(r["ids"]) - r["start"] for r in rows)
         print(f"shard {index}: {len(rows)} answers, {tokens} tokens, {time.monotonic() - began:.0f} s", flush=True)
 

@@ -22,10 +22,8 @@ from pathlib import Path
 import torch
 
 from specdec_cli.decoding.head import DraftHead, head_config, save_head, target_identity
-from specdec_cli.pairs.loading import load
-from specdec_cli.pairs.registry import load_registry
-from specdec_cli.pairs.tokenization import eos_ids
-from specdec_cli.training.distill import Example, teacher
+from specdec_cli.training.corpus import read_shard, within_budget
+from specdec_cli.training.distill import Example, default_target, teacher
 from specdec_cli.training.loop import Budget, HeadStudent, Trainer, save_atomically
 
 HERE = Path(__file__).resolve().parent
@@ -36,32 +34,19 @@ LAYERS = (2, 15, -1)  # low, middle, high (the last, post-norm: what the format-
 TOP_K = 32
 
 
-def loaded_target():
-    pair = load_registry(None).pair(None)
-    target = load(pair.target)
-    eos = eos_ids(target.tokenizer, target.model.generation_config)
-    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
-    return target, eos, pad
-
-
 def answer_shards() -> list[Path]:
     return sorted(ANSWERS.glob("*/shard-*.jsonl.gz"))
 
 
 def stage_teacher(minutes: float, batch_size: int) -> None:
-    started = time.monotonic()
     todo = [p for p in answer_shards() if not (TEACHER / f"{p.parent.name}-{p.name}.pt").is_file()]
     print(f"{len(todo)} shards to score", flush=True)
     if not todo:
         return
-    target, _, pad = loaded_target()
-    longest = 0.0
-    for path in todo:
-        if time.monotonic() - started + 1.2 * longest > 60 * minutes:
-            print("budget spent; rerun to continue", flush=True)
-            return
+    target, _, pad = default_target()
+    for path in within_budget(todo, minutes):
         began = time.monotonic()
-        rows = read_shards_file(path)
+        rows = read_shard(path)
         rows.sort(key=lambda r: len(r["ids"]))  # less padding per batch
         examples = teacher(target.model, [(r["ids"], r["start"]) for r in rows], TOP_K, True, batch_size, pad,
                            layers=LAYERS)
@@ -70,15 +55,7 @@ def stage_teacher(minutes: float, batch_size: int) -> None:
         TEACHER.mkdir(parents=True, exist_ok=True)
         save_atomically({"layers": LAYERS, "top_k": TOP_K, "target": target_identity(target.model, target.source),
                          "examples": kept}, TEACHER / f"{path.parent.name}-{path.name}.pt")
-        longest = max(longest, time.monotonic() - began)
         print(f"{path.parent.name}/{path.name}: {len(kept)} sequences, {time.monotonic() - began:.0f} s", flush=True)
-
-
-def read_shards_file(path: Path) -> list[dict]:
-    import gzip
-
-    with gzip.open(path, "rt") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
 
 
 def load_examples(seed: int, holdout: float) -> tuple[list[Example], list[Example], dict]:
@@ -121,7 +98,7 @@ def vocabulary(train: list[Example], coverage: float, eos: set[int], multiple: i
 
 def stage_train(args) -> None:
     torch.manual_seed(args.seed)
-    target, eos, pad = loaded_target()
+    target, eos, pad = default_target()
     train, heldout, info = load_examples(args.seed, 0.1)
     identity = target_identity(target.model, target.source)
     if info["target"]["fingerprint"] != identity["fingerprint"]:

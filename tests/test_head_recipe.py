@@ -166,3 +166,22 @@ def test_pruned_answers_are_each_prompts_own_greedy_continuation(target):
     got = answer_pruned(target, prompts, eos=eos, pad=0, sampled=False, settings=AnswerSettings(max_new_tokens=12))
     assert len(got[0]) <= 4 and max(map(len, got)) > len(got[0])
     assert got == [alone(p, eos) for p in prompts]
+
+
+def test_within_budget_stops_before_a_piece_that_would_overrun_and_shards_round_trip(tmp_path, capsys):
+    import time
+
+    from specdec_cli.training.corpus import read_shard, read_shards, shard_path, within_budget, write_shard
+
+    assert list(within_budget(range(5), minutes=10)) == [0, 1, 2, 3, 4]
+    done = []
+    for item in within_budget(range(5), minutes=0.06 / 60):  # 60 ms; each piece takes 50 ms
+        done.append(item)
+        time.sleep(0.05)
+    assert done == [0]  # 50 ms spent + 1.2 × 50 ms for the next > 60 ms
+    assert "budget spent" in capsys.readouterr().out
+    rows = [{"id": "a", "kind": "greedy", "ids": [1, 2, 3], "start": 1}]
+    write_shard(shard_path(tmp_path, 0), rows)
+    write_shard(shard_path(tmp_path, 1), rows[::-1])
+    assert read_shard(shard_path(tmp_path, 0)) == rows
+    assert read_shards(tmp_path) == rows + rows

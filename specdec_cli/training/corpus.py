@@ -12,7 +12,11 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import time
 from pathlib import Path
+from typing import Iterable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 SHARD = "shard-{:05d}.jsonl.gz"
 
@@ -30,13 +34,27 @@ def write_shard(path: Path, rows: list[dict]) -> None:
     staging.replace(path)
 
 
+def read_shard(path: Path) -> list[dict]:
+    with gzip.open(path, "rt") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
 def read_shards(directory: Path) -> list[dict]:
     """Every answer of every shard in ``directory``, in shard order."""
-    rows = []
-    for path in sorted(Path(directory).glob("shard-*.jsonl.gz")):
-        with gzip.open(path, "rt") as handle:
-            rows += [json.loads(line) for line in handle if line.strip()]
-    return rows
+    return [row for path in sorted(Path(directory).glob("shard-*.jsonl.gz")) for row in read_shard(path)]
+
+
+def within_budget(todo: Iterable[T], minutes: float) -> Iterator[T]:
+    """The pieces of work, one by one, while the next one (as long as the longest so far, plus a
+    margin) would still end inside the budget: a resumable stage then stops cleanly, to be rerun."""
+    started, longest = time.monotonic(), 0.0
+    for item in todo:
+        if time.monotonic() - started + 1.2 * longest > 60 * minutes:
+            print("budget spent; rerun to continue", flush=True)
+            return
+        began = time.monotonic()
+        yield item
+        longest = max(longest, time.monotonic() - began)
 
 
 def clean_request(text: str, low: int = 20, high: int = 600) -> str | None:

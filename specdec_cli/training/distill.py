@@ -22,6 +22,17 @@ from ..pairs.tokenization import encode_prompt
 from ..prompts import Prompt
 
 
+def default_target():
+    """The default pair's target (at its configured dtype), its end-of-sequence ids and a pad id."""
+    from ..pairs.loading import load
+    from ..pairs.registry import load_registry
+    from ..pairs.tokenization import eos_ids
+
+    target = load(load_registry(None).pair(None).target)
+    eos = eos_ids(target.tokenizer, target.model.generation_config)
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
+    return target, eos, pad
+
 @dataclass
 class Example:
     """One prompt + answer. Row j of ``top_ids``/``top_logp`` is the teacher at position ``start - 1 + j``,
