@@ -4,7 +4,8 @@ the share of the target's tokens its output vocabulary cannot propose.
     python benchmarks/drafter_report.py --prompts benchmarks/unseen-prompts.jsonl --drafter head -k 3
 
 Greedy, fixed K, the pair's drafter of that kind without prompt lookup in front (``--draft DIR``: a
-head directory instead; ``--dtype``: the target's precision; ``--vocab full|N``: a head's output
+head directory instead; ``--dtype``: the target's precision; ``--head-precision``: the head's, float32
+or int8, where a quantised target's head runs int8; ``--vocab full|N``: a head's output
 layer widened at inference to all ids, or to the N ids the target writes most often in
 examples/answers/, to see what its vocabulary costs in acceptance). The output is the
 target's (lossless), so the out-of-vocabulary share is measured on exactly what the target wrote.
@@ -17,7 +18,7 @@ import json
 from collections import defaultdict
 
 from specdec_cli.decoding.engine import SpeculativeEngine
-from specdec_cli.decoding.head import HeadDrafter
+from specdec_cli.decoding.head import HeadDrafter, load_head
 from specdec_cli.decoding.runtime import prepare
 from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt
@@ -52,6 +53,7 @@ def main() -> None:
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--draft", default=None)
     parser.add_argument("--vocab", default=None, help="full, or N: the N most frequent ids of examples/answers")
+    parser.add_argument("--head-precision", default=None, help="float32 or int8 (default: as the target, see HeadDrafter)")
     parser.add_argument("--per-scenario", type=int, default=0, help="first N prompts of each scenario (0: all)")
     args = parser.parse_args()
 
@@ -59,8 +61,10 @@ def main() -> None:
     pair = override(registry.pair(args.pair), dtype=args.dtype, draft=args.draft)
     runtime = prepare(pair)
     drafter, _ = runtime.drafter_of(args.drafter)  # bare: no prompt lookup in front
-    if args.vocab:
-        drafter = HeadDrafter(drafter.head, runtime.target.model, None if args.vocab == "full" else frequent_ids(int(args.vocab)))
+    if args.vocab or args.head_precision:
+        head = load_head(pair.alternate("head").head, runtime.target.model, runtime.target.source).head  # the float head
+        allowed = drafter.allowed if not args.vocab else None if args.vocab == "full" else frequent_ids(int(args.vocab))
+        drafter = HeadDrafter(head, runtime.target.model, allowed, args.head_precision or runtime.target.precision)
     engine = SpeculativeEngine(runtime.target.model, drafter, runtime.eos_token_ids, runtime.block_plan)
     allowed = getattr(drafter, "allowed", None)
     vocab = None if allowed is None else set(allowed.tolist())

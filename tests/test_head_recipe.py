@@ -185,3 +185,32 @@ def test_within_budget_stops_before_a_piece_that_would_overrun_and_shards_round_
     write_shard(shard_path(tmp_path, 1), rows[::-1])
     assert read_shard(shard_path(tmp_path, 0)) == rows
     assert read_shards(tmp_path) == rows + rows
+
+
+# --- the head at a quantised target's precision -------------------------------------------------
+
+
+def test_a_quantised_targets_head_runs_int8_without_touching_the_float_head_and_stays_lossless():
+    from specdec_cli.pairs.quantize import Int8Linear, quantise_model
+
+    target = quantise_model(tiny_llama(seed=3), "int8")
+    torch.manual_seed(8)
+    head = DraftHead(head_config(target), FUSED)
+    drafter = HeadDrafter(head, target, precision="int4")
+    assert drafter.precision == "int8"
+    assert not any(isinstance(m, torch.nn.Linear) for m in drafter.head.modules())
+    assert any(isinstance(m, Int8Linear) for m in drafter.head.modules())
+    assert isinstance(head.fc, torch.nn.Linear)  # the head it was given is another's to keep
+    assert HeadDrafter(head, target).precision == "float32"
+    for prompt in ([0, 5, 6, 7, 8, 5, 6], [0, 40, 41, 42]):
+        plain = [t for e in SpeculativeEngine(target, None, {1}).generate(prompt, k=0, max_new_tokens=30) for t in e.emitted]
+        for k in (1, 3):
+            engine = SpeculativeEngine(target, HeadDrafter(head, target, precision="int8"), {1})
+            assert [t for e in engine.generate(prompt, k=k, max_new_tokens=30) for t in e.emitted] == plain
+
+
+def test_sampling_with_an_int8_head_keeps_the_targets_distribution():
+    small, _ = small_models()
+    torch.manual_seed(0)
+    drafter = HeadDrafter(DraftHead(head_config(small)), small, precision="int8")
+    assert assert_lossless(small, drafter, SamplingParams(1.0)) is None

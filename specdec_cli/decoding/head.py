@@ -17,6 +17,7 @@ the positions it drafts feed back its own H-wide guess in place of that. A head 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import time
@@ -33,7 +34,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.meta import META_FILE, read_meta, write_meta
-from ..pairs.quantize import output_weight
+from ..pairs.quantize import QUANTISED, Int8Linear, int8_per_channel, output_weight, quantise_model
 from .drafters import Draft, autoregress, common_prefix
 from .kv import crop_cache
 from .tree import TreeShape, best_nodes
@@ -118,8 +119,9 @@ def save_head(directory: str | Path, head: DraftHead, meta: dict) -> None:
     write_meta(directory, {**meta, "kind": "head", "format": FORMAT, "feature_layers": list(head.feature_layers)})
 
 
-def load_head(directory: str | Path, target: PreTrainedModel, source) -> "HeadDrafter":
-    """The head saved in ``directory``, refused unless it was trained for this very target."""
+def load_head(directory: str | Path, target: PreTrainedModel, source, precision: str = "float32") -> "HeadDrafter":
+    """The head saved in ``directory``, refused unless it was trained for this very target;
+    ``precision``: the target's dtype, which the head follows (see HeadDrafter)."""
     meta = read_meta(directory)
     if meta is None or meta.get("kind") != "head" or not (Path(directory) / WEIGHTS_FILE).is_file():
         raise UserError(f"{directory} is not a draft head (no {META_FILE} of kind 'head' with {WEIGHTS_FILE})")
@@ -136,7 +138,7 @@ def load_head(directory: str | Path, target: PreTrainedModel, source) -> "HeadDr
     head = DraftHead(meta["layer"], tuple(meta.get("feature_layers", TOP_ONLY)))
     head.load_state_dict(load_file(Path(directory) / WEIGHTS_FILE))
     top = meta.get("top_vocab")
-    return HeadDrafter(head, target, None if top is None else torch.tensor(top, dtype=torch.long))
+    return HeadDrafter(head, target, None if top is None else torch.tensor(top, dtype=torch.long), precision)
 
 
 def gather_features(hidden_states, layers: tuple[int, ...], rows=slice(None)) -> torch.Tensor:
@@ -155,21 +157,31 @@ class HeadDrafter:
     The head's KV cache keeps only positions computed from the target's true features; the
     positions it drafted on its own guesses are cropped away each round, and the newly confirmed
     ones enter with the target's features in the same forward that starts the next draft.
+
+    A head whose target runs weight-only int8 or int4 (``precision``) runs int8 too: its linears and
+    output rows through the same kernels, fused like the target's (pairs/quantize.py). Its step is
+    bound by per-call overhead, not bytes, so int4 is no faster, and int8 keeps its guesses closest
+    to the float head it was trained as; only the drafts change, never what the target accepts.
     """
 
     name = "head"
     uses_target_features = True
 
-    def __init__(self, head: DraftHead, target: PreTrainedModel, allowed: torch.Tensor | None = None):
+    def __init__(self, head: DraftHead, target: PreTrainedModel, allowed: torch.Tensor | None = None,
+                 precision: str = "float32"):
         weight = output_weight(target)  # float even when the target's own lm_head is quantised
         self.device = weight.device
+        self.precision = "int8" if precision in QUANTISED else "float32"
         self.head = head.to(self.device).eval()
+        if self.precision == "int8":  # a copy: the float head may be shared (training, tests)
+            self.head = quantise_model(copy.deepcopy(self.head), "int8")
         self.feature_layers = head.feature_layers
         self.embed = target.get_input_embeddings()
         self.vocab_size = target.config.get_text_config().vocab_size
         self.allowed = None if allowed is None else allowed.to(self.device)
-        rows = weight[: self.vocab_size] if allowed is None else weight[self.allowed]
-        self.out_weight = rows.detach().float()
+        rows = (weight[: self.vocab_size] if allowed is None else weight[self.allowed]).detach().float()
+        self._score = (Int8Linear(*int8_per_channel(rows), None, torch.bfloat16) if self.precision == "int8"
+                       else lambda hidden: head_logits(hidden, rows))
         self.reset()
 
     def reset(self) -> None:
@@ -308,7 +320,7 @@ class HeadDrafter:
 
     def _logits(self, guess: torch.Tensor) -> torch.Tensor:
         """Logits over the target's vocabulary for one guess or a row of them (-inf outside --top-vocab)."""
-        logits = head_logits(guess, self.out_weight)
+        logits = self._score(guess)
         if self.allowed is None:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))

@@ -84,7 +84,7 @@ def prepare(pair: PairSpec) -> Runtime:
 
 def _drafter(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedModel | None]:
     if spec.head is not None:
-        return load_head(spec.head, target.model, target.source), None
+        return load_head(spec.head, target.model, target.source, target.precision), None
     if spec.model is None:
         return NgramDrafter(spec.max_ngram, spec.min_ngram), None
     draft = load(spec.model)

@@ -119,7 +119,7 @@ def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None 
     what the kernels take and give (bfloat16: float32 takes their slow paths); the rest of the model
     keeps its own dtype, inputs and outputs are cast at each linear. A linear whose input width is not
     a multiple of 32 cannot take int4 groups and goes to int8. ``fuse``: q/k/v and gate/up become
-    one matmul each (fused_projections.py)."""
+    one matmul each (fused_projections.py). Also for a bare module (a draft head): no lm_head then."""
     blocks = blocks or {}
     for parent_name, siblings in sibling_groups(model) if fuse else []:
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -131,7 +131,7 @@ def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None 
         else:  # int8 scales are per row: the stacked weight's are each sibling's own
             fused = Int8Linear(*int8_per_channel(torch.cat([linear.weight.detach() for linear in linears])), None, dtype)
         install(parent, siblings, fused, [linear.out_features for linear in linears])
-    output = model.get_output_embeddings()
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     named = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     for name, module in named:
         replacement = quantised_linear(module, "int8" if kind == "int4" and not supports_int4(module) else kind,
