@@ -214,3 +214,23 @@ def test_sampling_with_an_int8_head_keeps_the_targets_distribution():
     torch.manual_seed(0)
     drafter = HeadDrafter(DraftHead(head_config(small)), small, precision="int8")
     assert assert_lossless(small, drafter, SamplingParams(1.0)) is None
+
+
+def test_the_quantised_heads_lean_layer_computes_what_its_transformers_layer_does():
+    from specdec_cli.pairs.quantize import quantise_model
+
+    target = quantise_model(tiny_llama(seed=3), "int8")
+    torch.manual_seed(8)
+    head = DraftHead(head_config(target), FUSED)
+    lean, dispatched = HeadDrafter(head, target, precision="int8"), HeadDrafter(head, target, precision="int8")
+    dispatched.head.lean = None
+    assert lean.head.lean is not None
+    guesses = {}
+    for name, drafter in (("lean", lean), ("dispatched", dispatched)):
+        engine = SpeculativeEngine(target, drafter, {1})
+        drafts = [e.drafted for e in engine.generate([0, 5, 6, 7, 8, 5, 6], k=3, max_new_tokens=24)]
+        with torch.inference_mode():
+            step = drafter._step(torch.tensor([9]), drafter.features[-1:], drafter.cache.get_seq_length())
+        guesses[name] = (drafts, step)
+    assert guesses["lean"][0] == guesses["dispatched"][0]
+    assert torch.allclose(guesses["lean"][1], guesses["dispatched"][1], atol=1e-5)

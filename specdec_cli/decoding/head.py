@@ -33,8 +33,10 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from ..errors import UserError
 from ..limits import MAX_K
+from ..pairs.lean_forward import LeanDecoder, layer_supported, layer_weights
 from ..pairs.meta import META_FILE, read_meta, write_meta
 from ..pairs.quantize import QUANTISED, Int8Linear, int8_per_channel, output_weight, quantise_model
+from ..pairs.rowwise_attention import ROWWISE_UP_TO
 from .drafters import Draft, autoregress, common_prefix
 from .kv import crop_cache
 from .tree import TreeShape, best_nodes
@@ -60,6 +62,13 @@ class DraftHead(nn.Module):
         self.fuse = nn.Linear(width, hidden, bias=False) if len(self.feature_layers) > 1 else None
         self.layer = LlamaDecoderLayer(config, layer_idx=0)
         self.rotary = LlamaRotaryEmbedding(config)
+        self.lean: tuple | None = None
+
+    def go_lean(self) -> None:
+        """Once quantised (fused q/k/v and gate/up): run the decoder layer as lean_forward's flat
+        function where it can, without transformers' per-call dispatch, which is most of a chain step."""
+        if layer_supported(self.layer):
+            self.lean = (LeanDecoder(self.config), layer_weights(self.layer, self.config.intermediate_size))
 
     def fused(self, features: torch.Tensor) -> torch.Tensor:
         """The target's (concatenated) hidden states → the H-wide feature the head reads."""
@@ -76,6 +85,10 @@ class DraftHead(nn.Module):
         x = self.fc(torch.cat([embeds, features], dim=-1))
         if positions is None:
             positions = torch.arange(start, start + x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
+        if self.lean is not None and mask is None and x.shape[0] == 1 and x.shape[1] <= ROWWISE_UP_TO and type(cache) is DynamicCache:
+            decoder, weights = self.lean
+            cos, sin = self.rotary(x, positions)
+            return decoder.layer(x[0], weights, 0, cos[0, :, None], sin[0, :, None], cache, None)[None]
         if mask is None:
             mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache, position_ids=positions)
         return self.layer(x, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,
@@ -175,6 +188,7 @@ class HeadDrafter:
         self.head = head.to(self.device).eval()
         if self.precision == "int8":  # a copy: the float head may be shared (training, tests)
             self.head = quantise_model(copy.deepcopy(self.head), "int8")
+            self.head.go_lean()
         self.feature_layers = head.feature_layers
         self.embed = target.get_input_embeddings()
         self.vocab_size = target.config.get_text_config().vocab_size

@@ -30,21 +30,25 @@ from .rowwise_attention import ROWWISE_UP_TO, one_query, visible_keys_once
 HANDLED = {"input_ids", "cache", "use_cache", "logits_to_keep", "attention_mask", "position_ids", "output_hidden_states"}
 
 
-def kernel(linear):
+def kernel(linear, widen: bool = True):
     """x (rows, in) float32 -> (rows, out) float32 through ``linear``'s weight-only kernel: what its
-    forward computes, without the reshapes a 2D input does not need."""
+    forward computes, without the reshapes a 2D input does not need. ``widen=False`` leaves the
+    output in the kernel's bfloat16, for a caller that adds it to a float32 tensor: type promotion
+    widens it exactly inside the add, the same sum for one op less."""
     if isinstance(linear, Int4Linear):
         packed, group, table, width = linear.packed, linear.group, linear.scales_and_zeros, linear.out_features
         padded = packed.shape[0] * 8 != width  # the int4 pack holds rows in 16s; padding rows are cut
 
         def int4(x):
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(table.dtype), packed, group, table)
-            return (out[:, :width] if padded else out).to(x.dtype)
+            out = out[:, :width] if padded else out
+            return out.to(x.dtype) if widen else out
         return int4
     q, scale = linear.q, linear.scale
 
     def int8(x):
-        return torch.ops.aten._weight_int8pack_mm(x.to(scale.dtype), q, scale).to(x.dtype)
+        out = torch.ops.aten._weight_int8pack_mm(x.to(scale.dtype), q, scale)
+        return out.to(x.dtype) if widen else out
     return int8
 
 
@@ -56,36 +60,87 @@ def supported(model) -> bool:
         return False
     if config.attention_bias or config.mlp_bias:
         return False
+    if not all(layer_supported(layer) for layer in model.model.layers):
+        return False
     quantised = (Int4Linear, Int8Linear)
-    for layer in model.model.layers:
-        attention, mlp = layer.self_attn, layer.mlp
-        shared = (getattr(attention, "qkv_proj", None), getattr(mlp, "gate_up_proj", None))
-        if not all(isinstance(s, SharedProjection) and isinstance(s.linear, quantised) and s.linear.bias is None for s in shared):
-            return False
-        if not all(isinstance(m, quantised) and m.bias is None for m in (attention.o_proj, mlp.down_proj)):
-            return False
     head = model.lm_head
     return isinstance(head, quantised) and head.bias is None
 
 
-class LeanLlama:
-    """The precomputed pieces of one model's forward; ``forward`` is what the model's own becomes."""
+def layer_weights(layer, intermediate: int) -> tuple:
+    """A fused, quantised decoder layer's norms and kernels, as ``LeanDecoder.layer`` reads them."""
+    attention, mlp = layer.self_attn, layer.mlp
+    return (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon, kernel(attention.qkv_proj.linear),
+            kernel(attention.o_proj, widen=False), layer.post_attention_layernorm.weight,
+            layer.post_attention_layernorm.variance_epsilon, kernel(mlp.gate_up_proj.linear), kernel(mlp.down_proj, widen=False),
+            intermediate)
 
-    def __init__(self, model):
-        config = model.config
-        self.model, self.fallback = model, model.forward
-        self.embed = model.model.embed_tokens.weight
+
+def layer_supported(layer) -> bool:
+    """A Llama decoder layer whose projections are fused and quantised, without biases."""
+    attention, mlp = layer.self_attn, layer.mlp
+    quantised = (Int4Linear, Int8Linear)
+    shared = (getattr(attention, "qkv_proj", None), getattr(mlp, "gate_up_proj", None))
+    if not all(isinstance(s, SharedProjection) and isinstance(s.linear, quantised) and s.linear.bias is None for s in shared):
+        return False
+    return all(isinstance(m, quantised) and m.bias is None for m in (attention.o_proj, mlp.down_proj))
+
+
+class LeanDecoder:
+    """Llama decoder layers as a flat function of precomputed weights (``layer_weights``)."""
+
+    def __init__(self, config):
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.groups = self.heads // self.kv_heads
         self.scaling = self.head_dim**-0.5
-        self.layers = [
-            (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon, kernel(layer.self_attn.qkv_proj.linear),
-             kernel(layer.self_attn.o_proj), layer.post_attention_layernorm.weight,
-             layer.post_attention_layernorm.variance_epsilon, kernel(layer.mlp.gate_up_proj.linear),
-             kernel(layer.mlp.down_proj), config.intermediate_size)
-            for layer in model.model.layers[: config.num_hidden_layers]
-        ]
+
+    def layer(self, x, weights, index, cos, sin, cache, seen):
+        """One decoder layer on [rows, hidden] float32; ``cos``/``sin``: [rows, 1, head_dim]."""
+        norm1, eps1, qkv, o_proj, norm2, eps2, gate_up, down, inner = weights
+        rows, q_and_k, half = x.shape[0], self.heads + self.kv_heads, self.head_dim // 2
+        h = norm1 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps1))
+        heads = qkv(h).view(rows, q_and_k + self.kv_heads, self.head_dim)
+        qk = heads[:, :q_and_k]
+        rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+        qk = qk * cos + rotated * sin
+        query = qk[:, : self.heads].transpose(0, 1)[None]
+        key = qk[:, self.heads :].transpose(0, 1)[None]
+        value = heads[:, q_and_k:].transpose(0, 1)[None]
+        if cache is not None:
+            key, value = cache.update(key, value, index)
+        x = x + o_proj(self.attend(query, key, value, seen).reshape(rows, -1))
+        h = norm2 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps2))
+        both = gate_up(h)
+        return x + down(torch.nn.functional.silu(both[:, :inner]) * both[:, inner:])
+
+    def attend(self, query, key, value, seen):
+        """[1, heads, rows, dim] -> [rows, heads, dim]: each row as a one-query call over the keys it
+        may see, exactly as rowwise_attention does."""
+        rows, keys = query.shape[2], key.shape[2]
+        if rows == 1 and seen is None:
+            return one_query(query, key, value, self.scaling, self.groups)[0]
+        outputs = []
+        for row, gathered in enumerate(seen or [None] * rows):
+            if gathered is None:
+                visible = keys - rows + row + 1
+                k = key[:, :, :visible].contiguous() if visible < keys else key
+                v = value[:, :, :visible].contiguous() if visible < keys else value
+            else:
+                k, v = key.index_select(2, gathered), value.index_select(2, gathered)
+            outputs.append(one_query(query[:, :, row : row + 1].contiguous(), k, v, self.scaling, self.groups))
+        return torch.cat(outputs, dim=1)[0]
+
+
+class LeanLlama(LeanDecoder):
+    """The precomputed pieces of one model's forward; ``forward`` is what the model's own becomes."""
+
+    def __init__(self, model):
+        config = model.config
+        super().__init__(config)
+        self.model, self.fallback = model, model.forward
+        self.embed = model.model.embed_tokens.weight
+        self.layers = [layer_weights(layer, config.intermediate_size) for layer in model.model.layers[: config.num_hidden_layers]]
         self.norm, self.norm_eps = model.model.norm.weight, model.model.norm.variance_epsilon
         self.head = kernel(model.lm_head)
         self.rotary = model.model.rotary_emb
@@ -135,47 +190,16 @@ class LeanLlama:
         # would round cos/sin differently where a short vector takes the scalar tail loop.
         cos, sin = self.rotary(x, positions[None])
         cos, sin = cos[0, :, None], sin[0, :, None]  # [rows, 1, head_dim], shared by q and k heads
-        q_and_k, half = self.heads + self.kv_heads, self.head_dim // 2
         keys = rows + (cache.get_seq_length() if cache is not None else 0)
         seen = visible_keys_once(mask, rows, keys) if mask is not None else None
-        for index, (norm1, eps1, qkv, o_proj, norm2, eps2, gate_up, down, inner) in enumerate(self.layers):
-            h = norm1 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps1))
-            heads = qkv(h).view(rows, q_and_k + self.kv_heads, self.head_dim)
-            qk = heads[:, :q_and_k]
-            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + rotated * sin
-            query = qk[:, : self.heads].transpose(0, 1)[None]
-            key = qk[:, self.heads :].transpose(0, 1)[None]
-            value = heads[:, q_and_k:].transpose(0, 1)[None]
-            if cache is not None:
-                key, value = cache.update(key, value, index)
-            x = x + o_proj(self.attend(query, key, value, seen).reshape(rows, -1))
-            h = norm2 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps2))
-            both = gate_up(h)
-            x = x + down(torch.nn.functional.silu(both[:, :inner]) * both[:, inner:])
+        for index, weights in enumerate(self.layers):
+            x = self.layer(x, weights, index, cos, sin, cache, seen)
             if states is not None and index + 1 in keep:
                 states[index + 1] = x[None]
         x = self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm_eps))
         if states is not None and states[-1] is not None:
             states[-1] = x[None]  # transformers' last hidden state is the normed one
         return x, states
-
-    def attend(self, query, key, value, seen):
-        """[1, heads, rows, dim] -> [rows, heads, dim]: each row as a one-query call over the keys it
-        may see, exactly as rowwise_attention does."""
-        rows, keys = query.shape[2], key.shape[2]
-        if rows == 1 and seen is None:
-            return one_query(query, key, value, self.scaling, self.groups)[0]
-        outputs = []
-        for row, gathered in enumerate(seen or [None] * rows):
-            if gathered is None:
-                visible = keys - rows + row + 1
-                k = key[:, :, :visible].contiguous() if visible < keys else key
-                v = value[:, :, :visible].contiguous() if visible < keys else value
-            else:
-                k, v = key.index_select(2, gathered), value.index_select(2, gathered)
-            outputs.append(one_query(query[:, :, row : row + 1].contiguous(), k, v, self.scaling, self.groups))
-        return torch.cat(outputs, dim=1)[0]
 
 
 def use_lean_forward(model) -> bool:
