@@ -99,12 +99,17 @@ def _pad_rows(tensor: torch.Tensor, multiple: int) -> torch.Tensor:
 def quantised_linear(linear: nn.Linear, kind: str, dtype: torch.dtype, blocks=None) -> nn.Module:
     """``linear`` as a weight-only int8 or int4 module; ``blocks`` (q, scale, minimum) from a GGUF
     go in as they are, else the float weight is quantised."""
-    bias = linear.bias
-    if kind == "int8":
-        return Int8Linear(*int8_per_channel(linear.weight.detach()), bias, dtype)
     if blocks is None:
-        blocks = int4_groups(linear.weight.detach())
-    return Int4Linear(*blocks, bias, dtype)
+        return quantised_weight(linear.weight.detach(), kind, dtype, linear.bias)
+    return Int4Linear(*blocks, linear.bias, dtype)
+
+
+def quantised_weight(weight: torch.Tensor, kind: str, dtype: torch.dtype = torch.bfloat16,
+                     bias: torch.Tensor | None = None) -> nn.Module:
+    """A float (out, in) weight as a weight-only int8 or int4 linear (int8 where int4 groups do not fit)."""
+    if kind == "int4" and weight.shape[1] % GROUP == 0:
+        return Int4Linear(*int4_groups(weight), bias, dtype)
+    return Int8Linear(*int8_per_channel(weight), bias, dtype)
 
 
 def supports_int4(linear: nn.Linear) -> bool:
