@@ -209,3 +209,37 @@ def test_a_heads_catch_up_after_sitting_out_is_not_charged_per_drafted_token():
     first.catchup_s = 0.5
     schedule.observe(first)
     assert schedule.sources["head"].draft_s_per_token == pytest.approx(0.2 * ONE)
+
+
+def rounds_until_off(controller: AdaptiveController) -> int:
+    """Rounds a weak drafter (every draft refused) keeps drafting before the controller stops it."""
+    schedule = controller.schedule(None)
+    for rounds in range(1, 50):
+        k = schedule.choose()
+        if k == 0:
+            return rounds - 1
+        schedule.observe(event(k, 0, c=0.06))
+    return 50
+
+
+def test_a_drafters_recorded_acceptance_seeds_the_controller_without_a_profile():
+    blocks = {k: 1.0 + 0.15 * k for k in range(1, 9)}  # a CPU's verify costs, as the block-cost cache gives them
+    guessed = AdaptiveController(lambda scenario: 3, True, block_cost=blocks)
+    recorded = AdaptiveController(lambda scenario: 3, True, block_cost=blocks, alpha=0.29)
+    assert guessed.schedule(None).alpha == pytest.approx(0.7) and recorded.schedule(None).alpha == pytest.approx(0.29)
+    assert rounds_until_off(recorded) == 1  # the pair's K once, then off: the first refusal is evidence enough
+    assert rounds_until_off(guessed) >= 3  # the optimistic guess pays for its first rounds
+
+
+def test_the_runtime_reads_the_drafters_recorded_acceptance_from_its_metadata(tmp_path):
+    from specdec_cli.decoding.runtime import Runtime
+    from specdec_cli.pairs.meta import write_meta
+    from specdec_cli.pairs.registry import DrafterSpec, ModelSpec, PairSpec
+    from specdec_cli.pairs.sources import ModelSource
+
+    pair = PairSpec("p", ModelSpec(ModelSource.parse("package:x/y.gguf")), DrafterSpec(head=tmp_path))
+    runtime = Runtime(pair, target=None, drafter=None, draft=None)
+    assert runtime.expected_alpha() is None
+    for value, read in ((0.31, 0.31), ("high", None), (1.5, None)):
+        write_meta(tmp_path, {"kind": "head", "expected_alpha": value})
+        assert runtime.expected_alpha() == read

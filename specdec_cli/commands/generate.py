@@ -197,13 +197,11 @@ def _controller(spec, fixed_k, watcher: ProfileWatcher | None, console, say: boo
                 trees: bool = False) -> AdaptiveController | None:
     """Adaptive K for `-k auto`, and by default whenever the pair has a profile or says `adaptive: true`;
     stderr (or, with --json, each result's stats) says which profile seeds it. ``trees``: `--tree auto`."""
-    from ..decoding.adaptive import AdaptiveController
-
     if watcher is None or (fixed_k is None and watcher.profile is None and not spec.adaptive):
         return None
     if say:
         console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
-    return AdaptiveController.for_pair(spec, watcher.profile, trees, runtime.verify_costs())
+    return runtime.controller(watcher.profile, trees)
 
 
 def _prompts(argument: str | None) -> Iterable[Prompt]:

@@ -47,10 +47,12 @@ class Prior:
                    siblings or SIBLING_PRIOR)
 
     @classmethod
-    def guess(cls, k: int, model_drafter: bool) -> "Prior":
-        """No calibration: trust the pair's K and assume speculation pays until rounds say otherwise
-        (a model or head drafts at about a fifth of a target forward per token on a CPU)."""
-        return cls(k, 0.7, 0.2 if model_drafter else 0.0)
+    def guess(cls, k: int, model_drafter: bool, alpha: float | None = None) -> "Prior":
+        """No calibration: trust the pair's K, and the drafter's own acceptance on unseen prompts where
+        its metadata records one (``expected_alpha``), else assume speculation pays until rounds say
+        otherwise (a model or head drafts at about a fifth of a target forward per token on a CPU).
+        An optimistic guess costs every prompt its first rounds: a weak head drafting on and on."""
+        return cls(k, 0.7 if alpha is None else alpha, 0.2 if model_drafter else 0.0)
 
     @staticmethod
     def lookup_alpha(name: str) -> float:
@@ -367,17 +369,20 @@ class AdaptiveController:
 
     def __init__(self, fallback_k: Callable[[str | None], int], model_drafter: bool,
                  profile: PairProfile | None = None, k_max: int = DEFAULT_K_MAX, main: str = "draft",
-                 trees: bool = False, block_cost: dict[int, float] | None = None):
+                 trees: bool = False, block_cost: dict[int, float] | None = None, alpha: float | None = None):
         self.fallback_k, self.model_drafter, self.k_max, self.main = fallback_k, model_drafter, k_max, main
+        self.alpha = alpha  # the drafter's recorded acceptance, for scenarios no profile covers
         self.profile, self.trees, self.block_cost = profile, trees, dict(block_cost or {})
         self.schedules: dict[str | None, AdaptiveK] = {}
 
     @classmethod
     def for_pair(cls, pair: PairSpec, profile: PairProfile | None, trees: bool = False,
-                 block_cost: dict[int, float] | None = None) -> "AdaptiveController":
-        """Without a profile, the pair's K per scenario is the best starting point there is."""
+                 block_cost: dict[int, float] | None = None, alpha: float | None = None) -> "AdaptiveController":
+        """Without a profile, the pair's K per scenario and the drafter's recorded α are the best
+        starting point there is."""
         main = pair.drafter.kind if pair.drafter.kind != NGRAM else "lookup"
-        return cls(pair.k_for, pair.drafter.kind != NGRAM, profile, main=main, trees=trees, block_cost=block_cost)
+        return cls(pair.k_for, pair.drafter.kind != NGRAM, profile, main=main, trees=trees, block_cost=block_cost,
+                   alpha=alpha)
 
     def reseed(self, profile: PairProfile | None) -> None:
         self.profile = profile
@@ -391,7 +396,7 @@ class AdaptiveController:
             if section:
                 prior = Prior.from_section(section, self.block_cost, siblings)
             else:
-                guess = Prior.guess(self.fallback_k(scenario), self.model_drafter)
+                guess = Prior.guess(self.fallback_k(scenario), self.model_drafter, self.alpha)
                 prior = Prior(guess.k, guess.alpha, guess.c, block_cost=self.block_cost, siblings=siblings or SIBLING_PRIOR)
             self.schedules[scenario] = AdaptiveK(prior, self.k_max, main=self.main, trees=self.trees)
         schedule = self.schedules[scenario]

@@ -13,8 +13,10 @@ import torch
 from ..errors import UserError
 from ..pairs.loading import LoadedModel, cache_root, load
 from ..pairs.meta import read_meta
+from ..pairs.profile import PairProfile
 from ..pairs.registry import MISSING, DrafterSpec, PairSpec
 from ..pairs.tokenization import check_compatible, eos_ids
+from .adaptive import AdaptiveController
 from .blocks import cached_costs, plan, relative_costs
 from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
@@ -42,6 +44,19 @@ class Runtime:
     @property
     def eos_token_ids(self) -> set[int]:
         return eos_ids(self.target.tokenizer, self.target.model.generation_config)
+
+    def controller(self, profile: PairProfile | None, trees: bool = False) -> AdaptiveController:
+        """The adaptive controller for this pair, seeded from ``profile``, else from the block costs
+        and the drafter's recorded acceptance."""
+        return AdaptiveController.for_pair(self.pair, profile, trees, self.verify_costs(), self.expected_alpha())
+
+    def expected_alpha(self) -> float | None:
+        """The default drafter's acceptance on prompts it never saw, as its metadata records it
+        (``expected_alpha``, written when it was measured; trained/README.md), else None."""
+        spec = self.pair.drafter
+        files = spec.head if spec.head is not None else self.draft.files if self.draft is not None else None
+        value = (read_meta(files) or {}).get("expected_alpha") if files is not None else None
+        return float(value) if isinstance(value, (int, float)) and 0.0 <= value <= 1.0 else None
 
     def verify_costs(self) -> dict[int, float]:
         """Verify cost by K relative to one token, padding included: the adaptive controller's start."""

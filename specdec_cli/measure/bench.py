@@ -26,7 +26,6 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from ..decoding.acceptance import AcceptRule, SamplingParams, parse_rule
-from ..decoding.adaptive import AdaptiveController
 from ..decoding.drafters import LookupFirst, NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
 from ..decoding.estimates import Acceptance
@@ -163,7 +162,7 @@ class Bench:
             if trees and self.runtime.pair.drafter.kind != HEAD:
                 raise UserError(f"mode {mode} needs a pair drafted by its head; "
                                 f"pair {self.runtime.pair.name!r} drafts with {self.runtime.pair.drafter.kind!r}")
-            controller = AdaptiveController.for_pair(self.runtime.pair, self.profile, trees, self.runtime.verify_costs())
+            controller = self.runtime.controller(self.profile, trees)
             return lambda ids, prompt, seed: self._run_engine(engine, controller.schedule(prompt.scenario), ids, prompt,
                                                               seed, mode.rule)
         if mode.kind in ENGINE_KINDS:
