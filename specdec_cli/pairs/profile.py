@@ -313,7 +313,8 @@ class ProfileWatcher:
     def seeded(self) -> str:
         """Which profile seeds adaptive K, in one line for stderr."""
         if self.profile is None:
-            return f"auto starts from the pair's K (no usable profile of {self.pair.name!r} in {self.path})"
+            return (f"auto starts from the pair's K and its drafter's recorded acceptance, if any (no usable profile "
+                    f"of {self.pair.name!r} in {self.path})")
         return (f"auto starts from profile {self.path} (pair {self.pair.name!r}, calibrated {self.profile.calibrated}, "
                 f"drafter {describe_drafter(self.profile.drafter)})")
 
