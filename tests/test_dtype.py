@@ -169,3 +169,13 @@ def test_a_verify_block_scores_every_position_exactly_as_one_token_forwards(pair
     ids = torch.randint(3, 98, (1, 40), generator=torch.Generator().manual_seed(0))
     block, one = block_and_one_token_logits(model, ids, 33)
     assert torch.equal(block, one)  # bit for bit, not within a tolerance
+
+
+def test_block_costs_measured_under_other_forward_code_are_measured_again(pair_dir, tmp_path, monkeypatch):
+    from specdec_cli.decoding import blocks
+
+    model = load(load_registry(pair_dir / "models.yaml").pair("tiny").target).model
+    cached_plan(model, "target int4", tmp_path)
+    monkeypatch.setattr(blocks, "forward_code", lambda: "a later lean forward")
+    cached_plan(model, "target int4", tmp_path)
+    assert len(list(tmp_path.glob("block-costs-*.json"))) == 2

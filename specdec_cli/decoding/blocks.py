@@ -5,8 +5,8 @@ BLAS libraries pick different matrix kernels by row count. Measured on this proj
 2: 1.61, 3: 1.96, 4: 1.39, 5: 1.28, 6: 1.33, 7: 1.67, 8: 1.40. Verifying 2 tokens is dearer than
 verifying 5. Padding a block with dummy tokens after the real ones changes nothing for the real
 positions (attention is causal, and the padded cache entries are cropped with the rejected drafts),
-so a block of n is run at the cheapest length m ≥ n. The costs are measured once per machine, model
-and library versions and kept in the cache directory.
+so a block of n is run at the cheapest length m ≥ n. The costs are measured once per machine, model,
+library versions and forward code, and kept in the cache directory.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from pathlib import Path
 
 import torch
 import transformers
@@ -77,12 +78,23 @@ def cached_plan(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, i
     return plan(cached_costs(model, identity, cache_dir))
 
 
+def forward_code() -> str:
+    """A digest of this package's code that shapes a target forward (quantised linears, fused
+    projections, row-by-row attention, the lean forward): costs measured under other code are stale."""
+    from ..pairs import fused_projections, lean_forward, quantize, rowwise_attention
+
+    digest = hashlib.sha256()
+    for module in (fused_projections, lean_forward, quantize, rowwise_attention):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cached_costs(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, float]:
     """Seconds of a block of each length for this model on this machine (see cached_plan); {} off a CPU."""
     if input_device(model).type != "cpu":
         return {}
     key = "|".join([identity, str(model.dtype), torch.__version__, transformers.__version__, str(torch.get_num_threads()),
-                    cpu_name()])
+                    cpu_name(), forward_code()])
     path = cache_dir / f"block-costs-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     try:
         costs = {int(n): float(s) for n, s in json.loads(path.read_text()).items()}
