@@ -20,7 +20,7 @@ import torch
 
 from specdec_cli.decoding.blocks import measure
 from specdec_cli.pairs.loading import load
-from specdec_cli.pairs.quantize import Int4Linear, Int8Linear, int4_groups, int8_per_channel
+from specdec_cli.pairs.quantize import QUANTISED, quantised_weight
 from specdec_cli.pairs.registry import load_registry, override
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # fused q/k/v, o, fused gate/up, down
@@ -28,11 +28,7 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # fused q/k/v, o, f
 
 def kernel_costs(kind: str, rows: int, reps: int = 5, layers: int = 30) -> dict[int, float]:
     torch.manual_seed(0)
-    linears = []
-    for out, inner in SHAPES:
-        weight = torch.randn(out, inner)
-        linears.append(Int4Linear(*int4_groups(weight), None, torch.bfloat16) if kind == "int4"
-                       else Int8Linear(*int8_per_channel(weight), None, torch.bfloat16))
+    linears = [quantised_weight(torch.randn(out, inner), kind) for out, inner in SHAPES]
     times: dict[int, list[float]] = {n: [] for n in range(1, rows + 1)}
     for _ in range(reps + 1):
         for n in times:
@@ -56,15 +52,14 @@ def main() -> None:
     parser.add_argument("--pair", default=None)
     args = parser.parse_args()
     pair = load_registry(None).pair(args.pair)
-    report = {}
     for dtype in args.dtypes.split(","):
         model = load(override(pair, dtype=dtype).target).model
         forward = measure(model, lengths=args.rows, reps=9, context=100)
-        report[dtype] = {"one_token_ms": round(forward[1] * 1e3, 1), "forward": ratios(forward)}
-        if dtype in ("int4", "int8"):
+        report = {"one_token_ms": round(forward[1] * 1e3, 1), "forward": ratios(forward)}
+        if dtype in QUANTISED:
             kernels = kernel_costs(dtype, args.rows)
-            report[dtype] |= {"kernels_one_row_ms": round(kernels[1] * 1e3, 2), "kernels": ratios(kernels)}
-        print(json.dumps({dtype: report[dtype]}), flush=True)
+            report |= {"kernels_one_row_ms": round(kernels[1] * 1e3, 2), "kernels": ratios(kernels)}
+        print(json.dumps({dtype: report}), flush=True)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .fused_projections import SharedProjection
 from .quantize import Int4Linear, Int8Linear
-from .rowwise_attention import ROWWISE_UP_TO, one_query, visible_keys_once
+from .rowwise_attention import ROWWISE_UP_TO, attend_rows, visible_keys_once
 
 HANDLED = {"input_ids", "cache", "use_cache", "logits_to_keep", "attention_mask", "position_ids", "output_hidden_states"}
 
@@ -115,21 +115,8 @@ class LeanDecoder:
         return x + down(torch.nn.functional.silu(both[:, :inner]) * both[:, inner:])
 
     def attend(self, query, key, value, seen):
-        """[1, heads, rows, dim] -> [rows, heads, dim]: each row as a one-query call over the keys it
-        may see, exactly as rowwise_attention does."""
-        rows, keys = query.shape[2], key.shape[2]
-        if rows == 1 and seen is None:
-            return one_query(query, key, value, self.scaling, self.groups)[0]
-        outputs = []
-        for row, gathered in enumerate(seen or [None] * rows):
-            if gathered is None:
-                visible = keys - rows + row + 1
-                k = key[:, :, :visible].contiguous() if visible < keys else key
-                v = value[:, :, :visible].contiguous() if visible < keys else value
-            else:
-                k, v = key.index_select(2, gathered), value.index_select(2, gathered)
-            outputs.append(one_query(query[:, :, row : row + 1].contiguous(), k, v, self.scaling, self.groups))
-        return torch.cat(outputs, dim=1)[0]
+        """[1, heads, rows, dim] -> [rows, heads, dim], exactly as rowwise_attention computes it."""
+        return attend_rows(query, key, value, self.scaling, self.groups, seen)[0]
 
 
 class LeanLlama(LeanDecoder):

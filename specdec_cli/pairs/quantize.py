@@ -99,21 +99,21 @@ def _pad_rows(tensor: torch.Tensor, multiple: int) -> torch.Tensor:
 def quantised_linear(linear: nn.Linear, kind: str, dtype: torch.dtype, blocks=None) -> nn.Module:
     """``linear`` as a weight-only int8 or int4 module; ``blocks`` (q, scale, minimum) from a GGUF
     go in as they are, else the float weight is quantised."""
-    if blocks is None:
-        return quantised_weight(linear.weight.detach(), kind, dtype, linear.bias)
-    return Int4Linear(*blocks, linear.bias, dtype)
+    if blocks is not None and kind == "int4":
+        return Int4Linear(*blocks, linear.bias, dtype)
+    return quantised_weight(linear.weight.detach(), kind, dtype, linear.bias)
 
 
 def quantised_weight(weight: torch.Tensor, kind: str, dtype: torch.dtype = torch.bfloat16,
                      bias: torch.Tensor | None = None) -> nn.Module:
     """A float (out, in) weight as a weight-only int8 or int4 linear (int8 where int4 groups do not fit)."""
-    if kind == "int4" and weight.shape[1] % GROUP == 0:
+    if kind == "int4" and fits_int4(weight.shape[1]):
         return Int4Linear(*int4_groups(weight), bias, dtype)
     return Int8Linear(*int8_per_channel(weight), bias, dtype)
 
 
-def supports_int4(linear: nn.Linear) -> bool:
-    return linear.in_features % GROUP == 0
+def fits_int4(in_features: int) -> bool:
+    return in_features % GROUP == 0
 
 
 def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None = None,
@@ -129,7 +129,7 @@ def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None 
     for parent_name, siblings in sibling_groups(model) if fuse else []:
         parent = model.get_submodule(parent_name) if parent_name else model
         linears = [getattr(parent, s) for s in siblings]
-        if kind == "int4" and supports_int4(linears[0]):
+        if kind == "int4" and fits_int4(linears[0].in_features):
             parts = [blocks.get(f"{parent_name}.{s}" if parent_name else s) or int4_groups(linear.weight.detach())
                      for s, linear in zip(siblings, linears)]
             fused = Int4Linear(*(torch.cat(part) for part in zip(*parts)), None, dtype)
@@ -139,8 +139,7 @@ def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None 
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     named = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     for name, module in named:
-        replacement = quantised_linear(module, "int8" if kind == "int4" and not supports_int4(module) else kind,
-                                       dtype, blocks.get(name))
+        replacement = quantised_linear(module, kind, dtype, blocks.get(name))
         if module is output:
             replacement.float_weight = module.weight
         parent_name, _, child = name.rpartition(".")

@@ -52,23 +52,32 @@ def visible_keys_once(mask: torch.Tensor | None, rows: int, keys: int) -> list[t
     return _last[1]
 
 
+def attend_rows(query, key, value, scaling, groups: int, seen: list | None = None) -> torch.Tensor:
+    """[1, heads, rows, dim] -> [1, rows, heads, dim]: each query row as a one-query call over the keys
+    it may see (``seen``: per row the gathered key positions, or None for its causal prefix)."""
+    rows, keys = query.shape[2], key.shape[2]
+    seen = seen or [None] * rows
+    if rows == 1 and seen[0] is None:  # a one-token forward
+        return one_query(query, key, value, scaling, groups)
+    outputs = []
+    for row, gathered in enumerate(seen):
+        if gathered is None:
+            visible = keys - rows + row + 1  # this row's prefix: causal, batch of one, no padding
+            k = key[:, :, :visible].contiguous() if visible < keys else key
+            v = value[:, :, :visible].contiguous() if visible < keys else value
+        else:
+            k, v = key.index_select(2, gathered), value.index_select(2, gathered)
+        outputs.append(one_query(query[:, :, row : row + 1].contiguous(), k, v, scaling, groups))
+    return torch.cat(outputs, dim=1)
+
+
 def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     rows, keys = query.shape[2], key.shape[2]
     if rows > ROWWISE_UP_TO or query.shape[0] != 1 or module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    groups = getattr(module, "num_key_value_groups", 1)
-    if rows == 1 and attention_mask is None:  # a one-token forward: transformers passes no mask then
-        return one_query(query, key, value, scaling, groups), None
-    outputs = []
-    for row, gathered in enumerate(visible_keys_once(attention_mask, rows, keys)):
-        if gathered is None:
-            seen = keys - rows + row + 1  # this row's prefix: causal, batch of one, no padding
-            k = key[:, :, :seen].contiguous() if seen < keys else key
-            v = value[:, :, :seen].contiguous() if seen < keys else value
-        else:
-            k, v = key.index_select(2, gathered), value.index_select(2, gathered)
-        outputs.append(one_query(query[:, :, row : row + 1].contiguous(), k, v, scaling, groups))
-    return torch.cat(outputs, dim=1), None
+    # transformers passes no mask to a one-token forward
+    seen = None if attention_mask is None else visible_keys_once(attention_mask, rows, keys)
+    return attend_rows(query, key, value, scaling, getattr(module, "num_key_value_groups", 1), seen), None
 
 
 AttentionInterface.register(NAME, rowwise_attention)
