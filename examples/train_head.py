@@ -121,7 +121,8 @@ def stage_train(args) -> None:
     student = HeadStudent(head, target.model, torch.tensor(allowed), unroll=args.unroll, columns=columns,
                           regression=args.regression, noise=args.noise)
     heldout = heldout[: args.heldout_examples]
-    trainer = Trainer(student, train, heldout, slots, pad, args.lr, args.batch_size, args.seed, autocast=args.bf16)
+    trainer = Trainer(student, train, heldout, slots, pad, args.lr, args.batch_size, args.seed, autocast=args.bf16,
+                      decay_steps=args.decay_steps)
     out = Path(args.out)
     state_file = out / "state.pt"
     best = {"score": -1.0, "state": None, "step": 0, "chain": None}
@@ -168,7 +169,7 @@ def stage_train(args) -> None:
     meta = {"target": identity, "top_vocab": allowed, "training": {
         "answers": "examples/answers", "sequences": info["sequences"], "answer_tokens": info["answer_tokens"],
         "heldout_sequences": len(heldout), "seed": args.seed, "steps": trainer.step, "best_step": best["step"],
-        "unroll": args.unroll, "lr": args.lr, "bf16": args.bf16, "minutes_this_run": args.minutes, "batch_size": args.batch_size, "warm_start": args.warm or None,
+        "unroll": args.unroll, "lr": args.lr, "decay_steps": args.decay_steps, "bf16": args.bf16, "minutes_this_run": args.minutes, "batch_size": args.batch_size, "warm_start": args.warm or None,
         "vocab_coverage": covered, "heldout_chain_agreement": best["chain"], "expected_accepted_3": best["score"]}}
     save_head(out, head, {**meta, "layer": head.config_dict})
     (out / "history.json").write_text(json.dumps(trainer.history))
@@ -208,6 +209,7 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=0, help="fixed size instead of --coverage")
     parser.add_argument("--warm", default=str(SHIPPED), help="a head to start from ('' for a fresh one)")
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--decay-steps", type=int, default=0, help="cosine decay of --lr to a tenth over N steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (AMX): faster steps")
     parser.add_argument("--steps", type=int, default=0)

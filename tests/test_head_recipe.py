@@ -11,7 +11,7 @@ from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config, load_
 from specdec_cli.errors import UserError
 from specdec_cli.pairs.meta import read_meta, write_meta
 from specdec_cli.training.distill import Example, collate
-from specdec_cli.training.loop import HeadStudent, unroll_mask
+from specdec_cli.training.loop import Budget, HeadStudent, Trainer, learning_rate, unroll_mask
 
 TOKENS = [0, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
 START = 4  # the answer starts here: teacher rows for positions 3..10
@@ -234,3 +234,17 @@ def test_the_quantised_heads_lean_layer_computes_what_its_transformers_layer_doe
         guesses[name] = (drafts, step)
     assert guesses["lean"][0] == guesses["dispatched"][0]
     assert torch.allclose(guesses["lean"][1], guesses["dispatched"][1], atol=1e-5)
+
+
+def test_the_learning_rate_decays_by_cosine_to_a_tenth_and_each_step_uses_its_own(target):
+    assert learning_rate(1.0, 0, 0) == learning_rate(1.0, 500, 0) == 1.0
+    assert learning_rate(1.0, 0, 100) == 1.0
+    assert learning_rate(1.0, 50, 100) == pytest.approx(0.55)
+    assert learning_rate(1.0, 100, 100) == learning_rate(1.0, 400, 100) == pytest.approx(0.1)
+    torch.manual_seed(4)
+    head = DraftHead(head_config(target))
+    student = HeadStudent(head, target, None, unroll=1, noise=0.0)
+    trainer = Trainer(student, [example(target, (-1,))], [], None, 0, lr=1e-3, batch_size=1, decay_steps=4)
+    seen = []
+    trainer.run(Budget(steps=5), on_step=lambda step, loss: seen.append(trainer.optimizer.param_groups[0]["lr"]))
+    assert seen == pytest.approx([learning_rate(1e-3, s, 4) for s in range(5)])

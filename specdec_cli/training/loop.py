@@ -9,6 +9,7 @@ agreement with the teacher, the top-1 match rate that approximates acceptance at
 from __future__ import annotations
 
 import copy
+import math
 import random
 import re
 import time
@@ -186,6 +187,16 @@ class Budget:
         return self.minutes is not None and time.monotonic() - started >= 60 * self.minutes
 
 
+def learning_rate(peak: float, step: int, decay_steps: int, floor: float = 0.1) -> float:
+    """Cosine from ``peak`` down to ``floor * peak`` over ``decay_steps``, then flat: a long run settles
+    instead of hopping around a minimum at the peak rate. A function of the step alone, so a resumed run
+    continues the schedule."""
+    if decay_steps <= 0:
+        return peak
+    done = min(step, decay_steps) / decay_steps
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * done)))
+
+
 @dataclass
 class Trainer:
     student: ModelStudent | HeadStudent
@@ -198,6 +209,7 @@ class Trainer:
     seed: int = 0
     ce_weight: float = 1.0
     autocast: bool = False  # bfloat16 matmuls (several times faster where the CPU has AMX / AVX512-BF16)
+    decay_steps: int = 0  # cosine decay of the learning rate to a tenth over this many steps (0: constant)
     step: int = 0
     history: list[dict] = field(default_factory=list)
 
@@ -219,6 +231,8 @@ class Trainer:
             chosen = [self.train[self.rng.randrange(len(self.train))] for _ in range(self.batch_size)]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
                 loss = self.loss(collate(chosen, self.pad))
+            for group in self.optimizer.param_groups:
+                group["lr"] = learning_rate(self.lr, self.step, self.decay_steps)
             self.optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0)
