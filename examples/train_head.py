@@ -13,6 +13,7 @@ held-out state. Prompts are held out by id (all answers of a held-out prompt), s
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import random
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from specdec_cli.decoding.head import DraftHead, head_config, save_head, target_identity
+from specdec_cli.prompts import read_file
 from specdec_cli.training.corpus import read_shard, within_budget
 from specdec_cli.training.distill import Example, default_target, teacher
 from specdec_cli.training.loop import Budget, HeadStudent, Trainer, save_atomically
@@ -58,7 +60,8 @@ def stage_teacher(minutes: float, batch_size: int) -> None:
         print(f"{path.parent.name}/{path.name}: {len(kept)} sequences, {time.monotonic() - began:.0f} s", flush=True)
 
 
-def load_examples(seed: int, holdout: float) -> tuple[list[Example], list[Example], dict]:
+def load_examples(seed: int, holdout: float) -> tuple[list[Example], list[tuple[Example, str, str]], dict]:
+    """Training examples, and the held-out ones with the teacher file and prompt id each came from."""
     files = sorted(TEACHER.glob("*.pt"))
     if not files:
         raise SystemExit("no teacher data: run the teacher stage first")
@@ -66,16 +69,32 @@ def load_examples(seed: int, holdout: float) -> tuple[list[Example], list[Exampl
     for path in files:
         data = torch.load(path, weights_only=True)
         info = {k: data[k] for k in ("layers", "top_k", "target")}
-        rows += data["examples"]
+        rows += [{**r, "shard": path.name} for r in data["examples"]]
     ids = sorted({r["id"] for r in rows})
     random.Random(seed).shuffle(ids)
     held = set(ids[: round(holdout * len(ids))])
     train, heldout = [], []
     for r in rows:
         example = Example(r["ids"], r["start"], r["top_ids"], r["top_logp"].float(), r["hidden"], r["id"] in held)
-        (heldout if example.heldout else train).append(example)
+        if example.heldout:
+            heldout.append((example, r["shard"], r["id"]))
+        else:
+            train.append(example)
     info["sequences"], info["answer_tokens"] = len(rows), sum(len(r["ids"]) - r["start"] for r in rows)
+    info["heldout_ids"] = sorted({r["id"] for r in rows} & held)
     return train, heldout, info
+
+
+def evaluation_set(heldout, shards: str, prefix: str, size: int, seed: int) -> list[Example]:
+    """A seeded sample of the held-out examples from teacher files matching ``shards`` whose prompt ids
+    start with ``prefix``: where a warm start already trained on some shards (a held-out split by id
+    over more data puts some of its training prompts in the held-out set), the agreement is measured
+    only on text it never saw."""
+    chosen = [e for e, shard, id_ in heldout if fnmatch.fnmatch(shard, shards) and id_.startswith(prefix)]
+    random.Random(seed).shuffle(chosen)
+    if not chosen:
+        raise SystemExit(f"no held-out examples from {shards!r} with ids starting {prefix!r}")
+    return chosen[:size]
 
 
 def vocabulary(train: list[Example], coverage: float, eos: set[int], multiple: int = 256) -> tuple[list[int], float]:
@@ -120,7 +139,7 @@ def stage_train(args) -> None:
         warm_start(head, Path(args.warm))
     student = HeadStudent(head, target.model, torch.tensor(allowed), unroll=args.unroll, columns=columns,
                           regression=args.regression, noise=args.noise)
-    heldout = heldout[: args.heldout_examples]
+    heldout = evaluation_set(heldout, args.eval_shards, args.eval_prefix, args.heldout_examples, args.seed)
     trainer = Trainer(student, train, heldout, slots, pad, args.lr, args.batch_size, args.seed, autocast=args.bf16,
                       decay_steps=args.decay_steps)
     out = Path(args.out)
@@ -168,13 +187,28 @@ def stage_train(args) -> None:
     head.eval()
     meta = {"target": identity, "top_vocab": allowed, "training": {
         "answers": "examples/answers", "sequences": info["sequences"], "answer_tokens": info["answer_tokens"],
-        "heldout_sequences": len(heldout), "seed": args.seed, "steps": trainer.step, "best_step": best["step"],
+        "heldout_sequences": len(heldout), "eval_shards": args.eval_shards, "eval_prefix": args.eval_prefix, "seed": args.seed, "steps": trainer.step, "best_step": best["step"],
         "unroll": args.unroll, "lr": args.lr, "decay_steps": args.decay_steps, "bf16": args.bf16, "minutes_this_run": args.minutes, "batch_size": args.batch_size, "warm_start": args.warm or None,
         "vocab_coverage": covered, "heldout_chain_agreement": best["chain"], "expected_accepted_3": best["score"]}}
     save_head(out, head, {**meta, "layer": head.config_dict})
     (out / "history.json").write_text(json.dumps(trainer.history))
+    (out / "heldout.jsonl").write_text("".join(json.dumps(p) + "\n" for p in heldout_prompts(info["heldout_ids"])))
     print(json.dumps({"out": str(out), "best": best["chain"], "score": best["score"], "step": best["step"],
                       "steps": trainer.step}), flush=True)
+
+
+def heldout_prompts(ids: list[str]) -> list[dict]:
+    """The held-out prompts as a prompt file (to benchmark on what the head never saw): templates
+    (``tpl-``), the prompts composed from the target's requests (``gen-``), and the request-writing
+    prompts themselves (``req-``)."""
+    from make_answers import meta_prompts
+
+    known = {f"tpl-{p.id}": {"prompt": p.text, "scenario": p.scenario} for p in read_file(HERE / "train-prompts.jsonl")}
+    for line in (ANSWERS / "prompts.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        known[row["id"]] = {"prompt": row["prompt"], "scenario": row["scenario"]}
+    known.update({row["id"]: {"prompt": row["text"], "scenario": "request-writing"} for row in meta_prompts()})
+    return [{"id": i, **known[i]} for i in ids]
 
 
 def warm_start(head: DraftHead, directory: Path) -> None:
@@ -216,6 +250,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=40)
     parser.add_argument("--patience", type=int, default=200)
     parser.add_argument("--heldout-examples", type=int, default=160)
+    parser.add_argument("--eval-shards", default="*", help="held-out agreement only on teacher files matching this glob")
+    parser.add_argument("--eval-prefix", default="", help="... and on prompt ids starting with this")
     args = parser.parse_args()
     if args.stage == "teacher":
         stage_teacher(args.minutes, args.batch_size)
