@@ -81,7 +81,6 @@ def load_examples(seed: int, holdout: float) -> tuple[list[Example], list[tuple[
         else:
             train.append(example)
     info["sequences"], info["answer_tokens"] = len(rows), sum(len(r["ids"]) - r["start"] for r in rows)
-    info["heldout_ids"] = sorted({r["id"] for r in rows} & held)
     return train, heldout, info
 
 
@@ -139,6 +138,7 @@ def stage_train(args) -> None:
         warm_start(head, Path(args.warm))
     student = HeadStudent(head, target.model, torch.tensor(allowed), unroll=args.unroll, columns=columns,
                           regression=args.regression, noise=args.noise)
+    heldout_ids = sorted({id_ for _, _, id_ in heldout})
     heldout = evaluation_set(heldout, args.eval_shards, args.eval_prefix, args.heldout_examples, args.seed)
     trainer = Trainer(student, train, heldout, slots, pad, args.lr, args.batch_size, args.seed, autocast=args.bf16,
                       decay_steps=args.decay_steps)
@@ -192,7 +192,7 @@ def stage_train(args) -> None:
         "vocab_coverage": covered, "heldout_chain_agreement": best["chain"], "expected_accepted_3": best["score"]}}
     save_head(out, head, {**meta, "layer": head.config_dict})
     (out / "history.json").write_text(json.dumps(trainer.history))
-    (out / "heldout.jsonl").write_text("".join(json.dumps(p) + "\n" for p in heldout_prompts(info["heldout_ids"])))
+    (out / "heldout.jsonl").write_text("".join(json.dumps(p) + "\n" for p in heldout_prompts(heldout_ids)))
     print(json.dumps({"out": str(out), "best": best["chain"], "score": best["score"], "step": best["step"],
                       "steps": trainer.step}), flush=True)
 
