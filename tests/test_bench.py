@@ -151,8 +151,9 @@ def test_auto_takes_each_scenarios_k_from_the_profile(pair_dir, prompt_file, tmp
     assert silent["acceptance_rate"] is None and silent["mean_k"] == 0.0
     assert silent["rounds"] == silent["completion_length"]  # one prompt, one token a round: plain decoding
     # It starts at the profile's K=3; on tiny models the draft costs what the target does, so what
-    # it measures may soon turn speculation off: only the start is the profile's to decide.
-    assert drafting["acceptance_rate"] is not None and drafting["mean_k"] > 0
+    # it measures may soon turn speculation off, and a random draft model's flat guesses seldom pass
+    # the confidence gate: only the start is the profile's to decide.
+    assert drafting["mean_k"] > 0
     assert report["manifest"]["profile"] == str(profile)
     assert (profile.read_bytes(), profile.stat().st_mtime_ns) == written  # read, never written
 
@@ -166,7 +167,7 @@ def test_auto_without_a_profile_starts_from_the_pairs_k(pair_dir, prompt_file, t
     assert report["manifest"]["profile"] is None
     assert "| mean K |" in page.read_text()  # the K auto chose, a column of its own
     for scenario in ("code", "chat"):
-        assert report["scenarios"][scenario]["auto"]["acceptance_rate"] is not None
+        assert report["scenarios"][scenario]["auto"]["mean_k"] > 0
     assert report["modes"]["auto"]["identical_to_plain"] is True
 
 

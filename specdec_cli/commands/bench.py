@@ -52,15 +52,15 @@ COLUMNS = [
     ("predicted", "predicted_speedup"), ("accept", "acceptance_rate"), ("α", "alpha"), ("tok/round", "mean_accepted_length"),
     ("rounds", "rounds"), ("length", "completion_length"), ("TTFT s", "ttft_s"), ("p50 ms", "p50_token_latency_s"),
     ("p90 ms", "p90_token_latency_s"), ("p99 ms", "p99_token_latency_s"), ("= plain", "identical_to_plain"),
-    ("mean K", "mean_k"), ("nodes", "mean_nodes"),
+    ("mean K", "mean_k"), ("drafted", "mean_drafted"), ("nodes", "mean_nodes"),
 ]
-ONLY_WHEN_MEASURED = {"mean_k", "mean_nodes"}  # auto's alone: a column of dashes for every other mode says nothing
+ONLY_WHEN_MEASURED = {"mean_k", "mean_drafted", "mean_nodes"}  # auto's alone: a column of dashes for every other mode says nothing
 
 
 @user_errors
 def bench_command(
     prompts: PromptsOption,
-    modes: Annotated[Optional[str], typer.Option("--modes", metavar="MODE,MODE,...", help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K, ngram+spec:K, ngram+head:K (prompt lookup first, the model or head where it finds nothing), tree:N, ngram+tree:N (the head drafting a tree of at most N nodes, verified in one forward), auto (the default drafter with adaptive K, as `generate -k auto`, seeded from the calibration profile), auto+tree (auto weighing the head's trees too, as `generate --tree auto`). MODE@RULE runs a speculative mode under a LOSSY acceptance rule (head:3@top:3, spec:3@lenient:2, head:3@typical:0.3,0.09) beside the same mode lossless, and reports what the rule cost. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
+    modes: Annotated[Optional[str], typer.Option("--modes", metavar="MODE,MODE,...", help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K, ngram+spec:K, ngram+head:K (prompt lookup first, the model or head where it finds nothing), tree:N, ngram+tree:N (the head drafting a tree of at most N nodes, verified in one forward), auto (the default drafter with adaptive K, as `generate -k auto`, seeded from the calibration profile), auto-ungated (auto without the head's confidence gate: every round drafts the K chosen), auto+tree (auto weighing the head's trees too, as `generate --tree auto`). MODE@RULE runs a speculative mode under a LOSSY acceptance rule (head:3@top:3, spec:3@lenient:2, head:3@typical:0.3,0.09) beside the same mode lossless, and reports what the rule cost. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
     pair: PairOption = None,
     max_new_tokens: MaxNewTokensOption = 64,
     temperature: Annotated[float, typer.Option("--temperature", metavar="T", help="0: greedy (the default, so outputs can be compared token by token).")] = 0.0,

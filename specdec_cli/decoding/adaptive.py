@@ -9,7 +9,10 @@ the verify time), seeded from the calibration profile. Before each round it is s
 plain decoding promises the most tokens per second. A drafter predicted slower than plain decoding
 is off — it costs nothing then: no draft forward, and the head only keeps the target's features
 (head.py) — and is probed now and then, as rarely as keeps probing under 1 % of plain speed, with
-back-off while probes keep failing. Driven by round events only: no models, no clocks, no files.
+back-off while probes keep failing. The learned drafter's K is a ceiling: each round a gate
+(gate.py), filled in from these estimates, stops it where its own confidence says the next guess
+will not pay, and the gated rounds' statistics (how far the gate lets it go) enter the estimate
+of what the drafter yields. Driven by round events only: no models, no clocks, no files.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..limits import MAX_K
 from ..pairs.profile import PairProfile, ScenarioProfile
 from ..pairs.registry import NGRAM, PairSpec
 from .engine import RoundEvent
-from .estimates import SIBLING_PRIOR, Acceptance, Siblings, probe_wait, smooth
+from .estimates import SIBLING_PRIOR, Acceptance, Calibration, Siblings, probe_wait, smooth
+from .gate import DraftGate, gated_round
 from .tree import TreeShape, best_first, judgements, shape_of, tree_source
 
 DEFAULT_K_MAX = 8
@@ -86,6 +91,11 @@ class Source:
     tree: int = 0  # the tree budget that beats every chain, 0 when a chain is best (or trees are not weighed)
     failures: int = 0  # probes in a row that found it still not paying
     wait: int = 0  # rounds (with it on offer) until its next probe, while off
+    # Under the gate: the chance it drafts position i given it drafted those before, and how its
+    # confidence translates into the target's acceptance. ``gated`` once a gated round is seen.
+    passes: Acceptance = field(default_factory=lambda: Acceptance(1.0))
+    calibration: Calibration = field(default_factory=Calibration)
+    gated: bool = False
 
 
 class AdaptiveK:
@@ -94,8 +104,9 @@ class AdaptiveK:
 
     def __init__(self, prior: Prior, k_max: int = DEFAULT_K_MAX, main: str = "draft", probe_k: int = 2,
                  margin: float = 0.05, smoothing: float = 0.2, trees: bool = False, tree_max: int = TREE_MAX,
-                 shape: TreeShape = TreeShape(TREE_MAX)):
+                 shape: TreeShape = TreeShape(TREE_MAX), gating: bool = True):
         self.k_max = max(k_max, prior.k, 1)
+        self.gating = gating  # the learned drafter's chains are gated by its confidence (gate.py)
         self.prior, self.main = prior, main
         self.trees, self.tree_max, self.shape = trees, tree_max, shape  # trees: the main drafter's, weighed too
         self.probe_k, self.margin, self.smoothing = min(probe_k, self.k_max), margin, smoothing
@@ -143,11 +154,19 @@ class AdaptiveK:
         """K for an engine that offers no choice of drafter (the main drafter, or nothing)."""
         return self.plan(0, None, self.main, self.k_max)[0]
 
+    def gate(self, name: str, k: int) -> DraftGate | None:
+        """This round's gate for a chain of at most ``k`` drafts from ``name`` (None: draft all k)."""
+        if not self.gating or name.startswith("lookup") or k < 1:
+            return None
+        source = self._source(name)
+        return DraftGate(tuple(self.verify_s(d) for d in range(k + 1)), self.draft_s(name, 1), self.overhead_s(),
+                         source.calibration.ratio)
+
     def observe(self, event: RoundEvent) -> None:
         drafted = len(event.drafted)
         self.block_s[drafted + 1] = smooth(self.block_s.get(drafted + 1), event.verify_s, self.smoothing)
         self.other_s = smooth(self.other_s, event.other_s, self.smoothing)
-        if drafted:
+        if drafted or event.confidence:
             name = event.source or self.main
             source = self._source(name)
             # A head's catch-up after sitting out is paid once per gap, not per drafted token.
@@ -162,15 +181,23 @@ class AdaptiveK:
                 source.level_s = smooth(source.level_s, drafting / max(shape_of(parents)[0]), self.smoothing)
                 self.trees_used[drafted] += 1
             else:
-                source.acceptance.observe(event.accepted, drafted)
-                source.draft_s_per_token = smooth(source.draft_s_per_token, drafting / drafted, self.smoothing)
+                if drafted:
+                    source.acceptance.observe(event.accepted, drafted)
+                # Per drafter step: a gated draft took one step more than it drafted where the gate stopped it.
+                steps = len(event.confidence) if event.confidence else drafted
+                source.draft_s_per_token = smooth(source.draft_s_per_token, drafting / steps, self.smoothing)
+                if event.confidence is not None:
+                    source.gated = True
+                    source.passes.observe(drafted, len(event.confidence))
+                    source.calibration.observe(event.confidence[:drafted], event.accepted)
+                    self.declined += not drafted
             self.used[name] += 1
         else:
             self.rounds_off += 1
         if event.parents is None:
             self.k_used[event.k] += 1
         self.rounds_seen += 1
-        probed = self.probing if drafted else None
+        probed = self.probing if drafted or event.confidence else None
         if probed:
             self.probes += 1
         self._decide(probed)
@@ -217,11 +244,21 @@ class AdaptiveK:
     def overhead_s(self) -> float:
         return self.other_s if self.other_s is not None and self.one_token_s() is not None else 0.0
 
+    def round(self, name: str, k: int) -> tuple[float, float]:
+        """Expected tokens and seconds of a round of at most K drafts from ``name``: K in full, or
+        as far as its gate lets it go, by the gated rounds seen so far."""
+        source = self._source(name)
+        if source.gated and self.gating:
+            return gated_round(source.passes.rates(k), source.acceptance.rates(k),
+                               [self.verify_s(d) for d in range(k + 1)], self.draft_s(name, 1), self.overhead_s())
+        return source.acceptance.expected(k), self.verify_s(k) + self.draft_s(name, k) + self.overhead_s()
+
     def rate(self, name: str, k: int) -> float:
         """Expected tokens per second (per one-token forward before any measurement)."""
         if k <= 0:
             return self.plain_rate()
-        return self._source(name).acceptance.expected(k) / (self.verify_s(k) + self.draft_s(name, k) + self.overhead_s())
+        tokens, seconds = self.round(name, k)
+        return tokens / seconds
 
     def plain_rate(self) -> float:
         return 1.0 / (self.verify_s(0) + self.overhead_s())
@@ -232,12 +269,9 @@ class AdaptiveK:
 
     def best(self, name: str, cap: int) -> tuple[int, float]:
         """The K ≥ 1 (up to cap) with the highest rate (the smaller K on a tie: less waste)."""
-        overhead, best = self.overhead_s(), (1, float("-inf"))
-        total, survive = 1.0, 1.0
-        for k, accept in enumerate(self._source(name).acceptance.rates(max(cap, 1)), start=1):
-            survive *= accept
-            total += survive
-            rate = total / (self.verify_s(k) + self.draft_s(name, k) + overhead)
+        best = (1, float("-inf"))
+        for k in range(1, min(max(cap, 1), MAX_K) + 1):
+            rate = self.rate(name, k)
             if rate > best[1]:
                 best = (k, rate)
         return best
@@ -279,8 +313,8 @@ class AdaptiveK:
 
     def loss(self, name: str, k: int) -> float:
         """What a round of K drafts costs over what it yields, in plain rounds (0 when it pays)."""
-        cost = (self.verify_s(k) + self.draft_s(name, k) + self.overhead_s()) * self.plain_rate()
-        return max(0.0, cost - self._source(name).acceptance.expected(k))
+        tokens, seconds = self.round(name, k)
+        return max(0.0, seconds * self.plain_rate() - tokens)
 
     @property
     def alpha(self) -> float:
@@ -327,7 +361,7 @@ class AdaptiveK:
             for source in self.sources.values():
                 source.acceptance.forget()
                 source.siblings.forget()
-        self.rounds_off, self.probes = 0, 0
+        self.rounds_off, self.probes, self.declined = 0, 0, 0
         self.k_used: Counter[int] = Counter()
         self.trees_used: Counter[int] = Counter()  # tree rounds by nodes drafted
         self.used: Counter[str] = Counter()
@@ -342,6 +376,7 @@ class AdaptiveK:
             "drafted_by": dict(sorted(self.used.items())),
             "rounds_off": self.rounds_off,
             "probes": self.probes,
+            "gated_off": self.declined,  # rounds where the gate declined the learned drafter's first guess
             "alpha_estimate": round(self.alpha, 4),
             **({"tree_end": 0 if self.off else self._source(self.main).tree,
                 "tree_rounds": sum(self.trees_used.values()),
@@ -369,20 +404,23 @@ class AdaptiveController:
 
     def __init__(self, fallback_k: Callable[[str | None], int], model_drafter: bool,
                  profile: PairProfile | None = None, k_max: int = DEFAULT_K_MAX, main: str = "draft",
-                 trees: bool = False, block_cost: dict[int, float] | None = None, alpha: float | None = None):
+                 trees: bool = False, block_cost: dict[int, float] | None = None, alpha: float | None = None,
+                 gating: bool = True):
         self.fallback_k, self.model_drafter, self.k_max, self.main = fallback_k, model_drafter, k_max, main
+        self.gating = gating
         self.alpha = alpha  # the drafter's recorded acceptance, for scenarios no profile covers
         self.profile, self.trees, self.block_cost = profile, trees, dict(block_cost or {})
         self.schedules: dict[str | None, AdaptiveK] = {}
 
     @classmethod
     def for_pair(cls, pair: PairSpec, profile: PairProfile | None, trees: bool = False,
-                 block_cost: dict[int, float] | None = None, alpha: float | None = None) -> "AdaptiveController":
+                 block_cost: dict[int, float] | None = None, alpha: float | None = None,
+                 gating: bool = True) -> "AdaptiveController":
         """Without a profile, the pair's K per scenario and the drafter's recorded α are the best
         starting point there is."""
         main = pair.drafter.kind if pair.drafter.kind != NGRAM else "lookup"
         return cls(pair.k_for, pair.drafter.kind != NGRAM, profile, main=main, trees=trees, block_cost=block_cost,
-                   alpha=alpha)
+                   alpha=alpha, gating=gating)
 
     def reseed(self, profile: PairProfile | None) -> None:
         self.profile = profile
@@ -398,7 +436,7 @@ class AdaptiveController:
             else:
                 guess = Prior.guess(self.fallback_k(scenario), self.model_drafter, self.alpha)
                 prior = Prior(guess.k, guess.alpha, guess.c, block_cost=self.block_cost, siblings=siblings or SIBLING_PRIOR)
-            self.schedules[scenario] = AdaptiveK(prior, self.k_max, main=self.main, trees=self.trees)
+            self.schedules[scenario] = AdaptiveK(prior, self.k_max, main=self.main, trees=self.trees, gating=self.gating)
         schedule = self.schedules[scenario]
         schedule.begin()
         return schedule

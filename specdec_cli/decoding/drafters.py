@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .acceptance import SamplingParams, distribution
+from .gate import DraftGate, confidence
 from .kv import crop_cache, input_device
 
 
@@ -32,6 +33,9 @@ class Draft:
     source: str = ""  # which drafter proposed it (lookup_source(n), "head", "model"): the controller's key
     catchup_s: float = 0.0  # of the drafting time, a head's catch-up on positions confirmed while it sat out
     parents: tuple[int, ...] | None = None
+    # Under a gate (gate.py): the drafter's confidence at each position it weighed, one past the
+    # last token when the gate stopped it there; its length is the drafter steps the draft took.
+    confidence: list[float] | None = None
 
     @classmethod
     def empty(cls) -> "Draft":
@@ -57,7 +61,9 @@ class Drafter(Protocol):
     def propose(
         self, context: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
-        """Up to ``k`` tokens that might follow ``context`` (1-D token ids, CPU)."""
+        """Up to ``k`` tokens that might follow ``context`` (1-D token ids, CPU). A drafter with a
+        distribution of its own (a model, a head) also takes ``gate=DraftGate``, and stops drafting
+        where the gate finds its next guess not worth verifying (possibly before the first)."""
 
 
 class NgramDrafter:
@@ -159,12 +165,13 @@ class ModelDrafter:
         self.cached_tokens = torch.empty(0, dtype=torch.long)
 
     @torch.inference_mode()
-    def propose(self, context, k, sampling, generator) -> Draft:
+    def propose(self, context, k, sampling, generator, gate: DraftGate | None = None) -> Draft:
         if k <= 0:
             return Draft.empty()
         keep = min(common_prefix(self.cached_tokens, context), context.shape[0] - 1)
         crop_cache(self.cache, keep)
-        draft = autoregress(self._forward(context[keep:]), lambda token: self._forward(token.view(1)), k, sampling, generator)
+        draft = autoregress(self._forward(context[keep:]), lambda token: self._forward(token.view(1)), k, sampling,
+                            generator, gate)
         draft.source = self.name
         self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
         return draft
@@ -180,18 +187,24 @@ class ModelDrafter:
         return logits if self.outside is None else logits.masked_fill(self.outside.to(logits.device), float("-inf"))
 
 
-def autoregress(logits: torch.Tensor, step, k: int, sampling: SamplingParams, generator) -> Draft:
-    """Draft ``k`` tokens from the first row of logits, calling ``step(token)`` for the next row.
+def autoregress(logits: torch.Tensor, step, k: int, sampling: SamplingParams, generator,
+                gate: DraftGate | None = None) -> Draft:
+    """Draft up to ``k`` tokens from the first row of logits, calling ``step(token)`` for the next row.
 
     Greedy takes the argmax; sampling draws from q = distribution(logits) and keeps q for the
-    acceptance test. Shared by every drafter that has logits of its own.
+    acceptance test. With a ``gate``, each guess is first weighed on the drafter's confidence, and
+    drafting stops at the first not worth verifying. Shared by every drafter that has logits of its own.
     """
-    tokens, probs = [], []
+    tokens, probs, confidences = [], [], []
     for i in range(k):
+        q = None if sampling.greedy else distribution(logits, sampling)
+        if gate is not None:
+            confidences.append(confidence(torch.softmax(logits.float(), -1) if sampling.greedy else q))
+            if not gate.worth(confidences):
+                break
         if sampling.greedy:
             token = logits.argmax()
         else:
-            q = distribution(logits, sampling)
             if generator is not None:
                 q = q.to(generator.device)
             token = torch.multinomial(q, 1, generator=generator)[0]
@@ -199,7 +212,10 @@ def autoregress(logits: torch.Tensor, step, k: int, sampling: SamplingParams, ge
         tokens.append(token)
         if i + 1 < k:
             logits = step(token)
-    return Draft(torch.stack(tokens).cpu(), torch.stack(probs) if probs else None)
+    if not tokens:
+        return Draft(torch.empty(0, dtype=torch.long), confidence=confidences)
+    return Draft(torch.stack(tokens).cpu(), torch.stack(probs) if probs else None,
+                 confidence=confidences if gate is not None else None)
 
 
 def vocab_mask(allowed: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -41,9 +41,10 @@ class RoundEvent:
     verify_s: float
     finished: bool
     logits: torch.Tensor | None = field(default=None, repr=False)  # raw target rows for `emitted`, on request
-    source: str = ""  # the drafter that drafted (Draft.source); "" when nothing was drafted
+    source: str = ""  # the drafter that drafted (Draft.source); "" when none was asked (or none drafted ungated)
     other_s: float = 0.0  # the round's bookkeeping after verifying (cache crop, features, the schedule's own work)
     catchup_s: float = 0.0  # part of draft_s: a head catching up after rounds without it (paid once per gap)
+    confidence: list[float] | None = None  # under a gate: the drafter's confidence per position weighed (Draft)
     # A tree round (tree.py): ``drafted`` are its nodes, ``parents`` their parents as block indices
     # (0 the root), ``accepted`` the length of the kept path, ``turned_down`` the children of the
     # path's last node, every one of which the target tested and refused. None for a chain.
@@ -194,8 +195,9 @@ class SpeculativeEngine:
             crop_cache(cache, tokens.shape[0] - 1)
             self._hand_features(out, len(emitted))  # the block's first len(emitted) positions stay cached
             event = RoundEvent(
-                source=draft.source if len(draft) else "",
+                source=draft.source if len(draft) or draft.confidence else "",
                 catchup_s=draft.catchup_s,
+                confidence=draft.confidence,
                 k=want,
                 drafted=draft.tokens.tolist(),
                 accepted=min(accepted, len(emitted)),  # drafts past an EOS or the budget were not used
@@ -309,9 +311,11 @@ class SpeculativeEngine:
         if source != learned:
             raise ValueError(f"schedule chose drafter {source!r} for {want} tokens; offered {offer.source!r} "
                              f"({len(offer)} tokens) and {learned!r}")
-        draft = self._learned.propose(tokens, want, sampling, generator)
+        # A schedule may gate the draft: the drafter stops where its guesses stop paying (gate.py).
+        gate = schedule.gate(source, want) if hasattr(schedule, "gate") else None
+        draft = self._learned.propose(tokens, want, sampling, generator, **({"gate": gate} if gate else {}))
         return want, Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source,
-                           draft.catchup_s)
+                           draft.catchup_s, confidence=draft.confidence)
 
     def _draft(self, tokens, want, sampling, generator) -> Draft:
         if want == 0 or self.drafter is None:

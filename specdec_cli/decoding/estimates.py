@@ -63,6 +63,28 @@ class Acceptance:
         self.trials = [t * share for t in self.trials]
 
 
+@dataclass
+class Calibration:
+    """How often the target keeps a drafter's guesses per unit of the drafter's own confidence in
+    them: Σ kept / Σ confidence over judged draft tokens, discounted, and shrunk towards 1 (taking
+    the drafter at its word) by ``weight`` pseudo-tokens until rounds say otherwise."""
+
+    weight: float = 4.0
+    memory: float = 0.98
+    kept: float = 0.0
+    confident: float = 0.0
+
+    def observe(self, confidences: list[float], accepted: int) -> None:
+        """The drafted tokens' confidences; the first ``accepted`` were kept, the next one (if any) not."""
+        for i, value in enumerate(confidences[: accepted + 1]):
+            self.kept = self.kept * self.memory + (i < accepted)
+            self.confident = self.confident * self.memory + value
+
+    @property
+    def ratio(self) -> float:
+        return min(max((self.kept + self.weight) / (self.confident + self.weight), 0.25), 2.0)
+
+
 SIBLING_PRIOR = (0.12, 0.06, 0.04)  # ranks 1, 2, 3: a guess for a weak head (α ≈ 0.3), soon replaced
 
 

@@ -38,6 +38,7 @@ from ..pairs.meta import META_FILE, read_meta, write_meta
 from ..pairs.quantize import QUANTISED, output_weight, quantise_model, quantised_weight
 from ..pairs.rowwise_attention import ROWWISE_UP_TO
 from .drafters import Draft, autoregress, common_prefix
+from .gate import DraftGate
 from .kv import crop_cache
 from .tree import TreeShape, best_nodes
 
@@ -244,7 +245,7 @@ class HeadDrafter:
         return guess, caught_up
 
     @torch.inference_mode()
-    def propose(self, context, k, sampling, generator) -> Draft:
+    def propose(self, context, k, sampling, generator, gate: DraftGate | None = None) -> Draft:
         n = context.shape[0]
         if k <= 0:
             return Draft.empty()
@@ -257,7 +258,7 @@ class HeadDrafter:
             position[0] += 1
             return self._logits(guess)
 
-        draft = autoregress(self._logits(guess), step, k, sampling, generator)
+        draft = autoregress(self._logits(guess), step, k, sampling, generator, gate)
         draft.source, draft.catchup_s = self.name, caught_up
         self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
         return draft

@@ -45,10 +45,10 @@ class Runtime:
     def eos_token_ids(self) -> set[int]:
         return eos_ids(self.target.tokenizer, self.target.model.generation_config)
 
-    def controller(self, profile: PairProfile | None, trees: bool = False) -> AdaptiveController:
+    def controller(self, profile: PairProfile | None, trees: bool = False, gating: bool = True) -> AdaptiveController:
         """The adaptive controller for this pair, seeded from ``profile``, else from the block costs
-        and the drafter's recorded acceptance."""
-        return AdaptiveController.for_pair(self.pair, profile, trees, self.verify_costs(), self.expected_alpha())
+        and the drafter's recorded acceptance; ``gating``: the learned drafter's confidence gate."""
+        return AdaptiveController.for_pair(self.pair, profile, trees, self.verify_costs(), self.expected_alpha(), gating)
 
     def expected_alpha(self) -> float | None:
         """The default drafter's acceptance on prompts it never saw, as its metadata records it

@@ -8,7 +8,8 @@ plain's: a speed-up with different output is not a speed-up.
 Each mode takes the pair's drafter of its kind (``Runtime.drafter_of``), not only the default one:
 a pair drafted by n-gram lookup by default still benches its draft model and its draft head.
 ``auto`` is `generate -k auto`: the default drafter, K chosen round by round, seeded from the
-pair's calibration profile (read, never written).
+pair's calibration profile (read, never written); ``auto-ungated`` the same without the learned
+drafter's confidence gate (gate.py: every round drafts the K chosen), to see what the gate gives.
 
 ``MODE@RULE`` runs a mode under a lossy acceptance rule (``head:3@top:3``); its lossless twin runs
 beside it, interleaved, and ``lossy.py`` reports what the rule cost. With ``samples`` > 1 each prompt
@@ -40,12 +41,14 @@ from ..prompts import Prompt
 from . import lossy
 
 MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto",
-              "auto+tree", "tree", "ngram+tree")
+              "auto-ungated", "auto+tree", "tree", "ngram+tree")
 # run by this loop; the others by transformers' generate
-ENGINE_KINDS = ("plain", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto", "auto+tree", "tree", "ngram+tree")
+ENGINE_KINDS = ("plain", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto", "auto-ungated", "auto+tree", "tree",
+                "ngram+tree")
 TREE_KINDS = ("tree", "ngram+tree")  # the pair's head drafting trees of at most K nodes
-AUTO_KINDS = ("auto", "auto+tree")  # adaptive K; auto+tree weighs the head's trees too (`generate --tree auto`)
-WITHOUT_K = ("plain", "hf-plain", "auto", "auto+tree")
+# adaptive K; auto+tree weighs the head's trees too (`generate --tree auto`), auto-ungated drafts without the gate
+AUTO_KINDS = ("auto", "auto-ungated", "auto+tree")
+WITHOUT_K = ("plain", "hf-plain", *AUTO_KINDS)
 DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "ngram": NGRAM, "hf-lookup": NGRAM,
                    "ngram+spec": MODEL, "ngram+head": HEAD, "tree": HEAD, "ngram+tree": HEAD}
 NEEDS = {MODEL: "a draft model", HEAD: "a draft head"}
@@ -95,7 +98,7 @@ def parse_modes(text: str) -> list[Mode]:
                             "ngram+spec, ngram+head, auto), not to plain decoding or transformers' generate")
         if kind not in MODE_KINDS:
             raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, "
-                            "head:K, ngram+spec:K, ngram+head:K, tree:N, ngram+tree:N, auto, auto+tree")
+                            "head:K, ngram+spec:K, ngram+head:K, tree:N, ngram+tree:N, auto, auto-ungated, auto+tree")
         if kind in WITHOUT_K:
             if k:
                 raise UserError(f"mode {kind!r} takes no K")
@@ -162,7 +165,7 @@ class Bench:
             if trees and self.runtime.pair.drafter.kind != HEAD:
                 raise UserError(f"mode {mode} needs a pair drafted by its head; "
                                 f"pair {self.runtime.pair.name!r} drafts with {self.runtime.pair.drafter.kind!r}")
-            controller = self.runtime.controller(self.profile, trees)
+            controller = self.runtime.controller(self.profile, trees, gating=mode.kind != "auto-ungated")
             return lambda ids, prompt, seed: self._run_engine(engine, controller.schedule(prompt.scenario), ids, prompt,
                                                               seed, mode.rule)
         if mode.kind in ENGINE_KINDS:
@@ -371,7 +374,9 @@ def report(samples: dict[Mode, list[Sample]], draws: int = 1, seed: int = 0) -> 
             result["mean_nodes"] = round(drafted / rounds, 3) if rounds else 0.0  # draft nodes verified per round
             result["tree_rounds"] = sum(s.tree_rounds for s in chosen)
         if mode.kind in AUTO_KINDS:
+            # The K chosen is a ceiling: the confidence gate may draft fewer (mean_drafted).
             result["mean_k"] = round(sum(s.k_total for s in chosen) / rounds, 3) if rounds else 0.0
+            result["mean_drafted"] = round(drafted / rounds, 3) if rounds else 0.0
         if mode.kind in ENGINE_KINDS and drafted and one_token_s > 0:
             alpha = sum(s.accepted for s in chosen) / max(sum(s.judged for s in chosen), 1)
             verify_cost = sum(s.verify_s for s in chosen) / rounds / one_token_s
