@@ -9,8 +9,9 @@ from exactness import PROMPT as SMALL_PROMPT
 from exactness import VOCAB, assert_same_distribution, exact_two_token_distribution, sampled_pairs, small_models
 
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.adaptive import AdaptiveController, AdaptiveK, Prior, sibling_prior
+from specdec_cli.decoding.adaptive import AdaptiveK, Prior
 from specdec_cli.decoding.blocks import relative_costs
+from specdec_cli.decoding.controller import AdaptiveController, sibling_prior
 from specdec_cli.decoding.drafters import LookupFirst
 from specdec_cli.decoding.engine import RoundEvent, SpeculativeEngine
 from specdec_cli.decoding.estimates import Acceptance, Siblings

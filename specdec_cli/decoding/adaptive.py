@@ -1,29 +1,28 @@
 """Adaptive speculation: a KSchedule that decides each round which drafter drafts, and how much.
 
-Per scenario it keeps, for every drafter it has seen (prompt lookup on a match of two or more
-tokens, on a one-token match, and the learned drafter: estimates.py), acceptance by draft position
-and draft cost, and for the target the verify seconds of each block size and a round's bookkeeping;
-all measured round by round (greedy or sampling: the transform and the residual draw are part of
-the verify time), seeded from the calibration profile. Before each round it is shown lookup's match
-(free to find) and picks whichever of that match (K capped by its length), the learned drafter, or
-plain decoding promises the most tokens per second. A drafter predicted slower than plain decoding
-is off — it costs nothing then: no draft forward, and the head only keeps the target's features
-(head.py) — and is probed now and then, as rarely as keeps probing under 1 % of plain speed, with
-back-off while probes keep failing. The learned drafter's K is a ceiling: each round a gate
-(gate.py), filled in from these estimates, stops it where its own confidence says the next guess
-will not pay, and the gated rounds' statistics (how far the gate lets it go) enter the estimate
-of what the drafter yields. Driven by round events only: no models, no clocks, no files.
+For one scenario (controller.py keeps one per scenario) it keeps, for every drafter it has seen
+(prompt lookup on a match of two or more tokens, on a one-token match, and the learned drafter:
+estimates.py), acceptance by draft position and draft cost, and for the target the verify seconds
+of each block size and a round's bookkeeping; all measured round by round (greedy or sampling: the
+transform and the residual draw are part of the verify time), seeded from the calibration profile.
+Before each round it is shown lookup's match (free to find) and picks whichever of that match (K
+capped by its length), the learned drafter, or plain decoding promises the most tokens per second.
+A drafter predicted slower than plain decoding is off — it costs nothing then: no draft forward,
+and the head only keeps the target's features (head.py) — and is probed now and then, as rarely as
+keeps probing under 1 % of plain speed, with back-off while probes keep failing. The learned
+drafter's K is a ceiling: each round a gate (gate.py), filled in from these estimates, stops it
+where its own confidence says the next guess will not pay, and the gated rounds' statistics (how
+far the gate lets it go) enter the estimate of what the drafter yields. Driven by round events
+only: no models, no clocks, no files.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..limits import MAX_K
-from ..pairs.profile import PairProfile, ScenarioProfile
-from ..pairs.registry import NGRAM, PairSpec
+from ..pairs.profile import ScenarioProfile
 from .engine import RoundEvent
 from .estimates import SIBLING_PRIOR, Acceptance, Calibration, Siblings, probe_wait, smooth
 from .gate import DraftGate, gated_round
@@ -392,66 +391,3 @@ class AdaptiveK:
             parts.append(f"{name} {what} (α≈{alpha:.2f})" if source.on
                          else f"{name} off (α≈{alpha:.2f}, probe in {max(source.wait, 0)})")
         return "auto: " + ", ".join(parts)
-
-
-class AdaptiveController:
-    """One AdaptiveK per scenario, seeded from the pair's profile; a new profile re-seeds them.
-
-    ``trees``: the main drafter (a draft head) may also draft trees, weighed against its chains.
-    ``block_cost``: verify costs by K from the block-cost cache (blocks.relative_costs), for the
-    block sizes the profile did not measure (a tree's, mostly).
-    """
-
-    def __init__(self, fallback_k: Callable[[str | None], int], model_drafter: bool,
-                 profile: PairProfile | None = None, k_max: int = DEFAULT_K_MAX, main: str = "draft",
-                 trees: bool = False, block_cost: dict[int, float] | None = None, alpha: float | None = None,
-                 gating: bool = True):
-        self.fallback_k, self.model_drafter, self.k_max, self.main = fallback_k, model_drafter, k_max, main
-        self.gating = gating
-        self.alpha = alpha  # the drafter's recorded acceptance, for scenarios no profile covers
-        self.profile, self.trees, self.block_cost = profile, trees, dict(block_cost or {})
-        self.schedules: dict[str | None, AdaptiveK] = {}
-
-    @classmethod
-    def for_pair(cls, pair: PairSpec, profile: PairProfile | None, trees: bool = False,
-                 block_cost: dict[int, float] | None = None, alpha: float | None = None,
-                 gating: bool = True) -> "AdaptiveController":
-        """Without a profile, the pair's K per scenario and the drafter's recorded α are the best
-        starting point there is."""
-        main = pair.drafter.kind if pair.drafter.kind != NGRAM else "lookup"
-        return cls(pair.k_for, pair.drafter.kind != NGRAM, profile, main=main, trees=trees, block_cost=block_cost,
-                   alpha=alpha, gating=gating)
-
-    def reseed(self, profile: PairProfile | None) -> None:
-        self.profile = profile
-        self.schedules.clear()
-
-    def schedule(self, scenario: str | None) -> AdaptiveK:
-        """The scenario's controller, counters reset for a new prompt."""
-        if scenario not in self.schedules:
-            section = self.profile.for_scenario(scenario) if self.profile else None
-            siblings = sibling_prior(self.profile, scenario)
-            if section:
-                prior = Prior.from_section(section, self.block_cost, siblings)
-            else:
-                guess = Prior.guess(self.fallback_k(scenario), self.model_drafter, self.alpha)
-                prior = Prior(guess.k, guess.alpha, guess.c, block_cost=self.block_cost, siblings=siblings or SIBLING_PRIOR)
-            self.schedules[scenario] = AdaptiveK(prior, self.k_max, main=self.main, trees=self.trees, gating=self.gating)
-        schedule = self.schedules[scenario]
-        schedule.begin()
-        return schedule
-
-
-def sibling_prior(profile: PairProfile | None, scenario: str | None) -> tuple[float, ...] | None:
-    """The acceptance of a tree's rank-1, 2, 3 children that calibrate-k measured (kept in the profile's
-    settings under ``tree``: per scenario, ``siblings``), or None."""
-    found = (profile.settings.get("tree") or {}) if profile else {}
-    scenarios = found.get("scenarios") if isinstance(found, dict) else None
-    if not isinstance(scenarios, dict):
-        return None
-    section = scenarios.get(scenario or "default") or scenarios.get("overall") or {}
-    values = section.get("siblings") if isinstance(section, dict) else None
-    try:
-        return tuple(min(max(float(v), 0.0), 1.0) for v in values) if values else None
-    except (TypeError, ValueError):
-        return None

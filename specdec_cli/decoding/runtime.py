@@ -16,8 +16,8 @@ from ..pairs.meta import read_meta
 from ..pairs.profile import PairProfile
 from ..pairs.registry import MISSING, DrafterSpec, PairSpec
 from ..pairs.tokenization import check_compatible, eos_ids
-from .adaptive import AdaptiveController
 from .blocks import cached_costs, plan, relative_costs
+from .controller import AdaptiveController
 from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
 from .head import HeadDrafter, HeadTree, load_head

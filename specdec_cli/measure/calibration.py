@@ -379,7 +379,7 @@ def tree_findings(measured: Measurements, scenarios: dict[str, ScenarioResult]) 
 def tree_setting(measured: Measurements, found: dict[str, list[TreeFigures]], results: dict[str, ScenarioResult]) -> dict:
     """What the profile keeps of a tree sweep (under its settings, ``tree``): per scenario the best
     budget, its speed-up and tokens per round, whether it beat the best chain, and the sibling
-    acceptance over every budget's rounds, which seeds the adaptive controller (``adaptive.sibling_prior``)."""
+    acceptance over every budget's rounds, which seeds the adaptive controller (``controller.sibling_prior``)."""
     kept = {}
     for name, figures in found.items():
         pooled = Tally()

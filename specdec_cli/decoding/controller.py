@@ -1,0 +1,75 @@
+"""One adaptive controller per scenario (adaptive.AdaptiveK), seeded from the pair's calibration
+profile, or from the pair's K and its drafter's recorded acceptance where no profile covers it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..pairs.profile import PairProfile
+from ..pairs.registry import NGRAM, PairSpec
+from .adaptive import DEFAULT_K_MAX, AdaptiveK, Prior
+from .estimates import SIBLING_PRIOR
+
+
+class AdaptiveController:
+    """One AdaptiveK per scenario, seeded from the pair's profile; a new profile re-seeds them.
+
+    ``trees``: the main drafter (a draft head) may also draft trees, weighed against its chains.
+    ``block_cost``: verify costs by K from the block-cost cache (blocks.relative_costs), for the
+    block sizes the profile did not measure (a tree's, mostly).
+    """
+
+    def __init__(self, fallback_k: Callable[[str | None], int], model_drafter: bool,
+                 profile: PairProfile | None = None, k_max: int = DEFAULT_K_MAX, main: str = "draft",
+                 trees: bool = False, block_cost: dict[int, float] | None = None, alpha: float | None = None,
+                 gating: bool = True):
+        self.fallback_k, self.model_drafter, self.k_max, self.main = fallback_k, model_drafter, k_max, main
+        self.gating = gating
+        self.alpha = alpha  # the drafter's recorded acceptance, for scenarios no profile covers
+        self.profile, self.trees, self.block_cost = profile, trees, dict(block_cost or {})
+        self.schedules: dict[str | None, AdaptiveK] = {}
+
+    @classmethod
+    def for_pair(cls, pair: PairSpec, profile: PairProfile | None, trees: bool = False,
+                 block_cost: dict[int, float] | None = None, alpha: float | None = None,
+                 gating: bool = True) -> "AdaptiveController":
+        """Without a profile, the pair's K per scenario and the drafter's recorded α are the best
+        starting point there is."""
+        main = pair.drafter.kind if pair.drafter.kind != NGRAM else "lookup"
+        return cls(pair.k_for, pair.drafter.kind != NGRAM, profile, main=main, trees=trees, block_cost=block_cost,
+                   alpha=alpha, gating=gating)
+
+    def reseed(self, profile: PairProfile | None) -> None:
+        self.profile = profile
+        self.schedules.clear()
+
+    def schedule(self, scenario: str | None) -> AdaptiveK:
+        """The scenario's controller, counters reset for a new prompt."""
+        if scenario not in self.schedules:
+            section = self.profile.for_scenario(scenario) if self.profile else None
+            siblings = sibling_prior(self.profile, scenario)
+            if section:
+                prior = Prior.from_section(section, self.block_cost, siblings)
+            else:
+                guess = Prior.guess(self.fallback_k(scenario), self.model_drafter, self.alpha)
+                prior = Prior(guess.k, guess.alpha, guess.c, block_cost=self.block_cost, siblings=siblings or SIBLING_PRIOR)
+            self.schedules[scenario] = AdaptiveK(prior, self.k_max, main=self.main, trees=self.trees, gating=self.gating)
+        schedule = self.schedules[scenario]
+        schedule.begin()
+        return schedule
+
+
+def sibling_prior(profile: PairProfile | None, scenario: str | None) -> tuple[float, ...] | None:
+    """The acceptance of a tree's rank-1, 2, 3 children that calibrate-k measured (kept in the profile's
+    settings under ``tree``: per scenario, ``siblings``), or None."""
+    found = (profile.settings.get("tree") or {}) if profile else {}
+    scenarios = found.get("scenarios") if isinstance(found, dict) else None
+    if not isinstance(scenarios, dict):
+        return None
+    section = scenarios.get(scenario or "default") or scenarios.get("overall") or {}
+    values = section.get("siblings") if isinstance(section, dict) else None
+    try:
+        return tuple(min(max(float(v), 0.0), 1.0) for v in values) if values else None
+    except (TypeError, ValueError):
+        return None
