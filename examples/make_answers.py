@@ -13,6 +13,10 @@ and task types, seeded; paragraphs and sentences it writes become summarise / re
 translate / rewrite prompts. Its replies to those requests are target text too and are kept as
 answers. Stage 3 answers examples/train-prompts.jsonl (the templates) and the new prompts: greedy,
 and sampled at temperature 0.8 for the new ones. No text from outside the project.
+
+Round 2 (session 8) asks again, with another seed and five more kinds of request (compare, advice,
+list, email, fact), and composes long contexts from two of the target's paragraphs on one topic. Its
+requests, prompts (ids ``gen2-``) and answers come after round 1's shards, which stay as they were.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ TOPICS = [
 ]
 LANGUAGES = ["Python", "JavaScript", "Java", "C", "C++", "Go", "Rust", "SQL", "Bash", "TypeScript"]
 HUMAN_LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese"]
+MORE_LANGUAGES = ["Dutch", "Swedish", "Polish", "Turkish", "Russian", "Japanese", "Chinese"]  # round 2 adds these
 KINDS = {  # what the target is asked to write; the reply is a request unless composed later
     "question": "Write one question that a curious person might ask an AI assistant about {topic}. Reply with the question only.",
     "chat": "Write a short, casual message that someone might send to a friendly chatbot about {topic}. Reply with the message only.",
@@ -73,19 +78,31 @@ KINDS = {  # what the target is asked to write; the reply is a request unless co
     "sentence": "Write one interesting sentence about {topic}.",
     "function": "Write a short {lang} function related to {topic}, with no explanation.",
 }
+NEW_KINDS = {  # round 2
+    "compare": "Write a request asking an assistant to compare two things related to {topic}. Reply with the request only.",
+    "advice": "Write a message in which someone asks an assistant for advice on a problem with {topic}. Reply with the message only.",
+    "list": "Write a request asking an assistant for a short list of tips or ideas about {topic}. Reply with the request only.",
+    "email": "Write a request asking an assistant to draft a short email or note about {topic}. Reply with the request only.",
+    "fact": "Write a short factual question about {topic} that has a one-line answer. Reply with the question only.",
+}
+ROUNDS = {1: KINDS, 2: {**KINDS, **NEW_KINDS}}
 
 
-def meta_prompts() -> list[dict]:
-    rng = random.Random(SEED)
+def meta_prompts(round_: int = 1) -> list[dict]:
+    rng = random.Random(SEED + round_ - 1)
+    prefix = "req" if round_ == 1 else f"req{round_}"
     rows = []
     for topic in TOPICS:
-        for kind, template in KINDS.items():
-            for copy in range(1):
-                lang = rng.choice(LANGUAGES if kind == "code" else ["Python", "JavaScript", "Python", "C", "Go"])
-                rows.append({"id": f"req-{kind}-{len(rows)}", "kind": kind, "topic": topic,
-                             "text": template.format(topic=topic, lang=lang)})
+        for kind, template in ROUNDS[round_].items():
+            lang = rng.choice(LANGUAGES if kind == "code" else ["Python", "JavaScript", "Python", "C", "Go"])
+            rows.append({"id": f"{prefix}-{kind}-{len(rows)}", "kind": kind, "topic": topic,
+                         "text": template.format(topic=topic, lang=lang)})
     rng.shuffle(rows)
     return rows
+
+
+def shards_of(rows: list[dict]) -> list[list[dict]]:
+    return [rows[i : i + SHARD] for i in range(0, len(rows), SHARD)]
 
 
 def run_shards(directory: Path, jobs: list[list[dict]], minutes: float, settings: AnswerSettings, sampled_of,
@@ -117,61 +134,83 @@ def run_shards(directory: Path, jobs: list[list[dict]], minutes: float, settings
 
 
 def stage_requests(minutes: float) -> None:
-    rows = meta_prompts()
-    jobs = [rows[i : i + SHARD] for i in range(0, len(rows), SHARD)]
+    jobs = [job for round_ in ROUNDS for job in shards_of(meta_prompts(round_))]  # round 2's shards after round 1's
     settings = AnswerSettings(max_new_tokens=96, temperature=0.9, batch_size=SHARD)
     # Sampled only: variety is the point here.
     run_shards(OUT / "requests", jobs, minutes, settings, sampled_of=lambda row: True, greedy=False)
 
 
 def stage_prompts() -> None:
-    """Requests → prompts.jsonl: cleaned, de-duplicated (also against the template, bench and unseen files)."""
+    """Requests → prompts.jsonl: cleaned, de-duplicated (also against the template, bench and unseen
+    files), round by round: round 1's prompts come out as they always did, round 2's follow."""
     from transformers import AutoTokenizer  # the target's tokenizer, without loading the target
 
     pair = load_registry(None).pair(None)
     tokenizer = AutoTokenizer.from_pretrained(str(_converted_dir(pair)))
-    by_id = {row["id"]: row for row in meta_prompts()}
-    replies: dict[str, list[str]] = {}
+    by_id = {row["id"]: row for round_ in ROUNDS for row in meta_prompts(round_)}
+    replies: dict[int, dict[str, list]] = {round_: {} for round_ in ROUNDS}
     for row in read_shards(OUT / "requests"):
         if row["kind"] != "sampled":
             continue
         text = tokenizer.decode(row["ids"][row["start"] :], skip_special_tokens=True).strip()
-        replies.setdefault(by_id[row["id"]]["kind"], []).append((row["id"], text))
-    rng = random.Random(SEED)
+        round_ = 1 if row["id"].startswith("req-") else int(row["id"].split("-")[0][3:])
+        replies[round_].setdefault(by_id[row["id"]]["kind"], []).append((row["id"], text))
     seen = set()
     for path in (HERE / "train-prompts.jsonl", HERE.parent / "benchmarks" / "unseen-prompts.jsonl",
                  HERE.parent / "benchmarks" / "bench-prompts.jsonl"):
         seen |= {dedup_key(p.text) for p in read_file(path)}
-    prompts = []
+    prompts: list[dict] = []
+    paragraphs: dict[str, list[str]] = {}  # topic → the target's paragraphs so far (round 2 pairs them)
+    for round_ in ROUNDS:
+        compose(round_, replies[round_], by_id, seen, prompts, paragraphs)
+    (OUT / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    counts = {}
+    for p in prompts:
+        counts[p["scenario"]] = counts.get(p["scenario"], 0) + 1
+    print(f"{len(prompts)} prompts: {counts}")
+
+
+def compose(round_: int, replies: dict[str, list], by_id: dict, seen: set, prompts: list[dict],
+            paragraphs: dict[str, list[str]]) -> None:
+    """One round's replies → prompts appended to ``prompts`` (ids gen-N in round 1, gen2-N in round 2)."""
+    rng = random.Random(SEED + round_ - 1)
+    prefix, first = ("gen" if round_ == 1 else f"gen{round_}"), len(prompts)
 
     def add(kind: str, text: str, source: str) -> None:
         if dedupe([text], seen):
-            prompts.append({"id": f"gen-{len(prompts)}", "prompt": text, "scenario": kind, "from": source})
+            prompts.append({"id": f"{prefix}-{len(prompts) - first}", "prompt": text, "scenario": kind, "from": source})
 
     questions = []
-    for kind in ("question", "chat", "explain", "howto", "code", "math", "creative"):
+    asking = ("question", "chat", "explain", "howto", "code", "math", "creative") + (tuple(NEW_KINDS) if round_ > 1 else ())
+    for kind in asking:
         for source, text in replies.get(kind, []):
-            first = text.split("\n\n")[0].strip()
-            cleaned = clean_request(first)
+            first_part = text.split("\n\n")[0].strip()
+            cleaned = clean_request(first_part)
             if cleaned:
                 add(kind, cleaned, source)
-                if kind == "question":
+                if kind in ("question", "fact"):
                     questions.append((by_id[source]["topic"], cleaned))
     for source, text in replies.get("paragraph", []):
         if clean_request(text, 150, 1500):
             topic = by_id[source]["topic"]
             asked = [q for t, q in questions if t == topic]
+            earlier = paragraphs.setdefault(topic, [])
             choice = rng.random()
-            if asked and choice < 0.5:
+            if round_ > 1 and asked and earlier and choice < 0.35:
+                context = "\n\n".join(rng.sample([text, earlier[0]], 2))
+                add("long-context", f"{context}\n\nUsing the two texts above, answer this: {rng.choice(asked)}", source)
+            elif asked and choice < 0.5:
                 add("long-context", f"{text}\n\nUsing the text above, answer this: {rng.choice(asked)}", source)
             else:
                 add("summarise", rng.choice(["Summarize this paragraph in two sentences:", "Give the main points of this text:",
                                             "TL;DR this for me please:"]) + f"\n\n{text}", source)
+            earlier.append(text)
+    languages = HUMAN_LANGUAGES + (MORE_LANGUAGES if round_ > 1 else [])
     for source, text in replies.get("sentence", []):
         sentence = clean_request(text.split("\n")[0], 20, 300)
         if sentence:
             if rng.random() < 0.6:
-                add("translate", f"Translate into {rng.choice(HUMAN_LANGUAGES)}: {sentence}", source)
+                add("translate", f"Translate into {rng.choice(languages)}: {sentence}", source)
             else:
                 add("rewrite", rng.choice(["Rewrite this sentence in a formal tone:", "Make this sentence simpler:",
                                           "Paraphrase this:"]) + f" {sentence}", source)
@@ -179,11 +218,6 @@ def stage_prompts() -> None:
         if ("def " in text or "function" in text or "{" in text) and clean_request(text, 40, 1200):
             add("code-edit", rng.choice(["Add comments to this code:", "Is there a bug in this code?",
                                         "Make this code shorter:", "Explain this code:"]) + f"\n\n{text}", source)
-    (OUT / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    counts = {}
-    for p in prompts:
-        counts[p["scenario"]] = counts.get(p["scenario"], 0) + 1
-    print(f"{len(prompts)} prompts: {counts}")
 
 
 def _converted_dir(pair) -> Path:
@@ -196,9 +230,13 @@ def _converted_dir(pair) -> Path:
 def stage_answers(minutes: float) -> None:
     templates = [{"id": f"tpl-{p.id}", "text": p.text, "new": False} for p in read_file(HERE / "train-prompts.jsonl")]
     generated = [{"id": p.id, "text": p.text, "new": True} for p in read_file(OUT / "prompts.jsonl")]
-    rows = templates + generated
-    random.Random(SEED).shuffle(rows)
-    jobs = [rows[i : i + SHARD] for i in range(0, len(rows), SHARD)]
+    first = templates + [row for row in generated if row["id"].startswith("gen-")]
+    random.Random(SEED).shuffle(first)
+    jobs = shards_of(first)  # round 1's shards as they were; each later round's after them
+    for round_ in list(ROUNDS)[1:]:
+        later = [row for row in generated if row["id"].startswith(f"gen{round_}-")]
+        random.Random(SEED + round_ - 1).shuffle(later)
+        jobs += shards_of(later)
     settings = AnswerSettings(max_new_tokens=128, temperature=0.8, batch_size=SHARD)
     run_shards(OUT / "answers", jobs, minutes, settings, sampled_of=lambda row: row["new"])
 

@@ -212,11 +212,18 @@ def heldout_prompts(ids: list[str]) -> list[dict]:
 
 
 def warm_start(head: DraftHead, directory: Path) -> None:
-    """Start from a trained head's fc and decoder layer; a fused head's ``fuse`` starts by passing
-    the last hidden state through (so step 0 drafts exactly as that head did)."""
+    """Start from a trained head's fc and decoder layer, and its ``fuse`` where it read the same
+    hidden states; else a fused head's ``fuse`` starts by passing the last hidden state through
+    (so step 0 drafts exactly as that head did)."""
     from safetensors.torch import load_file
 
+    from specdec_cli.pairs.meta import read_meta
+
     state = load_file(directory / "head.safetensors")
+    layers = tuple((read_meta(directory) or {}).get("feature_layers", (-1,)))
+    if layers == head.feature_layers and head.fuse is not None:
+        head.load_state_dict(state)  # the same features: everything carries over
+        return
     state = {k: v for k, v in state.items() if not k.startswith("fuse.")}
     missing, unexpected = head.load_state_dict(state, strict=False)
     assert not unexpected and all(k.startswith("fuse.") for k in missing), (missing, unexpected)
