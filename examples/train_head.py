@@ -201,13 +201,14 @@ def heldout_prompts(ids: list[str]) -> list[dict]:
     """The held-out prompts as a prompt file (to benchmark on what the head never saw): templates
     (``tpl-``), the prompts composed from the target's requests (``gen-``), and the request-writing
     prompts themselves (``req-``)."""
-    from make_answers import meta_prompts
+    from make_answers import ROUNDS, meta_prompts
 
     known = {f"tpl-{p.id}": {"prompt": p.text, "scenario": p.scenario} for p in read_file(HERE / "train-prompts.jsonl")}
     for line in (ANSWERS / "prompts.jsonl").read_text().splitlines():
         row = json.loads(line)
         known[row["id"]] = {"prompt": row["prompt"], "scenario": row["scenario"]}
-    known.update({row["id"]: {"prompt": row["text"], "scenario": "request-writing"} for row in meta_prompts()})
+    known.update({row["id"]: {"prompt": row["text"], "scenario": "request-writing"}
+                  for round_ in ROUNDS for row in meta_prompts(round_)})
     return [{"id": i, **known[i]} for i in ids]
 
 
