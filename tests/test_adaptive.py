@@ -151,6 +151,25 @@ def test_acceptance_by_position_shrinks_unseen_positions_to_the_one_before():
     assert acceptance.expected(3) == pytest.approx(1 + first + first * second + first * second * third)
 
 
+def test_a_prior_by_position_replaces_borrowing_until_rounds_say_otherwise():
+    acceptance = Acceptance(prior=0.2, positions=(0.2, 0.6))
+    assert acceptance.rates(3) == pytest.approx([0.2, 0.6, 0.6])  # past the known positions: borrows
+    for _ in range(50):
+        acceptance.observe(accepted=2, drafted=2)
+    assert acceptance.rates(2)[0] > 0.9 and acceptance.rates(2)[1] > 0.9
+
+
+def test_a_one_token_lookup_match_starts_off_and_a_longer_one_on_beside_a_learned_drafter():
+    """Replayed on the target's answers a one-token match's first guess held 19 % of the time: below
+    break-even, so it waits for a probe instead of costing the first rounds of every prompt."""
+    schedule = AdaptiveK(Prior(3, 0.5, 0.2, {1: 1.22, 2: 1.34, 3: 1.57, 4: 2.17}), main="head")  # a CPU's
+    assert schedule.plan(3, "lookup-1", "head", 8) == (3, "head")
+    assert not schedule.sources["lookup-1"].on and schedule.sources["lookup-1"].wait >= 4
+    assert schedule.sources["lookup-1"].acceptance.rates(2) == pytest.approx(Prior.lookup_rates("lookup-1")[:2])
+    schedule.plan(3, "lookup", "head", 8)
+    assert schedule.sources["lookup"].on
+
+
 def test_controller_keeps_one_schedule_per_scenario_and_reseeds_from_a_new_profile():
     def profile(code_k):
         section = ScenarioProfile(k=code_k, verdict=SPECULATE, best_k=code_k, speedup=1.5, alpha=0.8, c=0.0,

@@ -15,9 +15,12 @@ from ..limits import MAX_K
 
 @dataclass
 class Acceptance:
-    """Discounted hits and trials per draft position, shrunk towards the position before."""
+    """Discounted hits and trials per draft position, shrunk towards the position before, or
+    towards ``positions[i]`` where a prior by position is known (a drafter whose first guess is
+    much weaker than the ones after it, like a one-token lookup match)."""
 
     prior: float
+    positions: tuple[float, ...] = ()
     weight: float = 1.0  # pseudo-trials of the fallback estimate behind every position
     memory: float = 0.92  # each new trial at a position discounts the old ones by this much
     hits: list[float] = field(default_factory=lambda: [0.0] * MAX_K)
@@ -38,6 +41,8 @@ class Acceptance:
         """Conditional acceptance of positions 0..k-1."""
         rates, fallback = [], min(max(self.prior, 0.0), 1.0)
         for i in range(min(k, MAX_K)):
+            if i < len(self.positions):
+                fallback = min(max(self.positions[i], 0.0), 1.0)
             if self.trials[i] + self.weight > 0:  # else never judged and no prior weight: the one before
                 fallback = (self.hits[i] + self.weight * fallback) / (self.trials[i] + self.weight)
             rates.append(fallback)
