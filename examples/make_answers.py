@@ -86,6 +86,12 @@ NEW_KINDS = {  # round 2
     "fact": "Write a short factual question about {topic} that has a one-line answer. Reply with the question only.",
 }
 ROUNDS = {1: KINDS, 2: {**KINDS, **NEW_KINDS}}
+# Round 3 (session 9): another seed, and a second paragraph and sentence per topic, since summarise,
+# long-context and translate are where the head accepts least on the unseen prompts.
+ROUNDS[3] = {**ROUNDS[2],
+             "passage": "Write a short paragraph that explains how something works in {topic}.",
+             "remark": "Write two plain sentences about an everyday fact from {topic}."}
+SAME_AS = {"passage": "paragraph", "remark": "sentence"}  # composed like the kind they stand for
 
 
 def meta_prompts(round_: int = 1) -> list[dict]:
@@ -154,7 +160,8 @@ def stage_prompts() -> None:
             continue
         text = tokenizer.decode(row["ids"][row["start"] :], skip_special_tokens=True).strip()
         round_ = 1 if row["id"].startswith("req-") else int(row["id"].split("-")[0][3:])
-        replies[round_].setdefault(by_id[row["id"]]["kind"], []).append((row["id"], text))
+        kind = by_id[row["id"]]["kind"]
+        replies[round_].setdefault(SAME_AS.get(kind, kind), []).append((row["id"], text))
     seen = set()
     for path in (HERE / "train-prompts.jsonl", HERE.parent / "benchmarks" / "unseen-prompts.jsonl",
                  HERE.parent / "benchmarks" / "bench-prompts.jsonl"):
