@@ -17,6 +17,8 @@ and sampled at temperature 0.8 for the new ones. No text from outside the projec
 Round 2 (session 8) asks again, with another seed and five more kinds of request (compare, advice,
 list, email, fact), and composes long contexts from two of the target's paragraphs on one topic. Its
 requests, prompts (ids ``gen2-``) and answers come after round 1's shards, which stay as they were.
+Round 3 (session 9) asks again with a third seed, and for a second paragraph and pair of sentences
+per topic (more summarise, long-context and translate prompts, the weakest scenarios); ids ``gen3-``.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def run_shards(directory: Path, jobs: list[list[dict]], minutes: float, settings
 
 
 def stage_requests(minutes: float) -> None:
-    jobs = [job for round_ in ROUNDS for job in shards_of(meta_prompts(round_))]  # round 2's shards after round 1's
+    jobs = [job for round_ in ROUNDS for job in shards_of(meta_prompts(round_))]  # each round's shards after the last's
     settings = AnswerSettings(max_new_tokens=96, temperature=0.9, batch_size=SHARD)
     # Sampled only: variety is the point here.
     run_shards(OUT / "requests", jobs, minutes, settings, sampled_of=lambda row: True, greedy=False)
@@ -148,7 +150,7 @@ def stage_requests(minutes: float) -> None:
 
 def stage_prompts() -> None:
     """Requests → prompts.jsonl: cleaned, de-duplicated (also against the template, bench and unseen
-    files), round by round: round 1's prompts come out as they always did, round 2's follow."""
+    files), round by round: round 1's prompts come out as they always did, later rounds' follow."""
     from transformers import AutoTokenizer  # the target's tokenizer, without loading the target
 
     pair = load_registry(None).pair(None)
@@ -179,7 +181,7 @@ def stage_prompts() -> None:
 
 def compose(round_: int, replies: dict[str, list], by_id: dict, seen: set, prompts: list[dict],
             paragraphs: dict[str, list[str]]) -> None:
-    """One round's replies → prompts appended to ``prompts`` (ids gen-N in round 1, gen2-N in round 2)."""
+    """One round's replies → prompts appended to ``prompts`` (ids gen-N in round 1, genR-N in round R)."""
     rng = random.Random(SEED + round_ - 1)
     prefix, first = ("gen" if round_ == 1 else f"gen{round_}"), len(prompts)
 

@@ -4,10 +4,11 @@ import random
 
 import pytest
 
-from specdec_cli.decoding.adaptive import AdaptiveK, Prior
+from specdec_cli.decoding.adaptive import AdaptiveK
 from specdec_cli.decoding.controller import AdaptiveController
 from specdec_cli.decoding.engine import RoundEvent
 from specdec_cli.decoding.estimates import Acceptance, probe_wait
+from specdec_cli.decoding.priors import Prior
 from specdec_cli.decoding.speedup import (
     OFF,
     SPECULATE,

@@ -7,11 +7,12 @@ from exactness import PROMPT as SMALL_PROMPT
 from exactness import VOCAB, assert_same_distribution, exact_two_token_distribution, small_models
 
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.adaptive import AdaptiveK, Prior
+from specdec_cli.decoding.adaptive import AdaptiveK
 from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter, autoregress
 from specdec_cli.decoding.engine import RoundEvent, SpeculativeEngine
 from specdec_cli.decoding.estimates import Acceptance, Calibration
 from specdec_cli.decoding.gate import DraftGate, gated_round
+from specdec_cli.decoding.priors import Prior
 
 COSTS = (1.0, 1.16, 1.31, 1.5)  # verify seconds of 0..3 drafts: the int4 target's block costs
 

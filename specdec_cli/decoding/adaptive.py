@@ -22,67 +22,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..limits import MAX_K
-from ..pairs.profile import ScenarioProfile
 from .engine import RoundEvent
-from .estimates import SIBLING_PRIOR, Acceptance, Calibration, Siblings, probe_wait, smooth
+from .estimates import Acceptance, Calibration, Siblings, probe_wait, smooth
 from .gate import DraftGate, gated_round
+from .priors import Prior
 from .tree import TreeShape, best_first, judgements, shape_of, tree_source
 
 DEFAULT_K_MAX = 8
-LOOKUP_RATES = {"lookup": (0.73, 0.83, 0.89, 0.90), "lookup-1": (0.19, 0.52, 0.56, 0.79)}  # Prior.lookup_rates
 TREE_MAX = 12  # the largest tree budget weighed: verify blocks of 13 tokens, past which a CPU's cost climbs
 TREE_LEVEL_COST = 1.15  # a tree level's head forward (width rows) against a chain step's, until measured
-
-
-@dataclass(frozen=True)
-class Prior:
-    """Where the estimates start: a profile's scenario section, or guesses when there is none."""
-
-    k: int
-    alpha: float
-    c: float
-    verify_cost: dict[int, float] = field(default_factory=dict)
-    block_cost: dict[int, float] = field(default_factory=dict)  # K → verify cost from the block-cost cache
-    siblings: tuple[float, ...] = SIBLING_PRIOR  # acceptance of a tree's rank-1, 2, 3 children
-
-    @classmethod
-    def from_section(cls, section: ScenarioProfile, block_cost: dict[int, float] | None = None,
-                     siblings: tuple[float, ...] | None = None) -> "Prior":
-        return cls(section.k, section.alpha, section.c, dict(section.verify_cost), dict(block_cost or {}),
-                   siblings or SIBLING_PRIOR)
-
-    @classmethod
-    def guess(cls, k: int, model_drafter: bool, alpha: float | None = None) -> "Prior":
-        """No calibration: trust the pair's K, and the drafter's own acceptance on unseen prompts where
-        its metadata records one (``expected_alpha``), else assume speculation pays until rounds say
-        otherwise (a model or head drafts at about a fifth of a target forward per token on a CPU).
-        An optimistic guess costs every prompt its first rounds: a weak head drafting on and on."""
-        return cls(k, 0.7 if alpha is None else alpha, 0.2 if model_drafter else 0.0)
-
-    @staticmethod
-    def lookup_rates(name: str) -> tuple[float, ...]:
-        """Prompt lookup beside a learned drafter, which the profile does not measure: its acceptance
-        by draft position (the chance draft i is kept given those before were), soon replaced.
-
-        Replayed on the default target's plain answers to the 93 prompts of the calibration, bench,
-        random, equivalence, lossy and held-out files (every step where lookup had a match): a match
-        of two or more tokens 0.73 / 0.83 / 0.89 / 0.90, one token 0.19 / 0.52 / 0.56 / 0.79 (once
-        its first guess holds, the match is two tokens long). On chat-like prompts the first guesses
-        are weaker (0.43-0.49, 0.12-0.14); the per-scenario estimates learn that within rounds.
-        """
-        return LOOKUP_RATES.get(name, LOOKUP_RATES["lookup-1"])
-
-    def cost(self, k: int) -> float:
-        """Verify cost of K drafts (a tree's K is its node count): the profile's, else the block-cost
-        cache's, else the largest known one plus 0.12 per token (a CPU-like slope), else 1 + 0.12·K."""
-        costs = {**self.block_cost, **self.verify_cost}
-        if k in costs:
-            return costs[k]
-        known = [m for m in costs if m < k]
-        if known:
-            top = max(known)
-            return costs[top] + 0.12 * (k - top)
-        return 1.0 + 0.12 * k
 
 
 @dataclass

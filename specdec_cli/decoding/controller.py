@@ -8,8 +8,9 @@ from typing import Callable
 
 from ..pairs.profile import PairProfile
 from ..pairs.registry import NGRAM, PairSpec
-from .adaptive import DEFAULT_K_MAX, AdaptiveK, Prior
+from .adaptive import DEFAULT_K_MAX, AdaptiveK
 from .estimates import SIBLING_PRIOR
+from .priors import Prior
 
 
 class AdaptiveController:
