@@ -287,8 +287,12 @@ class AdaptiveK:
     def _source(self, name: str) -> Source:
         if name not in self.sources:
             lookup = name.startswith("lookup")
-            rates = self.prior.lookup_rates(name) if lookup and name != self.main else (self.prior.alpha,)
-            source = Source(Acceptance(rates[0], positions=rates), 0.0 if lookup else self.prior.c, 1, self.prior.k > 0,
+            if lookup and name != self.main:  # beside a learned drafter: lookup's own rates by position
+                rates = self.prior.lookup_rates(name)
+                acceptance = Acceptance(rates[0], positions=rates)
+            else:
+                acceptance = Acceptance(self.prior.alpha)
+            source = Source(acceptance, 0.0 if lookup else self.prior.c, 1, self.prior.k > 0,
                             siblings=Siblings(self.prior.siblings))
             self.sources[name] = source
             k, rate = self.best(name, self.k_max)
