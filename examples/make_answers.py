@@ -8,6 +8,13 @@ run given a time budget so that it fits between other jobs:
     python examples/make_answers.py prompts                # filter, de-duplicate, compose: prompts.jsonl
     python examples/make_answers.py answers --minutes 9    # greedy + sampled answers to all prompts
 
+Conversations (session 10) take a second turn: the target writes what the user says next after one
+of its own finished answers, and answers that in context.
+
+    python examples/make_answers.py followups --minutes 9      # the user's next message (sampled)
+    python examples/make_answers.py conversations              # compose: conversations.jsonl
+    python examples/make_answers.py conversations --minutes 9  # then answer them, greedy + sampled
+
 Stage 1 asks the target (as configured: the pair's int4 default) for user requests across topics
 and task types, seeded; paragraphs and sentences it writes become summarise / read-and-answer /
 translate / rewrite prompts. Its replies to those requests are target text too and are kept as
@@ -33,12 +40,14 @@ from pathlib import Path
 import torch
 
 from specdec_cli.pairs.registry import load_registry
-from specdec_cli.pairs.tokenization import encode_prompt
+from specdec_cli.pairs.tokenization import encode_conversation, encode_prompt
 from specdec_cli.prompts import read_file
 from specdec_cli.training.corpus import (
+    FOLLOW_UP,
     clean_request,
     dedup_key,
     dedupe,
+    finished_turns,
     read_shards,
     shard_path,
     within_budget,
@@ -124,7 +133,8 @@ def run_shards(directory: Path, jobs: list[list[dict]], minutes: float, settings
     for index in within_budget(todo, minutes):
         began = time.monotonic()
         shard = jobs[index]
-        encoded = [encode_prompt(target.tokenizer, row["text"]) for row in shard]
+        encoded = [encode_conversation(target.tokenizer, row["messages"]) if "messages" in row
+                   else encode_prompt(target.tokenizer, row["text"]) for row in shard]
         rows = []
         for sampled in (False, True) if greedy else (True,):
             chosen = [i for i, row in enumerate(shard) if (sampled_of(row) if sampled else True)]
@@ -250,14 +260,69 @@ def stage_answers(minutes: float) -> None:
     run_shards(OUT / "answers", jobs, minutes, settings, sampled_of=lambda row: row["new"])
 
 
+CONVERSATION_SEED, FIRST_TURNS = 10, 640  # first turns: 10 shards of follow-ups
+
+
+def first_turns() -> list[dict]:
+    """The generated prompts' greedy answers that finished, a seeded sample: the first turns."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(_converted_dir(load_registry(None).pair(None))))
+    texts = {p.id: p.text for p in read_file(OUT / "prompts.jsonl")}
+    rows = finished_turns(read_shards(OUT / "answers"), set(texts), eos=tokenizer.eos_token_id)
+    random.Random(SEED + CONVERSATION_SEED).shuffle(rows)
+    turns = []
+    for row in rows[:FIRST_TURNS]:
+        answer = tokenizer.decode(row["ids"][row["start"] :], skip_special_tokens=True).strip()
+        turns.append({"id": f"fu-{row['id']}", "first": row["id"], "question": texts[row["id"]], "answer": answer,
+                      "text": FOLLOW_UP.format(question=texts[row["id"]], answer=answer)})
+    return turns
+
+
+def stage_followups(minutes: float) -> None:
+    settings = AnswerSettings(max_new_tokens=64, temperature=0.9, batch_size=SHARD)
+    run_shards(OUT / "followups", shards_of(first_turns()), minutes, settings, sampled_of=lambda row: True,
+               greedy=False)
+
+
+def stage_conversations(minutes: float | None) -> None:
+    """Without a budget: follow-ups → conversations.jsonl (two user turns and the answer between);
+    with one: answer those conversations, greedy and sampled, into answers/conversations."""
+    path = OUT / "conversations.jsonl"
+    if minutes is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(_converted_dir(load_registry(None).pair(None))))
+        turns = {row["id"]: row for row in first_turns()}
+        seen = {dedup_key(p.text) for p in read_file(OUT / "prompts.jsonl")}
+        rows = []
+        for reply in read_shards(OUT / "followups"):
+            text = tokenizer.decode(reply["ids"][reply["start"] :], skip_special_tokens=True).strip()
+            follow = clean_request(text.split("\n\n")[0], 10, 400)
+            turn = turns[reply["id"]]
+            if follow and dedupe([follow], seen):
+                rows.append({"id": f"conv-{len(rows)}", "scenario": "conversation", "from": turn["first"], "messages": [
+                    {"role": "user", "content": turn["question"]}, {"role": "assistant", "content": turn["answer"]},
+                    {"role": "user", "content": follow}]})
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        print(f"{len(rows)} conversations from {len(turns)} first turns")
+        return
+    rows = [{**row, "new": True} for row in map(json.loads, path.read_text().splitlines())]
+    settings = AnswerSettings(max_new_tokens=128, temperature=0.8, batch_size=SHARD)
+    run_shards(OUT / "conversations", shards_of(rows), minutes, settings, sampled_of=lambda row: True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("requests", "prompts", "answers"))
-    parser.add_argument("--minutes", type=float, default=9.0)
+    parser.add_argument("stage", choices=("requests", "prompts", "answers", "followups", "conversations"))
+    parser.add_argument("--minutes", type=float, default=None, help="time budget (default 9; conversations: "
+                        "without it, compose them)")
     args = parser.parse_args()
     torch.manual_seed(SEED)
-    {"requests": lambda: stage_requests(args.minutes), "prompts": stage_prompts,
-     "answers": lambda: stage_answers(args.minutes)}[args.stage]()
+    minutes = 9.0 if args.minutes is None else args.minutes
+    {"requests": lambda: stage_requests(minutes), "prompts": stage_prompts,
+     "answers": lambda: stage_answers(minutes), "followups": lambda: stage_followups(minutes),
+     "conversations": lambda: stage_conversations(args.minutes)}[args.stage]()
 
 
 if __name__ == "__main__":

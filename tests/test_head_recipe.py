@@ -187,6 +187,28 @@ def test_within_budget_stops_before_a_piece_that_would_overrun_and_shards_round_
     assert read_shards(tmp_path) == rows + rows
 
 
+def test_first_turns_are_finished_greedy_answers_to_known_prompts_and_conversations_encode_in_order():
+    from specdec_cli.errors import UserError
+    from specdec_cli.pairs.tokenization import encode_conversation
+    from specdec_cli.training.corpus import finished_turns
+    from tests.conftest import char_tokenizer
+
+    rows = [{"id": "gen-1", "kind": "greedy", "ids": [5, 6, 7, 1], "start": 2},
+            {"id": "gen-1", "kind": "sampled", "ids": [5, 6, 8, 1], "start": 2},  # sampled: not a first turn
+            {"id": "gen-2", "kind": "greedy", "ids": [5, 6, 7, 9], "start": 2},  # cut off, no end of sequence
+            {"id": "tpl-3", "kind": "greedy", "ids": [5, 6, 1], "start": 2},  # not among the ids asked for
+            {"id": "gen-4", "kind": "greedy", "ids": [5] * 9 + [1], "start": 2}]  # longer than allowed
+    assert finished_turns(rows, {"gen-1", "gen-2", "gen-4"}, eos=1, longest=8) == rows[:1]
+
+    tokenizer = char_tokenizer()
+    messages = [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]
+    with pytest.raises(UserError, match="chat template"):
+        encode_conversation(tokenizer, messages)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }};{% endfor %}" \
+                              "{% if add_generation_prompt %}a:{% endif %}"
+    assert tokenizer.decode(encode_conversation(tokenizer, messages)) == "u:ab;a:c;u:d;a:"
+
+
 # --- the head at a quantised target's precision -------------------------------------------------
 
 

@@ -35,6 +35,15 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, raw: bool = Fal
     return tokenizer(text)["input_ids"]
 
 
+def encode_conversation(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> list[int]:
+    """Several turns (``{"role", "content"}``, the last the user's) through the chat template, ready
+    for the assistant's next reply."""
+    if not tokenizer.chat_template:
+        raise UserError("a conversation needs a model with a chat template")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 def eos_ids(tokenizer: PreTrainedTokenizerBase, generation_config) -> set[int]:
     ids = getattr(generation_config, "eos_token_id", None)
     ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])

@@ -84,3 +84,15 @@ def dedupe(texts: list[str], seen: set[str] | None = None) -> list[str]:
             seen.add(key)
             kept.append(text)
     return kept
+
+
+FOLLOW_UP = ("Here is a message someone sent to an assistant, and the assistant's reply.\n\nMessage: {question}\n\n"
+             "Reply: {answer}\n\nWrite the next short message the person sends: a follow-up question or request "
+             "about the reply. Reply with the message only.")
+
+
+def finished_turns(answers: list[dict], ids: set[str], eos: int, longest: int = 400) -> list[dict]:
+    """Greedy answers to the prompts in ``ids`` that ended on ``eos`` within ``longest`` tokens in all:
+    the first turns of conversations (a reply cut off by the length limit is not one a user answers)."""
+    return [row for row in answers if row["kind"] == "greedy" and row["id"] in ids and row["ids"][-1] == eos
+            and len(row["ids"]) <= longest]
