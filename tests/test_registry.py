@@ -106,6 +106,10 @@ def test_lookup_puts_prompt_lookup_before_a_learned_drafter(tmp_path):
     assert pair.drafter == DrafterSpec(head=real / "h", lookup=True)
     assert str(pair.drafter) == f"head {real / 'h'}, after prompt lookup"
     assert pair.alternate("model").lookup is False and pair.alternate("model").model.source.location == str(real / "d")
+    fake_head(tmp_path / "mine")  # --draft with a head of one's own keeps the pair's lookup for heads
+    assert override(pair, draft=str(tmp_path / "mine")).drafter == DrafterSpec(head=tmp_path / "mine", lookup=True)
+    assert override(pair, draft="/elsewhere/draft").drafter.lookup is False  # as the pair's model drafter
+    assert override(pair, draft="ngram").drafter == DrafterSpec()
 
 
 def test_lookup_must_be_a_boolean(tmp_path):

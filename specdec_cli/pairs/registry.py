@@ -238,8 +238,10 @@ def override(pair: PairSpec, target: str | None = None, draft: str | None = None
     """Apply --target / --draft / --drafter / --dtype to a registry pair.
 
     --draft becomes the default drafter and replaces the pair's alternate of its kind (so bench's
-    modes of that kind use it too); --drafter KIND then picks the pair's drafter of that kind.
-    --dtype sets the target's precision; drafters keep their own.
+    modes of that kind use it too), keeping whether prompt lookup drafts first there: a head of
+    one's own tried on the default pair is compared on the pair's terms, not without its lookup.
+    --drafter KIND then picks the pair's drafter of that kind. --dtype sets the target's precision;
+    drafters keep their own.
     """
     if dtype:
         if dtype not in DTYPES:
@@ -249,6 +251,9 @@ def override(pair: PairSpec, target: str | None = None, draft: str | None = None
         pair = replace(pair, target=replace(pair.target, source=parse_model(target).source))
     if draft:
         chosen = parse_drafter(draft, pair.target.dtype, "--draft")
+        replaced = pair.alternate(chosen.kind)
+        if replaced is not None and chosen.kind != NGRAM:
+            chosen = replace(chosen, lookup=replaced.lookup)
         pair = replace(pair, drafter=chosen, alternates={**pair.alternates, chosen.kind: chosen})
     if drafter:
         if drafter not in DRAFTER_KINDS:
