@@ -308,8 +308,11 @@ def stage_conversations(minutes: float | None) -> None:
         print(f"{len(rows)} conversations from {len(turns)} first turns")
         return
     rows = [{**row, "new": True} for row in map(json.loads, path.read_text().splitlines())]
+    jobs = shards_of(rows)
+    if len(jobs[-1]) < SHARD and len(list((OUT / "followups").glob("shard-*"))) < len(shards_of(first_turns())):
+        jobs = jobs[:-1]  # more follow-ups to come would fill it: a written shard is never redone
     settings = AnswerSettings(max_new_tokens=128, temperature=0.8, batch_size=SHARD)
-    run_shards(OUT / "conversations", shards_of(rows), minutes, settings, sampled_of=lambda row: True)
+    run_shards(OUT / "conversations", jobs, minutes, settings, sampled_of=lambda row: True)
 
 
 def main() -> None:
