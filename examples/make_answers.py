@@ -161,10 +161,7 @@ def stage_requests(minutes: float) -> None:
 def stage_prompts() -> None:
     """Requests → prompts.jsonl: cleaned, de-duplicated (also against the template, bench and unseen
     files), round by round: round 1's prompts come out as they always did, later rounds' follow."""
-    from transformers import AutoTokenizer  # the target's tokenizer, without loading the target
-
-    pair = load_registry(None).pair(None)
-    tokenizer = AutoTokenizer.from_pretrained(str(_converted_dir(pair)))
+    tokenizer = target_tokenizer()
     by_id = {row["id"]: row for round_ in ROUNDS for row in meta_prompts(round_)}
     replies: dict[int, dict[str, list]] = {round_: {} for round_ in ROUNDS}
     for row in read_shards(OUT / "requests"):
@@ -239,6 +236,13 @@ def compose(round_: int, replies: dict[str, list], by_id: dict, seen: set, promp
                                         "Make this code shorter:", "Explain this code:"]) + f"\n\n{text}", source)
 
 
+def target_tokenizer():
+    """The default target's tokenizer, without loading the target."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(_converted_dir(load_registry(None).pair(None))))
+
+
 def _converted_dir(pair) -> Path:
     from specdec_cli.pairs.loading import _converted, _resolve
 
@@ -265,9 +269,7 @@ CONVERSATION_SEED, FIRST_TURNS = 10, 640  # first turns: 10 shards of follow-ups
 
 def first_turns() -> list[dict]:
     """The generated prompts' greedy answers that finished, a seeded sample: the first turns."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(_converted_dir(load_registry(None).pair(None))))
+    tokenizer = target_tokenizer()
     texts = {p.id: p.text for p in read_file(OUT / "prompts.jsonl")}
     rows = finished_turns(read_shards(OUT / "answers"), set(texts), eos=tokenizer.eos_token_id)
     random.Random(SEED + CONVERSATION_SEED).shuffle(rows)
@@ -290,9 +292,7 @@ def stage_conversations(minutes: float | None) -> None:
     with one: answer those conversations, greedy and sampled, into answers/conversations."""
     path = OUT / "conversations.jsonl"
     if minutes is None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(_converted_dir(load_registry(None).pair(None))))
+        tokenizer = target_tokenizer()
         turns = {row["id"]: row for row in first_turns()}
         seen = {dedup_key(p.text) for p in read_file(OUT / "prompts.jsonl")}
         rows = []
