@@ -267,9 +267,8 @@ def stage_answers(minutes: float) -> None:
 CONVERSATION_SEED, FIRST_TURNS = 10, 640  # first turns: 10 shards of follow-ups
 
 
-def first_turns() -> list[dict]:
+def first_turns(tokenizer) -> list[dict]:
     """The generated prompts' greedy answers that finished, a seeded sample: the first turns."""
-    tokenizer = target_tokenizer()
     texts = {p.id: p.text for p in read_file(OUT / "prompts.jsonl")}
     rows = finished_turns(read_shards(OUT / "answers"), set(texts), eos=tokenizer.eos_token_id)
     random.Random(SEED + CONVERSATION_SEED).shuffle(rows)
@@ -283,7 +282,7 @@ def first_turns() -> list[dict]:
 
 def stage_followups(minutes: float) -> None:
     settings = AnswerSettings(max_new_tokens=64, temperature=0.9, batch_size=SHARD)
-    run_shards(OUT / "followups", shards_of(first_turns()), minutes, settings, sampled_of=lambda row: True,
+    run_shards(OUT / "followups", shards_of(first_turns(target_tokenizer())), minutes, settings, sampled_of=lambda row: True,
                greedy=False)
 
 
@@ -293,7 +292,7 @@ def stage_conversations(minutes: float | None) -> None:
     path = OUT / "conversations.jsonl"
     if minutes is None:
         tokenizer = target_tokenizer()
-        turns = {row["id"]: row for row in first_turns()}
+        turns = {row["id"]: row for row in first_turns(tokenizer)}
         seen = {dedup_key(p.text) for p in read_file(OUT / "prompts.jsonl")}
         rows = []
         for reply in read_shards(OUT / "followups"):
@@ -309,7 +308,7 @@ def stage_conversations(minutes: float | None) -> None:
         return
     rows = [{**row, "new": True} for row in map(json.loads, path.read_text().splitlines())]
     jobs = shards_of(rows)
-    if len(jobs[-1]) < SHARD and len(list((OUT / "followups").glob("shard-*"))) < len(shards_of(first_turns())):
+    if len(jobs[-1]) < SHARD and len(list((OUT / "followups").glob("shard-*"))) < -(-FIRST_TURNS // SHARD):
         jobs = jobs[:-1]  # more follow-ups to come would fill it: a written shard is never redone
     settings = AnswerSettings(max_new_tokens=128, temperature=0.8, batch_size=SHARD)
     run_shards(OUT / "conversations", jobs, minutes, settings, sampled_of=lambda row: True)
