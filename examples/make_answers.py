@@ -48,6 +48,7 @@ from specdec_cli.training.corpus import (
     dedup_key,
     dedupe,
     finished_turns,
+    read_shard,
     read_shards,
     shard_path,
     within_budget,
@@ -265,12 +266,14 @@ def stage_answers(minutes: float) -> None:
 
 
 CONVERSATION_SEED, FIRST_TURNS = 10, 640  # first turns: 10 shards of follow-ups
+FIRST_TURN_SHARDS = 73  # the answer shards there were when the follow-ups were written; later ones add no first turn
 
 
 def first_turns(tokenizer) -> list[dict]:
     """The generated prompts' greedy answers that finished, a seeded sample: the first turns."""
     texts = {p.id: p.text for p in read_file(OUT / "prompts.jsonl")}
-    rows = finished_turns(read_shards(OUT / "answers"), set(texts), eos=tokenizer.eos_token_id)
+    answers = [row for i in range(FIRST_TURN_SHARDS) for row in read_shard(shard_path(OUT / "answers", i))]
+    rows = finished_turns(answers, set(texts), eos=tokenizer.eos_token_id)
     random.Random(SEED + CONVERSATION_SEED).shuffle(rows)
     turns = []
     for row in rows[:FIRST_TURNS]:
