@@ -24,7 +24,7 @@ from ..pairs.manifest import cpu_name
 from .kv import crop_cache, input_device
 
 MEASURED_LENGTHS = 10  # blocks of 1..10 tokens: K up to 9, where speculation on a CPU can pay
-MEASURE_TRIES = 3  # measurements a busy machine may spoil (``disturbed``) before one is kept unsaved
+MEASURE_TRIES = 3  # measurements before giving up on a busy machine (``disturbed``)
 
 
 def plan(costs: dict[int, float]) -> dict[int, int]:
