@@ -46,3 +46,21 @@ def test_padding_never_runs_past_the_context(target, similar):
 def test_measure_times_every_block_length(target):
     costs = measure(target, lengths=4, reps=1, context=8)
     assert sorted(costs) == [1, 2, 3, 4] and all(seconds > 0 for seconds in costs.values())
+
+
+def test_a_measurement_a_busy_machine_skewed_is_not_kept(target, tmp_path, monkeypatch):
+    """A block measured clearly cheaper than one token is noise from other work: such costs would
+    pad every one-token forward (plain decoding included); they are measured again, and never saved."""
+    from specdec_cli.decoding import blocks
+
+    skewed, sane = {1: 0.035, 2: 0.031, 3: 0.035}, {1: 0.018, 2: 0.020, 3: 0.023}
+    assert blocks.disturbed(skewed) and not blocks.disturbed(sane) and plan(skewed)[1] == 2
+    results = iter([skewed, skewed, sane])
+    monkeypatch.setattr(blocks, "measure", lambda model: next(results))
+    assert blocks.cached_costs(target, "tiny", tmp_path) == sane
+    saved = list(tmp_path.glob("block-costs-*.json"))
+    assert len(saved) == 1
+    saved[0].write_text('{"1": 0.035, "2": 0.031}')  # a skewed file from before: measured again
+    monkeypatch.setattr(blocks, "measure", lambda model: skewed)
+    assert blocks.cached_costs(target, "tiny", tmp_path) == {}
+    assert saved[0].read_text() == '{"1": 0.035, "2": 0.031}'  # not overwritten by another skewed one

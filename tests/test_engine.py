@@ -106,6 +106,14 @@ def test_ngram_drafter_proposes_what_followed_the_latest_match():
     assert drafter.propose(torch.tensor([3, 7, 3]), 2, SamplingParams(), None).tokens.tolist() == [7, 3]
 
 
+def test_a_lookup_draft_is_named_for_the_length_of_its_match():
+    """The adaptive controller keeps an estimate per name: a longer match is stronger evidence."""
+    drafter = NgramDrafter(max_ngram=3)
+    sources = {context: drafter.propose(torch.tensor(context), 2, SamplingParams(), None).source
+               for context in ((5, 6, 1, 2, 3, 7, 1, 2, 3), (5, 6, 1, 2, 8, 7, 1, 2), (5, 6, 1, 8, 7, 1), (1, 2, 3, 4))}
+    assert list(sources.values()) == ["lookup", "lookup-2", "lookup-1", ""]
+
+
 def test_prompt_longer_than_context_is_a_user_error(target):
     from specdec_cli.errors import UserError
 

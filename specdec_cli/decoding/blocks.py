@@ -24,6 +24,7 @@ from ..pairs.manifest import cpu_name
 from .kv import crop_cache, input_device
 
 MEASURED_LENGTHS = 10  # blocks of 1..10 tokens: K up to 9, where speculation on a CPU can pay
+MEASURE_TRIES = 3  # measurements before giving up on a busy machine (``disturbed``)
 
 
 def plan(costs: dict[int, float]) -> dict[int, int]:
@@ -44,7 +45,8 @@ def plan(costs: dict[int, float]) -> dict[int, int]:
 
 @torch.inference_mode()
 def measure(model: PreTrainedModel, lengths: int = MEASURED_LENGTHS, reps: int = 5, context: int = 64) -> dict[int, float]:
-    """Median seconds of a forward of n tokens over a cached context, for n = 1..lengths, interleaved."""
+    """Seconds of a forward of n tokens over a cached context, for n = 1..lengths, interleaved: the
+    fastest of ``reps``, since other work on the machine only ever adds time."""
     device = input_device(model)
     vocab = model.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
@@ -58,7 +60,15 @@ def measure(model: PreTrainedModel, lengths: int = MEASURED_LENGTHS, reps: int =
             model(block, cache=cache, use_cache=True, logits_to_keep=n)
             times[n].append(time.perf_counter() - started)
             crop_cache(cache, context)
-    return {n: sorted(samples[1:])[reps // 2] for n, samples in times.items()}
+    return {n: min(samples[1:]) for n, samples in times.items()}
+
+
+def disturbed(costs: dict[int, float]) -> bool:
+    """Did something else on the machine skew the measurement? A longer block clearly cheaper than
+    a one-token forward is what a busy machine produces, never a CPU: kept, it would pad every
+    one-token forward of plain decoding and tell the controller that drafting is nearly free."""
+    one = costs.get(1)
+    return bool(one) and any(seconds < 0.95 * one for n, seconds in costs.items() if n > 1)
 
 
 def relative_costs(costs: dict[int, float], chosen: dict[int, int]) -> dict[int, float]:
@@ -98,8 +108,15 @@ def cached_costs(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, 
     path = cache_dir / f"block-costs-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     try:
         costs = {int(n): float(s) for n, s in json.loads(path.read_text()).items()}
+        if disturbed(costs):  # kept by an earlier version, which saved whatever it measured
+            raise ValueError(path)
     except (OSError, ValueError):
-        costs = measure(model)
+        for _ in range(MEASURE_TRIES):
+            costs = measure(model)
+            if not disturbed(costs):
+                break
+        else:
+            return {}  # nothing to trust: no padding, and the controller times blocks itself
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(costs))

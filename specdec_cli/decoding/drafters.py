@@ -93,9 +93,10 @@ class NgramDrafter:
 
 
 def lookup_source(n: int) -> str:
-    """A lookup draft's source: a match on two or more tokens is strong evidence, on one token weak,
-    so the adaptive controller keeps separate estimates for the two."""
-    return "lookup" if n >= 2 else "lookup-1"
+    """A lookup draft's source, by the length of its match: the longer, the stronger the evidence
+    (the target's answers: first guesses kept ~20 % of the time on a one-token match, ~50 % on
+    two, ~80 % on three or more), so the adaptive controller keeps separate estimates for each."""
+    return "lookup" if n >= 3 else f"lookup-{n}"
 
 
 class LookupFirst:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from ..pairs.profile import ScenarioProfile
 from .estimates import SIBLING_PRIOR
 
-LOOKUP_RATES = {"lookup": (0.73, 0.83, 0.89, 0.90), "lookup-1": (0.19, 0.52, 0.56, 0.79)}  # Prior.lookup_rates
+LOOKUP_RATES = {"lookup": (0.83, 0.88, 0.90, 0.92), "lookup-2": (0.45, 0.55, 0.80, 0.76),  # Prior.lookup_rates
+                "lookup-1": (0.19, 0.52, 0.56, 0.79)}
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,12 @@ class Prior:
         by draft position (the chance draft i is kept given those before were), soon replaced.
 
         Replayed on the default target's plain answers to the 93 prompts of the calibration, bench,
-        random, equivalence, lossy and held-out files (every step where lookup had a match): a match
-        of two or more tokens 0.73 / 0.83 / 0.89 / 0.90, one token 0.19 / 0.52 / 0.56 / 0.79 (once
-        its first guess holds, the match is two tokens long). On chat-like prompts the first guesses
-        are weaker (0.43-0.49, 0.12-0.14); the per-scenario estimates learn that within rounds.
+        random, equivalence, lossy and held-out files (every step where lookup had a match;
+        benchmarks/lookup_priors.py): a match of three or more tokens 0.83 / 0.88 / 0.90 / 0.92
+        (1,027 matches), of two 0.45 / 0.55 / 0.80 / 0.76 (333), of one 0.19 / 0.52 / 0.56 / 0.79
+        (1,253; once its first guess holds, the match is longer). Taken together, two or more tokens
+        gave 0.73 / 0.83 / 0.89 / 0.90, which let a two-token match draft like a long one. On
+        chat-like prompts the first guesses are weaker; the per-scenario estimates learn that.
         """
         return LOOKUP_RATES.get(name, LOOKUP_RATES["lookup-1"])
 

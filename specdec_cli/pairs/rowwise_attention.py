@@ -63,8 +63,7 @@ def attend_rows(query, key, value, scaling, groups: int, seen: list | None = Non
     for row, gathered in enumerate(seen):
         if gathered is None:
             visible = keys - rows + row + 1  # this row's prefix: causal, batch of one, no padding
-            k = key[:, :, :visible].contiguous() if visible < keys else key
-            v = value[:, :, :visible].contiguous() if visible < keys else value
+            k, v = key[:, :, :visible], value[:, :, :visible]  # views: the kernel's result ignores strides
         else:
             k, v = key.index_select(2, gathered), value.index_select(2, gathered)
         outputs.append(one_query(query[:, :, row : row + 1].contiguous(), k, v, scaling, groups))
