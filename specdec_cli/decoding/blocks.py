@@ -64,11 +64,10 @@ def measure(model: PreTrainedModel, lengths: int = MEASURED_LENGTHS, reps: int =
 
 
 def disturbed(costs: dict[int, float]) -> bool:
-    """Did something else on the machine skew the measurement? A longer block clearly cheaper than
-    a one-token forward is what a busy machine produces, never a CPU: kept, it would pad every
-    one-token forward of plain decoding and tell the controller that drafting is nearly free."""
-    one = costs.get(1)
-    return bool(one) and any(seconds < 0.95 * one for n, seconds in costs.items() if n > 1)
+    """Did something else on the machine skew the measurement? A plan that pads one-token forwards
+    (a longer block clearly cheaper than one token) is what a busy machine produces, never a CPU:
+    kept, it would slow every token of plain decoding and tell the controller drafting is free."""
+    return plan(costs).get(1, 1) != 1
 
 
 def relative_costs(costs: dict[int, float], chosen: dict[int, int]) -> dict[int, float]:

@@ -28,10 +28,7 @@ def check_compatible(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizer
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, raw: bool = False) -> list[int]:
     """The chat template wraps the prompt as a user turn when the model has one, unless ``raw``."""
     if not raw and tokenizer.chat_template:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return encode_conversation(tokenizer, [{"role": "user", "content": text}])
     return tokenizer(text)["input_ids"]
 
 
