@@ -6,7 +6,7 @@ from exactness import VOCAB, assert_lossless, small_models
 from transformers import DynamicCache
 
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter
+from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter, lookup_source
 from specdec_cli.decoding.engine import RoundEvent, SpeculativeEngine
 from specdec_cli.decoding.kv import crop_cache
 
@@ -104,6 +104,42 @@ def test_ngram_drafter_proposes_what_followed_the_latest_match():
     assert drafter.propose(context, 10, SamplingParams(), None).tokens.tolist() == [4, 5, 6, 1, 2]
     assert drafter.propose(torch.tensor([7, 8, 9]), 3, SamplingParams(), None).tokens.tolist() == []
     assert drafter.propose(torch.tensor([3, 7, 3]), 2, SamplingParams(), None).tokens.tolist() == [7, 3]
+
+
+def scanned_lookup(context: list[int], k: int, max_ngram: int, min_ngram: int) -> tuple[list[int], int]:
+    """Prompt lookup by scanning the whole context: (what followed the latest match, its length)."""
+    for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+        starts = [i for i in range(len(context) - n) if context[i : i + n] == context[-n:]]
+        if starts:
+            return context[starts[-1] + n : starts[-1] + n + k], n
+    return [], 0
+
+
+@pytest.mark.parametrize("min_ngram", [1, 2])
+def test_the_growing_lookup_index_finds_what_a_scan_of_the_whole_context_finds(min_ngram):
+    """Contexts grow by a round's tokens, and switch to other prompts without a reset (shorter, a
+    continuation, or longer but different): the index must answer every call as a fresh scan would."""
+    generator = torch.Generator().manual_seed(0)
+    drafter = NgramDrafter(max_ngram=3, min_ngram=min_ngram)
+    calls, previous = 0, torch.empty(0, dtype=torch.long)
+    for prompt in range(12):
+        context = torch.randint(0, 4 + prompt % 3, (int(torch.randint(1, 9, (1,), generator=generator)),), generator=generator)
+        if prompt % 4 == 1:
+            context = torch.cat([previous, context])  # the last context, continued
+        elif prompt % 4 == 3:
+            context = torch.cat([previous, context])
+            context[len(previous) // 2] += 1  # longer than the last one, and not its continuation
+        for _ in range(25):
+            k = int(torch.randint(1, 6, (1,), generator=generator))
+            draft = drafter.propose(context, k, SamplingParams(), None)
+            expected, n = scanned_lookup(context.tolist(), k, 3, min_ngram)
+            assert draft.tokens.tolist() == expected
+            assert draft.source == (lookup_source(n) if n else "")
+            calls += 1
+            grown = torch.randint(0, 4 + prompt % 3, (int(torch.randint(1, 5, (1,), generator=generator)),), generator=generator)
+            context = torch.cat([context, grown])
+        previous = context
+    assert calls == 300
 
 
 def test_a_lookup_draft_is_named_for_the_length_of_its_match():

@@ -69,7 +69,11 @@ class Drafter(Protocol):
 class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the context's last n tokens and
     propose what followed it. Free to run, and strong wherever output copies input (code edits,
-    summaries, quoting)."""
+    summaries, quoting).
+
+    The n-grams are indexed as the context grows (latest start per n-gram), so a round's lookup
+    costs the tokens it added, not the context: scanning the whole context for each n every round
+    took ~0.16 ms, ~1 % of an int4 token, paid by adaptive speculation even while it drafts nothing."""
 
     name = "ngram"
 
@@ -77,19 +81,38 @@ class NgramDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("n-gram drafter needs 1 <= min_ngram <= max_ngram")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.reset()
 
     def reset(self) -> None:
-        pass
+        self._context = torch.empty(0, dtype=torch.long)  # what the index covers
+        self._tokens: list[int] = []
+        self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
 
     def propose(self, context, k, sampling, generator) -> Draft:
-        length = context.shape[0]
+        tokens = self._index(context)
+        length = len(tokens)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            windows = context[: length - 1].unfold(0, n, 1)  # windows that have a successor
-            hits = (windows == context[length - n :]).all(dim=1).nonzero()
-            if hits.numel():
-                start = int(hits[-1, 0]) + n
-                return Draft(context[start : start + k].clone(), source=lookup_source(n))
+            start = self._latest[n].get(tuple(tokens[length - n :]))
+            if start is not None:
+                return Draft(context[start + n : start + n + k].clone(), source=lookup_source(n))
         return Draft.empty()
+
+    def _index(self, context: torch.Tensor) -> list[int]:
+        """The index brought up to ``context``: every window with a successor in it (one ending at
+        length − 2 or before), by n-gram, the latest start kept. A context that does not extend the
+        indexed one (another prompt) is indexed afresh."""
+        seen = self._context.shape[0]
+        if context.shape[0] < seen or not torch.equal(context[:seen], self._context):
+            self.reset()
+            seen = 0
+        tokens = self._tokens
+        tokens += context[seen:].tolist()
+        self._context = context.clone()
+        for end in range(max(seen - 1, 0), len(tokens) - 1):
+            for n, latest in self._latest.items():
+                if end + 1 >= n:
+                    latest[tuple(tokens[end + 1 - n : end + 1])] = end + 1 - n
+        return tokens
 
 
 def lookup_source(n: int) -> str:
@@ -118,6 +141,7 @@ class LookupFirst:
 
     def reset(self) -> None:
         self.lookup.reset()
+        self.any_match.reset()
         self.learned.reset()
 
     def add_features(self, rows: torch.Tensor) -> None:

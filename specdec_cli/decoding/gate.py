@@ -65,13 +65,18 @@ def gated_round(passes: Sequence[float], accepts: Sequence[float], verify_s: Seq
     ``verify_s[d]``: verifying d drafts. A round that stops at d < K drafts took d + 1 drafter
     steps (the last one weighed the guess it declined); one that reaches K took K.
     """
-    k = len(passes)
-    tokens, seconds, reach, kept = 1.0, other_s, 1.0, 1.0
-    for d in range(k + 1):
-        stop = reach * (1.0 - passes[d]) if d < k else reach
-        seconds += stop * (verify_s[d] + step_s * min(d + 1, k))
-        if d < k:
-            reach *= passes[d]
-            kept *= accepts[d]
-            tokens += reach * kept
-    return tokens, seconds
+    return gated_rounds(passes, accepts, verify_s, step_s, other_s)[-1] if passes else (1.0, other_s + verify_s[0])
+
+
+def gated_rounds(passes: Sequence[float], accepts: Sequence[float], verify_s: Sequence[float], step_s: float,
+                 other_s: float = 0.0) -> list[tuple[float, float]]:
+    """``gated_round`` for K = 1 .. len(passes) in one pass, the same sums in the same order: the
+    stops before K are the same for every K ≥ d + 1, and each K adds only its own last stop."""
+    found, tokens, seconds, reach, kept = [], 1.0, other_s, 1.0, 1.0
+    for d in range(len(passes)):
+        seconds += reach * (1.0 - passes[d]) * (verify_s[d] + step_s * (d + 1))  # stopped after d drafts
+        reach *= passes[d]
+        kept *= accepts[d]
+        tokens += reach * kept
+        found.append((tokens, seconds + reach * (verify_s[d + 1] + step_s * (d + 1))))  # reached K = d + 1
+    return found
