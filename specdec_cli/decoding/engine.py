@@ -147,11 +147,10 @@ class SpeculativeEngine:
         device = input_device(self.target)
         generator = torch.Generator(device=device).manual_seed(seed)
         tokens = torch.tensor(prompt_ids, dtype=torch.long)
-        cache = DynamicCache(config=self.target.config)
         if self.drafter is not None:
             self.drafter.reset()
-        if len(prompt_ids) > 1:  # the cache always holds every token but the last emitted one
-            out = self.target(tokens[None, :-1].to(device), cache=cache, use_cache=True, logits_to_keep=1, **self._extra)
+        cache, out = self.prompt_cache(tokens)
+        if out is not None:
             self._hand_features(out, len(prompt_ids) - 1)
 
         produced = 0
@@ -213,6 +212,19 @@ class SpeculativeEngine:
             yield event
             if event.finished:
                 return
+
+    @torch.inference_mode()
+    def prompt_cache(self, tokens: torch.Tensor) -> tuple[DynamicCache, object]:
+        """The target's cache of every prompt token but the last (the invariant of every round: the
+        cache holds all tokens but the last emitted one), and the forward's output (None for a
+        one-token prompt). Its only logits asked for are the last row's: a quantised target runs
+        it as a prompt (pairs/dense_prefill.py), which a verify block, scoring every row, never is."""
+        cache = DynamicCache(config=self.target.config)
+        if tokens.shape[0] < 2:
+            return cache, None
+        out = self.target(tokens[None, :-1].to(input_device(self.target)), cache=cache, use_cache=True,
+                          logits_to_keep=1, **self._extra)
+        return cache, out
 
     def _room(self, left: int) -> int:
         """The most drafts worth asking for with ``left`` tokens to go: a chain's K is its depth, so

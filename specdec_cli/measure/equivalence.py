@@ -168,7 +168,10 @@ def reference_decode(engine: SpeculativeEngine, ids: list[int], max_new_tokens: 
     """transformers' greedy search over the same target, with the same EOS set and budget.
 
     Processors a generation_config may switch on (repetition penalty, n-gram bans) are turned off
-    explicitly: the reference must be plain argmax decoding, as the engine's is.
+    explicitly: the reference must be plain argmax decoding, as the engine's is. It continues from
+    the engine's cache of the prompt (all tokens but the last): a quantised target computes a
+    prompt on bfloat16 weights (pairs/dense_prefill.py), which transformers' own forward does not,
+    and what the reference checks is the decoding that follows.
     """
     model, eos = engine.target, sorted(engine.eos_token_ids)
     budget = max_new_tokens
@@ -177,8 +180,9 @@ def reference_decode(engine: SpeculativeEngine, ids: list[int], max_new_tokens: 
     inputs = torch.tensor([ids], device=input_device(model))
     stats = RunStats(TRANSFORMERS)
     with torch.inference_mode():
+        cache, _ = engine.prompt_cache(torch.tensor(ids, dtype=torch.long))
         out = model.generate(
-            inputs, attention_mask=torch.ones_like(inputs), do_sample=False, num_beams=1, max_new_tokens=budget,
+            inputs, attention_mask=torch.ones_like(inputs), cache=cache, do_sample=False, num_beams=1, max_new_tokens=budget,
             eos_token_id=eos or None, pad_token_id=eos[0] if eos else None, repetition_penalty=1.0,
             no_repeat_ngram_size=0, min_new_tokens=0, output_logits=logits, return_dict_in_generate=True,
         )

@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .dense_prefill import DENSE_FROM, dense_kernel
 from .fused_projections import SharedProjection
 from .quantize import Int4Linear, Int8Linear
 from .rowwise_attention import ROWWISE_UP_TO, attend_rows, visible_keys_once
@@ -95,8 +96,9 @@ class LeanDecoder:
         self.groups = self.heads // self.kv_heads
         self.scaling = self.head_dim**-0.5
 
-    def layer(self, x, weights, index, cos, sin, cache, seen):
-        """One decoder layer on [rows, hidden] float32; ``cos``/``sin``: [rows, 1, head_dim]."""
+    def layer(self, x, weights, index, cos, sin, cache, seen, prompt: bool = False):
+        """One decoder layer on [rows, hidden] float32; ``cos``/``sin``: [rows, 1, head_dim];
+        ``prompt``: the rows are a prompt on an empty cache (one causal attention call)."""
         norm1, eps1, qkv, o_proj, norm2, eps2, gate_up, down, inner = weights
         rows, q_and_k, half = x.shape[0], self.heads + self.kv_heads, self.head_dim // 2
         h = norm1 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps1))
@@ -109,7 +111,8 @@ class LeanDecoder:
         value = heads[:, q_and_k:].transpose(0, 1)[None]
         if cache is not None:
             key, value = cache.update(key, value, index)
-        x = x + o_proj(self.attend(query, key, value, seen).reshape(rows, -1))
+        attended = self.attend_prompt(query, key, value) if prompt else self.attend(query, key, value, seen)
+        x = x + o_proj(attended.reshape(rows, -1))
         h = norm2 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps2))
         both = gate_up(h)
         return x + down(torch.nn.functional.silu(both[:, :inner]) * both[:, inner:])
@@ -118,16 +121,27 @@ class LeanDecoder:
         """[1, heads, rows, dim] -> [rows, heads, dim], exactly as rowwise_attention computes it."""
         return attend_rows(query, key, value, self.scaling, self.groups, seen)[0]
 
+    def attend_prompt(self, query, key, value):
+        """[1, heads, rows, dim] on an empty cache -> [rows, heads, dim], every row in one causal call."""
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=self.scaling,
+                                                               enable_gqa=self.groups > 1)
+        return out[0].transpose(0, 1)
+
 
 class LeanLlama(LeanDecoder):
     """The precomputed pieces of one model's forward; ``forward`` is what the model's own becomes."""
 
-    def __init__(self, model):
+    def __init__(self, model, dense: list[tuple[torch.Tensor, ...]] | None = None):
+        """``dense``: bfloat16 weights per layer for a prompt's forward (dense_prefill.py), or None."""
         config = model.config
         super().__init__(config)
         self.model, self.fallback = model, model.forward
         self.embed = model.model.embed_tokens.weight
         self.layers = [layer_weights(layer, config.intermediate_size) for layer in model.model.layers[: config.num_hidden_layers]]
+        self.prompt_layers = None if dense is None else [
+            (norm1, eps1, dense_kernel(qkv), dense_kernel(o, widen=False), norm2, eps2, dense_kernel(gate_up),
+             dense_kernel(down, widen=False), inner)
+            for (norm1, eps1, _, _, norm2, eps2, _, _, inner), (qkv, o, gate_up, down) in zip(self.layers, dense)]
         self.norm, self.norm_eps = model.model.norm.weight, model.model.norm.variance_epsilon
         self.head = kernel(model.lm_head)
         self.rotary = model.model.rotary_emb
@@ -135,24 +149,28 @@ class LeanLlama(LeanDecoder):
     def forward(self, input_ids=None, **kwargs):
         rows = input_ids.shape[-1] if input_ids is not None else 0
         cache = kwargs.get("cache")
-        if (input_ids is None or input_ids.shape[0] != 1 or not 0 < rows <= ROWWISE_UP_TO or not HANDLED.issuperset(kwargs)
+        if (input_ids is None or input_ids.shape[0] != 1 or rows == 0 or not HANDLED.issuperset(kwargs)
                 or self.model.training or not (cache is None or type(cache) is DynamicCache)
                 or self.embed.dtype != torch.float32 or isinstance(kwargs.get("logits_to_keep", 0), torch.Tensor)):
+            return self.fallback(input_ids, **kwargs)
+        mask = kwargs.get("attention_mask")
+        if mask is not None and (mask.dim() != 4 or mask.dtype != torch.bool):
+            return self.fallback(input_ids, **kwargs)
+        past = cache.get_seq_length() if cache is not None else 0
+        to_keep = kwargs.get("logits_to_keep", 0)
+        # A prompt: an empty cache, and only its last row's logits wanted (a verify block scores every row).
+        prompt = self.prompt_layers is not None and past == 0 and mask is None and to_keep == 1 and rows >= DENSE_FROM
+        if rows > ROWWISE_UP_TO and not prompt:
             return self.fallback(input_ids, **kwargs)
         use_cache = kwargs.get("use_cache")
         if cache is None and (self.model.config.use_cache if use_cache is None else use_cache):
             cache = DynamicCache(config=self.model.config)  # as transformers: a given cache is updated either way
-        mask = kwargs.get("attention_mask")
-        if mask is not None and (mask.dim() != 4 or mask.dtype != torch.bool):
-            return self.fallback(input_ids, **kwargs)
         positions = kwargs.get("position_ids")
-        past = cache.get_seq_length() if cache is not None else 0
         if positions is None:
             positions = torch.arange(past, past + rows)
         positions = positions.reshape(-1)
         keep = self.hidden_state_indices(kwargs.get("output_hidden_states"))
-        hidden, states = self.layers_forward(input_ids[0], positions, cache, mask, keep)
-        to_keep = kwargs.get("logits_to_keep", 0)
+        hidden, states = self.layers_forward(input_ids[0], positions, cache, mask, keep, prompt)
         logits = self.head(hidden if not to_keep else hidden[-to_keep:])
         return CausalLMOutputWithPast(logits=logits[None], cache=cache,
                                       hidden_states=None if states is None else tuple(states))
@@ -167,7 +185,7 @@ class LeanLlama(LeanDecoder):
         chosen = [selection] if isinstance(selection, int) else list(selection)
         return {i % count for i in chosen if -count <= i < count}
 
-    def layers_forward(self, ids, positions, cache, mask, keep):
+    def layers_forward(self, ids, positions, cache, mask, keep, prompt: bool = False):
         x = self.embed[ids]  # [rows, hidden] float32
         rows = x.shape[0]
         states = None if keep is None else [None] * (len(self.layers) + 1)
@@ -179,8 +197,8 @@ class LeanLlama(LeanDecoder):
         cos, sin = cos[0, :, None], sin[0, :, None]  # [rows, 1, head_dim], shared by q and k heads
         keys = rows + (cache.get_seq_length() if cache is not None else 0)
         seen = visible_keys_once(mask, rows, keys) if mask is not None else None
-        for index, weights in enumerate(self.layers):
-            x = self.layer(x, weights, index, cos, sin, cache, seen)
+        for index, weights in enumerate(self.prompt_layers if prompt else self.layers):
+            x = self.layer(x, weights, index, cos, sin, cache, seen, prompt)
             if states is not None and index + 1 in keep:
                 states[index + 1] = x[None]
         x = self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm_eps))
@@ -189,9 +207,10 @@ class LeanLlama(LeanDecoder):
         return x, states
 
 
-def use_lean_forward(model) -> bool:
-    """Install the lean forward on ``model`` when it is supported; True when it was."""
+def use_lean_forward(model, dense: list[tuple[torch.Tensor, ...]] | None = None) -> bool:
+    """Install the lean forward on ``model`` when it is supported, with bfloat16 weights for
+    prompts where given (dense_prefill.py); True when it was installed."""
     if not supported(model):
         return False
-    model.forward = LeanLlama(model).forward
+    model.forward = LeanLlama(model, dense).forward
     return True

@@ -22,6 +22,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import UserError
+from . import dense_prefill
 from .gguf_int4 import gguf_int4_blocks
 from .lean_forward import use_lean_forward
 from .quantize import QUANTISED, quantise_model
@@ -81,12 +82,15 @@ def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None) -> Pre
     while the kernels give each row the same result at any block length, so a verify block scores
     exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are. A Llama target
     then runs the lean forward (lean_forward.py: transformers' ops, bit for bit, without its
-    dispatch); ``SPECDEC_LEAN_FORWARD=0`` keeps transformers' forward."""
+    dispatch); ``SPECDEC_LEAN_FORWARD=0`` keeps transformers' forward. Its prompts run on bfloat16
+    copies of the float weights where this CPU multiplies bfloat16 fast (dense_prefill.py)."""
+    lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
+    dense = dense_prefill.dense_weights(model) if lean and dense_prefill.wanted() else None
     blocks = gguf_int4_blocks(gguf_path, model) if kind == "int4" and gguf_path is not None else {}
     model = quantise_model(model, kind, blocks)
     use_rowwise_attention(model)
-    if os.environ.get("SPECDEC_LEAN_FORWARD") != "0":
-        use_lean_forward(model)
+    if lean:
+        use_lean_forward(model, dense)
     return model
 
 

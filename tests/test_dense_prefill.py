@@ -1,0 +1,78 @@
+"""A quantised target's prompts on bfloat16 weights (pairs/dense_prefill.py): taken for a prompt and
+only for a prompt, close to the kernels' arithmetic, and decoding after it stays lossless."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specdec_cli.decoding.drafters import NgramDrafter
+from specdec_cli.decoding.engine import SpeculativeEngine
+from specdec_cli.measure.equivalence import reference_decode
+from specdec_cli.pairs import dense_prefill
+from specdec_cli.pairs.loading import load
+from specdec_cli.pairs.registry import load_registry
+
+PROMPT = torch.randint(3, 98, (1, 24), generator=torch.Generator().manual_seed(11))
+
+
+def target(pair_dir, dtype, monkeypatch, dense: bool):
+    monkeypatch.setenv("SPECDEC_DENSE_PREFILL", "1" if dense else "0")
+    return load(replace(load_registry(pair_dir / "models.yaml").pair("tiny").target, dtype=dtype)).model
+
+
+def prompt_logits(model, ids, **kwargs):
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        return model(ids, cache=cache, use_cache=True, **kwargs).logits[0, -1], cache
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_prompt_runs_on_bfloat16_weights_close_to_the_kernels(pair_dir, dtype, monkeypatch):
+    dense, exact = target(pair_dir, dtype, monkeypatch, True), target(pair_dir, dtype, monkeypatch, False)
+    assert dense.forward.__self__.prompt_layers is not None and exact.forward.__self__.prompt_layers is None
+    fast, _ = prompt_logits(dense, PROMPT, logits_to_keep=1)
+    slow, _ = prompt_logits(exact, PROMPT, logits_to_keep=1)
+    assert not torch.equal(fast, slow)  # another arithmetic ran...
+    assert torch.allclose(fast, slow, atol=0.05 * float(slow.abs().max()))  # ...on the same weights
+    short, _ = prompt_logits(dense, PROMPT[:, : dense_prefill.DENSE_FROM - 1], logits_to_keep=1)
+    assert torch.equal(short, prompt_logits(exact, PROMPT[:, : dense_prefill.DENSE_FROM - 1], logits_to_keep=1)[0])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_block_on_an_empty_cache_scores_every_row_exactly_as_one_token_forwards(pair_dir, dtype, monkeypatch):
+    """A one-token prompt's first verify block sits on an empty cache too: it asks for every row's
+    logits, so it is not a prompt, and each row must equal the one-token forward plain decoding runs."""
+    model = target(pair_dir, dtype, monkeypatch, True)
+    block = PROMPT[:, :10]
+    with torch.inference_mode():
+        whole = model(block, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=10).logits[0]
+        cache = DynamicCache(config=model.config)
+        one = torch.cat([model(block[:, i : i + 1], cache=cache, use_cache=True).logits[0] for i in range(10)])
+    assert torch.equal(whole, one)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_decoding_after_a_dense_prompt_is_lossless_and_transformers_continues_it_identically(pair_dir, dtype, monkeypatch):
+    model = target(pair_dir, dtype, monkeypatch, True)
+    plain = SpeculativeEngine(model, None, {1})
+    lookup = SpeculativeEngine(model, NgramDrafter(), {1})
+    for seed in range(4):
+        ids = torch.randint(3, 98, (12 + 9 * seed,), generator=torch.Generator().manual_seed(seed)).tolist()
+        expected = [t for event in plain.generate(ids, k=0, max_new_tokens=24) for t in event.emitted]
+        for k in (1, 3, 6):
+            assert [t for event in lookup.generate(ids, k=k, max_new_tokens=24) for t in event.emitted] == expected
+        decoded, logits = reference_decode(plain, ids, 24, logits=True)
+        assert decoded.tokens == expected
+        first = next(iter(plain.generate(ids, k=0, max_new_tokens=1, record_logits=True))).logits[0]
+        assert torch.equal(logits[0][0, : first.shape[0]].float(), first)  # on the very same prompt cache
+
+
+def test_the_environment_overrides_the_cpu_check(monkeypatch):
+    monkeypatch.setenv("SPECDEC_DENSE_PREFILL", "0")
+    assert not dense_prefill.wanted()
+    monkeypatch.setenv("SPECDEC_DENSE_PREFILL", "1")
+    assert dense_prefill.wanted()
+    monkeypatch.delenv("SPECDEC_DENSE_PREFILL")
+    assert dense_prefill.wanted() == dense_prefill.fast_bfloat16()
