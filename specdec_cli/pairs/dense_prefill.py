@@ -44,19 +44,31 @@ def fast_bfloat16() -> bool:
 
 
 def dense_weights(model) -> list[tuple[torch.Tensor, ...]] | None:
-    """Per decoder layer of a float Llama model: (q/k/v stacked, o, gate/up stacked, down) in
-    bfloat16, stacked in the order of the fused kernels (fused_projections.py); None for another
-    architecture."""
+    """Per decoder layer of a float Llama model, ``layer_weights``; None for another architecture."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if getattr(model.config, "model_type", None) != "llama" or layers is None:
         return None
+    return [layer_weights(layer) for layer in layers]
 
-    def bfloat16(*linears) -> torch.Tensor:
-        return torch.cat([linear.weight.detach() for linear in linears]).to(torch.bfloat16)
 
-    return [(bfloat16(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
-             bfloat16(layer.self_attn.o_proj), bfloat16(layer.mlp.gate_proj, layer.mlp.up_proj),
-             bfloat16(layer.mlp.down_proj)) for layer in layers]
+def layer_weights(layer) -> tuple[torch.Tensor, ...]:
+    """A float Llama decoder layer's (q/k/v stacked, o, gate/up stacked, down) in bfloat16, stacked in
+    the order of the fused kernels (fused_projections.py)."""
+    attention, mlp = layer.self_attn, layer.mlp
+    return (bfloat16(attention.q_proj, attention.k_proj, attention.v_proj), bfloat16(attention.o_proj),
+            bfloat16(mlp.gate_proj, mlp.up_proj), bfloat16(mlp.down_proj))
+
+
+def bfloat16(*linears) -> torch.Tensor:
+    return torch.cat([linear.weight.detach() for linear in linears]).to(torch.bfloat16)
+
+
+def lean_layer(weights: tuple, dense: tuple[torch.Tensor, ...]) -> tuple:
+    """A lean layer's weights (lean_forward.layer_weights) with its four matmuls on ``dense`` instead."""
+    norm1, eps1, _, _, norm2, eps2, _, _, inner = weights
+    qkv, o, gate_up, down = dense
+    return (norm1, eps1, dense_kernel(qkv), dense_kernel(o, widen=False), norm2, eps2, dense_kernel(gate_up),
+            dense_kernel(down, widen=False), inner)
 
 
 def dense_kernel(weight: torch.Tensor, widen: bool = True):

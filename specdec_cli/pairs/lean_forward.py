@@ -13,8 +13,9 @@ scores exactly as one-token forwards (rowwise_attention.py).
 
 It covers what the engine asks: batch of one, at most ``ROWWISE_UP_TO`` rows, a DynamicCache or
 none, position ids, a 4D bool tree mask, ``logits_to_keep``, ``output_hidden_states`` (a flag, an
-index or indices, as transformers selects them). Anything else — long prompts, other kwargs,
-other architectures — runs transformers' forward unchanged.
+index or indices, as transformers selects them). A prompt, given bfloat16 weights, runs on those
+at any length (dense_prefill.py: the one forward that is not transformers' arithmetic). Anything
+else — long inputs otherwise, other kwargs, other architectures — runs transformers' forward unchanged.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from transformers import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .dense_prefill import DENSE_FROM, dense_kernel
+from .dense_prefill import DENSE_FROM, lean_layer
 from .fused_projections import SharedProjection
 from .quantize import Int4Linear, Int8Linear
 from .rowwise_attention import ROWWISE_UP_TO, attend_rows, visible_keys_once
@@ -138,10 +139,7 @@ class LeanLlama(LeanDecoder):
         self.model, self.fallback = model, model.forward
         self.embed = model.model.embed_tokens.weight
         self.layers = [layer_weights(layer, config.intermediate_size) for layer in model.model.layers[: config.num_hidden_layers]]
-        self.prompt_layers = None if dense is None else [
-            (norm1, eps1, dense_kernel(qkv), dense_kernel(o, widen=False), norm2, eps2, dense_kernel(gate_up),
-             dense_kernel(down, widen=False), inner)
-            for (norm1, eps1, _, _, norm2, eps2, _, _, inner), (qkv, o, gate_up, down) in zip(self.layers, dense)]
+        self.prompt_layers = None if dense is None else [lean_layer(w, d) for w, d in zip(self.layers, dense)]
         self.norm, self.norm_eps = model.model.norm.weight, model.model.norm.variance_epsilon
         self.head = kernel(model.lm_head)
         self.rotary = model.model.rotary_emb
