@@ -127,7 +127,8 @@ def summary(stats: RunStats) -> Text:
     line = Text()
     if not stats.lossless:
         line.append(f"LOSSY ({stats.accept}): not the target's own output · ", style="bold yellow reverse")
-    line.append(f"{stats.new_tokens} tokens in {stats.wall_s:.2f} s ({stats.tokens_per_s:.1f} tok/s) · ")
+    first = f"first after {stats.ttft_s:.2f} s, " if stats.ttft_s is not None else ""
+    line.append(f"{stats.new_tokens} tokens in {stats.wall_s:.2f} s ({first}{stats.tokens_per_s:.1f} tok/s) · ")
     line.append(f"acceptance {stats.acceptance_rate:.1%}", ACCEPTED)
     line.append(
         f" ({stats.accepted}/{stats.drafted} drafts, {stats.drafted - stats.accepted} rejected) · "

@@ -24,9 +24,12 @@ class RunStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     started: float = field(default_factory=time.perf_counter, repr=False)
+    first: float | None = field(default=None, repr=False)  # when the first round (the prompt's forward before it) ended
     ended: float | None = field(default=None, repr=False)
 
     def add(self, event: RoundEvent) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
         self.drafted += len(event.drafted)
         self.accepted += event.accepted
         self.rounds += 1
@@ -41,6 +44,11 @@ class RunStats:
     @property
     def wall_s(self) -> float:
         return (self.ended or time.perf_counter()) - self.started
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Seconds to the first token: the prompt's forward and the first round, what a reader waits."""
+        return None if self.first is None else self.first - self.started
 
     @property
     def acceptance_rate(self) -> float:
@@ -61,12 +69,13 @@ class RunStats:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def as_dict(self) -> dict:
-        figures = {k: v for k, v in asdict(self).items() if k not in ("started", "ended")}
+        figures = {k: v for k, v in asdict(self).items() if k not in ("started", "first", "ended")}
         figures.update(
             lossless=self.lossless,
             acceptance_rate=round(self.acceptance_rate, 4),
             mean_accepted_length=round(self.mean_accepted_length, 4),
             wall_s=round(self.wall_s, 4),
+            ttft_s=None if self.ttft_s is None else round(self.ttft_s, 4),
             tokens_per_s=round(self.tokens_per_s, 2),
             draft_s=round(self.draft_s, 4),
             verify_s=round(self.verify_s, 4),
@@ -76,5 +85,5 @@ class RunStats:
         else:
             figures.pop("tree")
         order = ["k", *(["tree", "mean_nodes_verified"] if self.tree is not None else []), "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds",
-                 "new_tokens", "wall_s", "tokens_per_s", "draft_s", "verify_s", "lossless", "accept"]
+                 "new_tokens", "wall_s", "ttft_s", "tokens_per_s", "draft_s", "verify_s", "lossless", "accept"]
         return {key: figures[key] for key in order}
