@@ -11,7 +11,7 @@ from specdec_cli.decoding.adaptive import AdaptiveK
 from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter, autoregress
 from specdec_cli.decoding.engine import RoundEvent, SpeculativeEngine
 from specdec_cli.decoding.estimates import Acceptance, Calibration
-from specdec_cli.decoding.gate import DraftGate, gated_round, gated_rounds
+from specdec_cli.decoding.gate import DraftGate, gated_rounds
 from specdec_cli.decoding.priors import Prior
 
 COSTS = (1.0, 1.16, 1.31, 1.5)  # verify seconds of 0..3 drafts: the int4 target's block costs
@@ -39,20 +39,20 @@ def test_calibration_scales_the_drafters_confidence_into_the_targets_acceptance(
 
 def test_a_gated_round_that_always_passes_is_a_fixed_k_round():
     accepts = [0.6, 0.5, 0.4]
-    tokens, seconds = gated_round([1.0] * 3, accepts, COSTS, step_s=0.1, other_s=0.02)
+    tokens, seconds = gated_rounds([1.0] * 3, accepts, COSTS, step_s=0.1, other_s=0.02)[-1]
     assert tokens == pytest.approx(Acceptance(0.0).expected(0) + 0.6 + 0.3 + 0.12)  # 1 + Σ Π a
     assert seconds == pytest.approx(1.5 + 3 * 0.1 + 0.02)
 
 
 def test_a_gated_round_weighs_each_stopping_point_by_its_chance():
-    tokens, seconds = gated_round([0.5, 0.5], [0.8, 0.5], COSTS[:3], step_s=0.1)
+    tokens, seconds = gated_rounds([0.5, 0.5], [0.8, 0.5], COSTS[:3], step_s=0.1)[-1]
     # stop at 0 (p 0.5): 1.0 + 1 step; at 1 (0.25): 1.16 + 2 steps; at 2 (0.25): 1.31 + 2 steps.
     assert seconds == pytest.approx(0.5 * 1.1 + 0.25 * 1.36 + 0.25 * 1.51)
     assert tokens == pytest.approx(1 + 0.5 * 0.8 + 0.25 * 0.4)
 
 
 def reference_gated_round(passes, accepts, verify_s, step_s, other_s):
-    """The round's expectation written out stop by stop, as gated_round's docstring defines it."""
+    """One K's round written out stop by stop, as gated_rounds' docstring defines it."""
     k, tokens, seconds, reach, kept = len(passes), 1.0, other_s, 1.0, 1.0
     for d in range(k + 1):
         stop = reach * (1.0 - passes[d]) if d < k else reach
@@ -75,7 +75,6 @@ def test_every_k_of_a_gated_round_at_once_gives_each_ks_own_figures_bit_for_bit(
         step, other = float(torch.rand(1, generator=generator)) / 5, float(torch.rand(1, generator=generator)) / 20
         every = gated_rounds(passes, accepts, verify, step, other)
         assert every == [reference_gated_round(passes[:j], accepts[:j], verify[: j + 1], step, other) for j in range(1, k + 1)]
-        assert gated_round(passes, accepts, verify, step, other) == every[-1]
 
 
 def test_autoregress_stops_where_the_gate_says_and_reports_what_it_weighed():

@@ -30,6 +30,7 @@ from .tree import TreeShape, best_first, judgements, shape_of, tree_source
 
 DEFAULT_K_MAX = 8
 TREE_MAX = 12  # the largest tree budget weighed: verify blocks of 13 tokens, past which a CPU's cost climbs
+UNKNOWN = object()  # a derived figure not yet computed since the last observe (None is a value)
 TREE_LEVEL_COST = 1.15  # a tree level's head forward (width rows) against a chain step's, until measured
 
 
@@ -71,7 +72,7 @@ class AdaptiveK:
         # Verify seconds by K and the one-token forward, derived from block_s (and the prior) and
         # read hundreds of times a round; only observe changes block_s, and it clears them.
         self._verify: dict[int, float] = {}
-        self._one: list[float | None] = []  # [one_token_s] once known this round
+        self._one: float | None | object = UNKNOWN  # one_token_s, once derived this round
         self.sources: dict[str, Source] = {}
         self.probing: str | None = None
         self.rounds_seen = 0
@@ -126,7 +127,7 @@ class AdaptiveK:
         drafted = len(event.drafted)
         self.block_s[drafted + 1] = smooth(self.block_s.get(drafted + 1), event.verify_s, self.smoothing)
         self.other_s = smooth(self.other_s, event.other_s, self.smoothing)
-        self._verify, self._one = {}, []
+        self._verify, self._one = {}, UNKNOWN
         if drafted or event.confidence:
             name = event.source or self.main
             source = self._source(name)
@@ -185,13 +186,13 @@ class AdaptiveK:
 
     def one_token_s(self) -> float | None:
         """Seconds of a 1-token forward: observed, or inferred from another block and the prior."""
-        if not self._one:
+        if self._one is UNKNOWN:
             if 1 in self.block_s:
-                self._one.append(self.block_s[1])
+                self._one = self.block_s[1]
             else:
                 inferred = sorted(s / self.prior.cost(size - 1) for size, s in self.block_s.items())
-                self._one.append(inferred[len(inferred) // 2] if inferred else None)
-        return self._one[0]
+                self._one = inferred[len(inferred) // 2] if inferred else None
+        return self._one
 
     def verify_s(self, k: int) -> float:
         seconds = self._verify.get(k)

@@ -56,22 +56,16 @@ def confidence(probs: torch.Tensor) -> float:
     return float(probs.max())
 
 
-def gated_round(passes: Sequence[float], accepts: Sequence[float], verify_s: Sequence[float], step_s: float,
-                other_s: float = 0.0) -> tuple[float, float]:
-    """Expected tokens and seconds of a gated round of at most K = len(passes) drafts.
+def gated_rounds(passes: Sequence[float], accepts: Sequence[float], verify_s: Sequence[float], step_s: float,
+                 other_s: float = 0.0) -> list[tuple[float, float]]:
+    """Expected tokens and seconds of a gated round of at most K drafts, for K = 1 .. len(passes).
 
     ``passes[i]``: the chance the gate drafts position i, given it drafted those before;
     ``accepts[i]``: the chance the target keeps it, given it was drafted and those before were kept;
     ``verify_s[d]``: verifying d drafts. A round that stops at d < K drafts took d + 1 drafter
-    steps (the last one weighed the guess it declined); one that reaches K took K.
+    steps (the last one weighed the guess it declined); one that reaches K took K. The stops
+    before K are the same for every K ≥ d + 1, so one pass serves every K, each adding its own last stop.
     """
-    return gated_rounds(passes, accepts, verify_s, step_s, other_s)[-1] if passes else (1.0, other_s + verify_s[0])
-
-
-def gated_rounds(passes: Sequence[float], accepts: Sequence[float], verify_s: Sequence[float], step_s: float,
-                 other_s: float = 0.0) -> list[tuple[float, float]]:
-    """``gated_round`` for K = 1 .. len(passes) in one pass, the same sums in the same order: the
-    stops before K are the same for every K ≥ d + 1, and each K adds only its own last stop."""
     found, tokens, seconds, reach, kept = [], 1.0, other_s, 1.0, 1.0
     for d in range(len(passes)):
         seconds += reach * (1.0 - passes[d]) * (verify_s[d] + step_s * (d + 1))  # stopped after d drafts
