@@ -12,6 +12,7 @@ from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.drafters import Draft
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import DraftHead, HeadDrafter, HeadTree, head_config
+from specdec_cli.decoding.kv import reserved_cache
 from specdec_cli.decoding.tree import Tree, TreeShape, best_nodes
 
 PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]
@@ -126,23 +127,20 @@ def test_best_nodes_keep_parents_with_their_children():
     assert best_nodes([0.0, 0.0, 0.0], [-1, 0, 1], 2) == [0, 1]  # ties go to the ancestor
 
 
-class CacheRecorder(engine_module.DynamicCache):
-    made: list = []
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        CacheRecorder.made.append(self)
-
-
 def test_cache_and_head_features_keep_exactly_the_accepted_path(target, plain, monkeypatch):
-    monkeypatch.setattr(engine_module, "DynamicCache", CacheRecorder)
-    CacheRecorder.made = []
+    made = []
+
+    def recorded(config):
+        made.append(reserved_cache(config))
+        return made[-1]
+
+    monkeypatch.setattr(engine_module, "reserved_cache", recorded)
     drafter = OracleTree(PROMPT + plain, seed=1)
     tokens = list(PROMPT)
     checked = 0
     for event in SpeculativeEngine(target, drafter, {1}).generate(PROMPT, k=8, max_new_tokens=30):
         tokens += event.emitted
-        cache = CacheRecorder.made[0]
+        cache = made[0]
         assert cache.get_seq_length() == len(tokens) - 1
         if event.accepted >= 2:
             with torch.no_grad():

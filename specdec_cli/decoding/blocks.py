@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from ..pairs.manifest import cpu_name
-from .kv import crop_cache, input_device
+from .kv import crop_cache, input_device, reserved_cache
 
 MEASURED_LENGTHS = 10  # blocks of 1..10 tokens: K up to 9, where speculation on a CPU can pay
 MEASURE_TRIES = 3  # measurements before giving up on a busy machine (``disturbed``)
@@ -50,7 +50,7 @@ def measure(model: PreTrainedModel, lengths: int = MEASURED_LENGTHS, reps: int =
     device = input_device(model)
     vocab = model.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
-    cache = DynamicCache(config=model.config)
+    cache = reserved_cache(model.config)  # as the engine's
     model(torch.randint(vocab, (1, context), generator=generator).to(device), cache=cache, logits_to_keep=1)
     times: dict[int, list[float]] = {n: [] for n in range(1, lengths + 1)}
     for _ in range(reps + 1):  # the first pass warms every shape up and is not counted
@@ -89,11 +89,13 @@ def cached_plan(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, i
 
 def forward_code() -> str:
     """A digest of this package's code that shapes a target forward (quantised linears, fused
-    projections, row-by-row attention, the lean forward): costs measured under other code are stale."""
+    projections, row-by-row attention, the lean forward, the KV cache): costs measured under other
+    code are stale."""
     from ..pairs import fused_projections, lean_forward, quantize, rowwise_attention
+    from . import kv
 
     digest = hashlib.sha256()
-    for module in (fused_projections, lean_forward, quantize, rowwise_attention):
+    for module in (fused_projections, lean_forward, quantize, rowwise_attention, kv):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
 

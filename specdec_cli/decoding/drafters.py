@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from .acceptance import SamplingParams, distribution
 from .gate import DraftGate, confidence
-from .kv import crop_cache, input_device
+from .kv import crop_cache, input_device, reserved_cache
 
 
 @dataclass
@@ -186,7 +186,7 @@ class ModelDrafter:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = reserved_cache(self.model.config)
         self.cached_tokens = torch.empty(0, dtype=torch.long)
 
     @torch.inference_mode()

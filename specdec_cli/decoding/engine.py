@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..limits import MAX_K
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept, speculative_accept
 from .drafters import Draft, Drafter, parts
-from .kv import crop_cache, input_device, keep_positions
+from .kv import crop_cache, input_device, keep_positions, reserved_cache
 from .tree import Tree, TreeShape, greedy_tree_accept, tree_sample_accept, tree_source, verify_tree
 
 
@@ -219,7 +219,7 @@ class SpeculativeEngine:
         cache holds all tokens but the last emitted one), and the forward's output (None for a
         one-token prompt). Its only logits asked for are the last row's: a quantised target runs
         it as a prompt (pairs/dense_prefill.py), which a verify block, scoring every row, never is."""
-        cache = DynamicCache(config=self.target.config)
+        cache = reserved_cache(self.target.config)
         if tokens.shape[0] < 2:
             return cache, None
         out = self.target(tokens[None, :-1].to(input_device(self.target)), cache=cache, use_cache=True,

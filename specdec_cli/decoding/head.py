@@ -39,7 +39,7 @@ from ..pairs.quantize import QUANTISED, output_weight, quantise_model, quantised
 from ..pairs.rowwise_attention import ROWWISE_UP_TO
 from .drafters import Draft, autoregress, common_prefix
 from .gate import DraftGate
-from .kv import crop_cache
+from .kv import crop_cache, reserved_cache
 from .tree import TreeShape, best_nodes
 
 WEIGHTS_FILE = "head.safetensors"
@@ -202,7 +202,7 @@ class HeadDrafter:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.head.config)
+        self.cache = reserved_cache(self.head.config)
         self.cached_tokens = torch.empty(0, dtype=torch.long)
         self.true_length = 0  # head cache positions computed from the target's own features
         # Row t + 1 holds the target's feature at position t; row 0 stays zero (what the first token
