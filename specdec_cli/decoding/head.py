@@ -88,8 +88,8 @@ class DraftHead(nn.Module):
             positions = torch.arange(start, start + x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
         if self.lean is not None and mask is None and x.shape[0] == 1 and x.shape[1] <= ROWWISE_UP_TO and type(cache) is DynamicCache:
             decoder, weights = self.lean
-            cos, sin = self.rotary(x, positions)
-            return decoder.layer(x[0], weights, 0, cos[0, :, None], sin[0, :, None], cache, None)[None]
+            cos, sin = decoder.rotary_tables(self.rotary, x, positions)
+            return decoder.layer(x[0], weights, 0, cos, sin, cache, None)[None]
         if mask is None:
             mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache, position_ids=positions)
         return self.layer(x, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,

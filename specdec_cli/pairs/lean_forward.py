@@ -97,16 +97,25 @@ class LeanDecoder:
         self.groups = self.heads // self.kv_heads
         self.scaling = self.head_dim**-0.5
 
+    @staticmethod
+    def rotary_tables(rotary, x, positions) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rotary``'s cos and sin for [1, rows] ``positions`` as [rows, 1, head_dim], shared by the
+        q and k heads, with the sign of rotate_half folded into sin's first half: rotate_half(q) · sin
+        is cat(−q₂, q₁) · sin, which is roll(q) · cat(−sin₁, sin₂) exactly (a sign flip rounds the
+        same either side of a product), for two ops a layer instead of four."""
+        cos, sin = rotary(x, positions)
+        half = sin.shape[-1] // 2
+        return cos[0, :, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[0, :, None]
+
     def layer(self, x, weights, index, cos, sin, cache, seen, prompt: bool = False):
-        """One decoder layer on [rows, hidden] float32; ``cos``/``sin``: [rows, 1, head_dim];
-        ``prompt``: the rows are a prompt on an empty cache (one causal attention call)."""
+        """One decoder layer on [rows, hidden] float32; ``cos``/``sin``: [rows, 1, head_dim] from
+        ``rotary_tables``; ``prompt``: the rows are a prompt on an empty cache (one causal attention call)."""
         norm1, eps1, qkv, o_proj, norm2, eps2, gate_up, down, inner = weights
-        rows, q_and_k, half = x.shape[0], self.heads + self.kv_heads, self.head_dim // 2
+        rows, q_and_k = x.shape[0], self.heads + self.kv_heads
         h = norm1 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps1))
         heads = qkv(h).view(rows, q_and_k + self.kv_heads, self.head_dim)
         qk = heads[:, :q_and_k]
-        rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-        qk = qk * cos + rotated * sin
+        qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin
         query = qk[:, : self.heads].transpose(0, 1)[None]
         key = qk[:, self.heads :].transpose(0, 1)[None]
         value = heads[:, q_and_k:].transpose(0, 1)[None]
@@ -191,8 +200,7 @@ class LeanLlama(LeanDecoder):
             states[0] = x[None]
         # The model's own rotary module, once a forward, on the same [1, rows] positions: a table
         # would round cos/sin differently where a short vector takes the scalar tail loop.
-        cos, sin = self.rotary(x, positions[None])
-        cos, sin = cos[0, :, None], sin[0, :, None]  # [rows, 1, head_dim], shared by q and k heads
+        cos, sin = self.rotary_tables(self.rotary, x, positions[None])
         keys = rows + (cache.get_seq_length() if cache is not None else 0)
         seen = visible_keys_once(mask, rows, keys) if mask is not None else None
         for index, weights in enumerate(self.prompt_layers if prompt else self.layers):
