@@ -1,10 +1,10 @@
-"""A prompt's forward on the int4 kernels against bfloat16 weights (pairs/dense_prefill.py).
+"""A prompt's forward on the int4 kernels against dense weights (pairs/dense_prefill.py: bfloat16 or float32, by CPU).
 
     OMP_NUM_THREADS=2 python3 benchmarks/prefill.py --prompts benchmarks/unseen-sample.jsonl
 
 Both in one process on the same loaded target, alternating which goes first, the fastest of
 ``--repeats`` per prompt: the engine's prompt forward (every prompt token but the last, into an
-empty cache), with the bfloat16 weights and with them switched off. Prints one line per prompt and
+empty cache), with the dense weights and with them switched off. Prints one line per prompt and
 the totals; the greedy tokens that follow are not compared here (verify-equivalence does that).
 """
 
@@ -32,18 +32,18 @@ def main() -> None:
     lean = getattr(runtime.target.model.forward, "__self__", None)
     dense = getattr(lean, "prompt_layers", None)
     if dense is None:
-        raise SystemExit("the default target runs no bfloat16 prompt forward here (not int8/int4 Llama, "
-                         "SPECDEC_DENSE_PREFILL=0, or a CPU without AMX / AVX-512 BF16)")
+        raise SystemExit("the default target runs no dense prompt forward here (not an int8/int4 Llama, "
+                         "or SPECDEC_DENSE_PREFILL=0)")
     engine = SpeculativeEngine(runtime.target.model, None, runtime.eos_token_ids)
     rows = []
     with torch.inference_mode():
         for index, prompt in enumerate(read_file(args.prompts)):
             tokens = torch.tensor(encode_prompt(runtime.tokenizer, prompt.text), dtype=torch.long)
-            seconds = {"int4 kernels": [], "bfloat16": []}
+            seconds = {"int4 kernels": [], "dense": []}
             for repeat in range(args.repeats):
                 order = list(seconds) if (index + repeat) % 2 == 0 else list(reversed(seconds))
                 for name in order:
-                    lean.prompt_layers = dense if name == "bfloat16" else None
+                    lean.prompt_layers = dense if name == "dense" else None
                     started = time.perf_counter()
                     engine.prompt_cache(tokens)
                     seconds[name].append(time.perf_counter() - started)
@@ -52,7 +52,7 @@ def main() -> None:
                          **{name: round(1000 * min(times), 1) for name, times in seconds.items()}})
     for row in sorted(rows, key=lambda r: r["tokens"]):
         print(json.dumps(row))
-    totals = {name: round(sum(r[name] for r in rows)) for name in ("int4 kernels", "bfloat16")}
+    totals = {name: round(sum(r[name] for r in rows)) for name in ("int4 kernels", "dense")}
     print(json.dumps({"threads": torch.get_num_threads(), "prompts": len(rows), "total_ms": totals}))
 
 

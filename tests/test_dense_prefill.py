@@ -1,5 +1,5 @@
-"""A quantised target's prompts on bfloat16 weights (pairs/dense_prefill.py): taken for a prompt and
-only for a prompt, close to the kernels' arithmetic, and decoding after it stays lossless."""
+"""A quantised target's prompts on dense (bfloat16 or float32) weights (pairs/dense_prefill.py): taken
+for a prompt and only for a prompt, close to the kernels' arithmetic, and decoding after it stays lossless."""
 
 from dataclasses import replace
 
@@ -17,8 +17,8 @@ from specdec_cli.pairs.registry import load_registry
 PROMPT = torch.randint(3, 98, (1, 24), generator=torch.Generator().manual_seed(11))
 
 
-def target(pair_dir, dtype, monkeypatch, dense: bool):
-    monkeypatch.setenv("SPECDEC_DENSE_PREFILL", "1" if dense else "0")
+def target(pair_dir, dtype, monkeypatch, dense: bool | str):
+    monkeypatch.setenv("SPECDEC_DENSE_PREFILL", dense if isinstance(dense, str) else "1" if dense else "0")
     return load(replace(load_registry(pair_dir / "models.yaml").pair("tiny").target, dtype=dtype)).model
 
 
@@ -28,10 +28,13 @@ def prompt_logits(model, ids, **kwargs):
         return model(ids, cache=cache, use_cache=True, **kwargs).logits[0, -1], cache
 
 
+@pytest.mark.parametrize("weights", ["bfloat16", "float32"])
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
-def test_a_prompt_runs_on_bfloat16_weights_close_to_the_kernels(pair_dir, dtype, monkeypatch):
-    dense, exact = target(pair_dir, dtype, monkeypatch, True), target(pair_dir, dtype, monkeypatch, False)
-    assert dense.forward.__self__.prompt_layers is not None and exact.forward.__self__.prompt_layers is None
+def test_a_prompt_runs_on_dense_weights_close_to_the_kernels(pair_dir, dtype, weights, monkeypatch):
+    dense, exact = target(pair_dir, dtype, monkeypatch, weights), target(pair_dir, dtype, monkeypatch, False)
+    layers = dense.forward.__self__.prompt_layers
+    assert layers is not None and exact.forward.__self__.prompt_layers is None
+    assert {w.dtype for w in dense_prefill.dense_weights(target(pair_dir, "float32", monkeypatch, False), getattr(torch, weights))[0]} == {getattr(torch, weights)}
     fast, _ = prompt_logits(dense, PROMPT, logits_to_keep=1)
     slow, _ = prompt_logits(exact, PROMPT, logits_to_keep=1)
     assert not torch.equal(fast, slow)  # another arithmetic ran...
@@ -69,10 +72,12 @@ def test_decoding_after_a_dense_prompt_is_lossless_and_transformers_continues_it
         assert torch.equal(logits[0][0, : first.shape[0]].float(), first)  # on the very same prompt cache
 
 
-def test_the_environment_overrides_the_cpu_check(monkeypatch):
-    monkeypatch.setenv("SPECDEC_DENSE_PREFILL", "0")
-    assert not dense_prefill.wanted()
+def test_the_cpu_picks_the_prompt_weights_and_the_environment_overrides_it(monkeypatch):
+    for setting, expected in (("0", None), ("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        monkeypatch.setenv("SPECDEC_DENSE_PREFILL", setting)
+        assert dense_prefill.dense_dtype() == expected
+    by_cpu = torch.bfloat16 if dense_prefill.fast_bfloat16() else torch.float32  # emulated bfloat16 is slow
     monkeypatch.setenv("SPECDEC_DENSE_PREFILL", "1")
-    assert dense_prefill.wanted()
+    assert dense_prefill.dense_dtype() == by_cpu
     monkeypatch.delenv("SPECDEC_DENSE_PREFILL")
-    assert dense_prefill.wanted() == dense_prefill.fast_bfloat16()
+    assert dense_prefill.dense_dtype() == by_cpu

@@ -1,18 +1,19 @@
-"""A prompt's forward on bfloat16 copies of a quantised target's weights.
+"""A prompt's forward on dense (bfloat16 or float32) copies of a quantised target's weights.
 
 Decoding streams every weight once per token, so the weight-only int4/int8 kernels win there: it is
 the bytes. A prompt's forward multiplies each weight by many rows, and there the int4 kernel is
-compute-bound while a CPU with AMX (or AVX-512 BF16) runs oneDNN's bfloat16 matmul several times
-faster: on this project's CPU, gate/up at 37 rows took 1.0 ms in int4 and 0.3 ms in bfloat16, at 512
-rows 12.9 ms against 1.1 ms. A whole prompt's forward then streams the 220 MB of bfloat16 weights
-instead, and is bound by that.
+compute-bound. A CPU with AMX (or AVX-512 BF16) runs oneDNN's bfloat16 matmul several times faster:
+gate/up at 37 rows took 1.0 ms in int4 and 0.3 ms in bfloat16, at 512 rows 12.9 ms against 1.1 ms.
+Elsewhere bfloat16 is emulated (slower than int4), but float32 BLAS still beats the int4 kernel from
+a few dozen rows on (an AVX2 EPYC: 37 rows 1.4 against 1.8 ms, 512 rows 10.9 against 23.1 ms), for
+twice bfloat16's memory (~425 MB of copies for this project's target, ~215 MB in bfloat16).
 
 So a forward on an empty cache that asks for its last row's logits only — a prompt; a verify block
-scores every row — runs its linears on bfloat16 copies of the weights, taken from the float model
-before quantisation (for a GGUF target, its own blocks de-quantised), and its attention as one causal
+scores every row — runs its linears on those copies, taken from the float model before
+quantisation (for a GGUF target, its own blocks de-quantised), and its attention as one causal
 call. Plain and speculative decoding share that forward, so their outputs stay identical; the
-prompt's positions differ from the kernels' arithmetic by round-off. Where bfloat16 matmuls are not
-fast, nothing changes. ``SPECDEC_DENSE_PREFILL=0`` turns it off, ``=1`` on (tests).
+prompt's positions differ from the kernels' arithmetic by round-off. ``SPECDEC_DENSE_PREFILL=0``
+turns it off, ``=1`` on with the CPU's dtype, ``=bfloat16`` / ``=float32`` picks the dtype.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ import torch
 DENSE_FROM = 8  # prompt rows; below this the kernels' own forward is as fast
 
 
-def wanted() -> bool:
+def dense_dtype() -> torch.dtype | None:
+    """The dtype of a prompt's weights on this CPU, or None to keep the kernels'."""
     setting = os.environ.get("SPECDEC_DENSE_PREFILL")
-    if setting in ("0", "1"):
-        return setting == "1"
-    return fast_bfloat16()
+    if setting == "0":
+        return None
+    if setting in ("bfloat16", "float32"):
+        return getattr(torch, setting)
+    return torch.bfloat16 if fast_bfloat16() else torch.float32
 
 
 def fast_bfloat16() -> bool:
@@ -43,24 +47,25 @@ def fast_bfloat16() -> bool:
     return False
 
 
-def dense_weights(model) -> list[tuple[torch.Tensor, ...]] | None:
+def dense_weights(model, dtype: torch.dtype = torch.bfloat16) -> list[tuple[torch.Tensor, ...]] | None:
     """Per decoder layer of a float Llama model, ``layer_weights``; None for another architecture."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if getattr(model.config, "model_type", None) != "llama" or layers is None:
         return None
-    return [layer_weights(layer) for layer in layers]
+    return [layer_weights(layer, dtype) for layer in layers]
 
 
-def layer_weights(layer) -> tuple[torch.Tensor, ...]:
-    """A float Llama decoder layer's (q/k/v stacked, o, gate/up stacked, down) in bfloat16, stacked in
-    the order of the fused kernels (fused_projections.py)."""
+def layer_weights(layer, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
+    """A float Llama decoder layer's (q/k/v stacked, o, gate/up stacked, down) in ``dtype``, stacked
+    in the order of the fused kernels (fused_projections.py)."""
     attention, mlp = layer.self_attn, layer.mlp
-    return (bfloat16(attention.q_proj, attention.k_proj, attention.v_proj), bfloat16(attention.o_proj),
-            bfloat16(mlp.gate_proj, mlp.up_proj), bfloat16(mlp.down_proj))
+    return tuple(stacked(dtype, *linears) for linears in ((attention.q_proj, attention.k_proj, attention.v_proj),
+                                                          (attention.o_proj,), (mlp.gate_proj, mlp.up_proj),
+                                                          (mlp.down_proj,)))
 
 
-def bfloat16(*linears) -> torch.Tensor:
-    return torch.cat([linear.weight.detach() for linear in linears]).to(torch.bfloat16)
+def stacked(dtype: torch.dtype, *linears) -> torch.Tensor:
+    return torch.cat([linear.weight.detach() for linear in linears]).to(dtype)
 
 
 def lean_layer(weights: tuple, dense: tuple[torch.Tensor, ...]) -> tuple:
@@ -72,7 +77,8 @@ def lean_layer(weights: tuple, dense: tuple[torch.Tensor, ...]) -> tuple:
 
 
 def dense_kernel(weight: torch.Tensor, widen: bool = True):
-    """x (rows, in) float32 -> (rows, out) through a bfloat16 matmul, cast as lean_forward.kernel casts."""
+    """x (rows, in) float32 -> (rows, out) through a matmul in the weight's dtype, cast as
+    lean_forward.kernel casts (for float32 weights the casts are no-ops)."""
 
     def matmul(x):
         out = torch.nn.functional.linear(x.to(weight.dtype), weight)

@@ -13,7 +13,7 @@ scores exactly as one-token forwards (rowwise_attention.py).
 
 It covers what the engine asks: batch of one, at most ``ROWWISE_UP_TO`` rows, a DynamicCache or
 none, position ids, a 4D bool tree mask, ``logits_to_keep``, ``output_hidden_states`` (a flag, an
-index or indices, as transformers selects them). A prompt, given bfloat16 weights, runs on those
+index or indices, as transformers selects them). A prompt, given dense weights, runs on those
 at any length (dense_prefill.py: the one forward that is not transformers' arithmetic). Anything
 else — long inputs otherwise, other kwargs, other architectures — runs transformers' forward unchanged.
 """
@@ -142,7 +142,7 @@ class LeanLlama(LeanDecoder):
     """The precomputed pieces of one model's forward; ``forward`` is what the model's own becomes."""
 
     def __init__(self, model, dense: list[tuple[torch.Tensor, ...]] | None = None):
-        """``dense``: bfloat16 weights per layer for a prompt's forward (dense_prefill.py), or None."""
+        """``dense``: dense (bfloat16 or float32) weights per layer for a prompt's forward (dense_prefill.py), or None."""
         config = model.config
         super().__init__(config)
         self.model, self.fallback = model, model.forward
@@ -214,7 +214,7 @@ class LeanLlama(LeanDecoder):
 
 
 def use_lean_forward(model, dense: list[tuple[torch.Tensor, ...]] | None = None) -> bool:
-    """Install the lean forward on ``model`` when it is supported, with bfloat16 weights for
+    """Install the lean forward on ``model`` when it is supported, with dense weights for
     prompts where given (dense_prefill.py); True when it was installed."""
     if not supported(model):
         return False

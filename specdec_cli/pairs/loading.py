@@ -82,10 +82,11 @@ def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None) -> Pre
     while the kernels give each row the same result at any block length, so a verify block scores
     exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are. A Llama target
     then runs the lean forward (lean_forward.py: transformers' ops, bit for bit, without its
-    dispatch); ``SPECDEC_LEAN_FORWARD=0`` keeps transformers' forward. Its prompts run on bfloat16
-    copies of the float weights where this CPU multiplies bfloat16 fast (dense_prefill.py)."""
+    dispatch); ``SPECDEC_LEAN_FORWARD=0`` keeps transformers' forward. Its prompts run on dense copies
+    of the float weights: bfloat16 where this CPU multiplies it fast, else float32 (dense_prefill.py)."""
     lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
-    dense = dense_prefill.dense_weights(model) if lean and dense_prefill.wanted() else None
+    dense_dtype = dense_prefill.dense_dtype() if lean else None
+    dense = dense_prefill.dense_weights(model, dense_dtype) if dense_dtype is not None else None
     blocks = gguf_int4_blocks(gguf_path, model) if kind == "int4" and gguf_path is not None else {}
     model = quantise_model(model, kind, blocks)
     use_rowwise_attention(model)
