@@ -39,15 +39,18 @@ def test_a_prompt_runs_on_dense_weights_close_to_the_kernels(pair_dir, dtype, we
     slow, _ = prompt_logits(exact, PROMPT, logits_to_keep=1)
     assert not torch.equal(fast, slow)  # another arithmetic ran...
     assert torch.allclose(fast, slow, atol=0.05 * float(slow.abs().max()))  # ...on the same weights
-    short, _ = prompt_logits(dense, PROMPT[:, : dense_prefill.DENSE_FROM - 1], logits_to_keep=1)
-    assert torch.equal(short, prompt_logits(exact, PROMPT[:, : dense_prefill.DENSE_FROM - 1], logits_to_keep=1)[0])
+    below = dense_prefill.DENSE_FROM[getattr(torch, weights)] - 1  # too short to pay: the kernels' own forward
+    short, _ = prompt_logits(dense, PROMPT[:, :below], logits_to_keep=1)
+    assert torch.equal(short, prompt_logits(exact, PROMPT[:, :below], logits_to_keep=1)[0])
+    assert not torch.equal(prompt_logits(dense, PROMPT[:, : below + 1], logits_to_keep=1)[0],
+                           prompt_logits(exact, PROMPT[:, : below + 1], logits_to_keep=1)[0])
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
 def test_a_block_on_an_empty_cache_scores_every_row_exactly_as_one_token_forwards(pair_dir, dtype, monkeypatch):
     """A one-token prompt's first verify block sits on an empty cache too: it asks for every row's
     logits, so it is not a prompt, and each row must equal the one-token forward plain decoding runs."""
-    model = target(pair_dir, dtype, monkeypatch, True)
+    model = target(pair_dir, dtype, monkeypatch, "bfloat16")  # dense from 8 rows: the 10-row block would qualify
     block = PROMPT[:, :10]
     with torch.inference_mode():
         whole = model(block, cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=10).logits[0]

@@ -149,6 +149,7 @@ class LeanLlama(LeanDecoder):
         self.embed = model.model.embed_tokens.weight
         self.layers = [layer_weights(layer, config.intermediate_size) for layer in model.model.layers[: config.num_hidden_layers]]
         self.prompt_layers = None if dense is None else [lean_layer(w, d) for w, d in zip(self.layers, dense)]
+        self.dense_from = None if dense is None else DENSE_FROM[dense[0][0].dtype]
         self.norm, self.norm_eps = model.model.norm.weight, model.model.norm.variance_epsilon
         self.head = kernel(model.lm_head)
         self.rotary = model.model.rotary_emb
@@ -166,7 +167,7 @@ class LeanLlama(LeanDecoder):
         past = cache.get_seq_length() if cache is not None else 0
         to_keep = kwargs.get("logits_to_keep", 0)
         # A prompt: an empty cache, and only its last row's logits wanted (a verify block scores every row).
-        prompt = self.prompt_layers is not None and past == 0 and mask is None and to_keep == 1 and rows >= DENSE_FROM
+        prompt = self.prompt_layers is not None and past == 0 and mask is None and to_keep == 1 and rows >= self.dense_from
         if rows > ROWWISE_UP_TO and not prompt:
             return self.fallback(input_ids, **kwargs)
         use_cache = kwargs.get("use_cache")
