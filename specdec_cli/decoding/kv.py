@@ -29,7 +29,7 @@ class ReservedLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         keys, values = self.keys, self.values
-        length, new = (keys.shape[-2] if keys.dim() == 4 else 0), key_states.shape[-2]
+        length, new = self.get_seq_length(), key_states.shape[-2]
         if not (keys is self.handed[0] and values is self.handed[1]) or length + new > self.buffers[0].shape[-2]:
             self._reserve(length, length + new, (key_states, value_states))
         key_buffer, value_buffer = self.buffers

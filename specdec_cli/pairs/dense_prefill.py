@@ -50,7 +50,7 @@ def fast_bfloat16() -> bool:
     return False
 
 
-def dense_weights(model, dtype: torch.dtype = torch.bfloat16) -> list[tuple[torch.Tensor, ...]] | None:
+def dense_weights(model, dtype: torch.dtype) -> list[tuple[torch.Tensor, ...]] | None:
     """Per decoder layer of a float Llama model, ``layer_weights``; None for another architecture."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if getattr(model.config, "model_type", None) != "llama" or layers is None:
@@ -58,7 +58,7 @@ def dense_weights(model, dtype: torch.dtype = torch.bfloat16) -> list[tuple[torc
     return [layer_weights(layer, dtype) for layer in layers]
 
 
-def layer_weights(layer, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
+def layer_weights(layer, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """A float Llama decoder layer's (q/k/v stacked, o, gate/up stacked, down) in ``dtype``, stacked
     in the order of the fused kernels (fused_projections.py)."""
     attention, mlp = layer.self_attn, layer.mlp
