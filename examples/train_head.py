@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from specdec_cli.decoding.head import DraftHead, head_config, save_head, target_identity
+from specdec_cli.pairs.meta import read_meta
 from specdec_cli.prompts import read_file
 from specdec_cli.training.corpus import read_shard, within_budget
 from specdec_cli.training.distill import Example, default_target, teacher
@@ -40,8 +41,10 @@ def answer_shards() -> list[Path]:
     return sorted(ANSWERS.glob("*/shard-*.jsonl.gz"))
 
 
-def stage_teacher(minutes: float, batch_size: int) -> None:
-    todo = [p for p in answer_shards() if not (TEACHER / f"{p.parent.name}-{p.name}.pt").is_file()]
+def stage_teacher(minutes: float, batch_size: int, shards: str = "*") -> None:
+    """``shards``: a glob over ``<stage>/shard-N.jsonl.gz`` to score only those (a budget's worth)."""
+    todo = [p for p in answer_shards() if not (TEACHER / f"{p.parent.name}-{p.name}.pt").is_file()
+            and fnmatch.fnmatch(f"{p.parent.name}/{p.name}", shards)]
     print(f"{len(todo)} shards to score", flush=True)
     if not todo:
         return
@@ -124,7 +127,11 @@ def stage_train(args) -> None:
     layers = tuple(int(x) for x in args.feature_layers.split(","))
     hidden = target.model.config.get_text_config().hidden_size
     columns = torch.cat([torch.arange(info["layers"].index(i) * hidden, (info["layers"].index(i) + 1) * hidden) for i in layers])
-    if args.vocab_size:
+    if args.vocab_from:
+        allowed = sorted(set(read_meta(Path(args.vocab_from))["top_vocab"]) | set(eos))
+        counts = Counter(t for e in train for t in e.ids[e.start :].tolist())
+        covered = round(sum(counts[t] for t in allowed) / sum(counts.values()), 4)
+    elif args.vocab_size:
         counts = Counter(t for e in train for t in e.ids[e.start :].tolist())
         allowed = sorted({t for t, _ in counts.most_common(args.vocab_size)} | set(eos))
         covered = round(sum(counts[t] for t in allowed) / sum(counts.values()), 4)
@@ -218,8 +225,6 @@ def warm_start(head: DraftHead, directory: Path) -> None:
     (so step 0 drafts exactly as that head did)."""
     from safetensors.torch import load_file
 
-    from specdec_cli.pairs.meta import read_meta
-
     state = load_file(directory / "head.safetensors")
     layers = tuple((read_meta(directory) or {}).get("feature_layers", (-1,)))
     if layers == head.feature_layers and head.fuse is not None:
@@ -241,6 +246,7 @@ def main() -> None:
     parser.add_argument("stage", choices=("teacher", "train"))
     parser.add_argument("--minutes", type=float, default=9.0)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--shards", default="*", help="teacher: only answer files matching this glob (e.g. 'conversations/*')")
     parser.add_argument("--out", default="runs/head")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--feature-layers", default="2,15,-1")
@@ -249,6 +255,7 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.0)
     parser.add_argument("--coverage", type=float, default=0.99)
     parser.add_argument("--vocab-size", type=int, default=0, help="fixed size instead of --coverage")
+    parser.add_argument("--vocab-from", default="", help="a head's output ids instead (e.g. the warm start's, on a subset of the data)")
     parser.add_argument("--warm", default=str(SHIPPED), help="a head to start from ('' for a fresh one)")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--decay-steps", type=int, default=0, help="cosine decay of --lr to a tenth over N steps")
@@ -262,7 +269,7 @@ def main() -> None:
     parser.add_argument("--eval-prefix", default="", help="... and on prompt ids starting with this")
     args = parser.parse_args()
     if args.stage == "teacher":
-        stage_teacher(args.minutes, args.batch_size)
+        stage_teacher(args.minutes, args.batch_size, args.shards)
     else:
         stage_train(args)
 

@@ -371,3 +371,32 @@ def test_lookup_first_keeps_greedy_output_and_sampling_exact(trained, loaded_tar
     sampling, repeating = SamplingParams(1.0), [3, 4, 3, 4]  # the first round drafts by lookup: 3 4 -> 3 4
     counts = sampled_pairs(small, LookupFirst(learned), 2, sampling, prompt=repeating)
     assert_same_distribution(counts, exact_two_token_distribution(small, repeating, sampling))
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_the_teacher_scores_a_quantised_target_on_dense_weights_as_its_kernels_would(kind, monkeypatch):
+    """The teacher's dense matmuls (distill.dense_kernels) are the kernels' arithmetic up to
+    summation order: same top ids, log-probs and features to round-off, and the kernels restored."""
+    import contextlib
+
+    from conftest import tiny_llama
+
+    from specdec_cli.pairs.quantize import Int4Linear, Int8Linear, quantise_model
+    from specdec_cli.training import distill
+
+    target = quantise_model(tiny_llama(seed=3, hidden=64), kind)
+    quantised = [m for m in target.modules() if isinstance(m, (Int4Linear, Int8Linear))]
+    sequences = [([0, 5, 6, 7, 8, 9, 10, 11, 12], 3), ([0, 40, 41, 42, 43], 2)]
+    dense = distill.teacher(target, sequences, 4, True, 2, 0, layers=(1, -1))
+    assert all("forward" not in vars(m) for m in quantised)  # the kernels' forward is back
+    with monkeypatch.context() as patch:
+        patch.setattr(distill, "dense_kernels", contextlib.nullcontext)
+        kernels = distill.teacher(target, sequences, 4, True, 2, 0, layers=(1, -1))
+    for d, k in zip(dense, kernels):
+        assert torch.equal(d.top_ids[:, 0], k.top_ids[:, 0])
+        torch.testing.assert_close(d.top_logp, k.top_logp, atol=5e-2, rtol=0)  # bfloat16 outputs round at 2^-8
+        torch.testing.assert_close(d.hidden, k.hidden, atol=2e-2, rtol=2e-2)
+    with pytest.raises(RuntimeError), distill.dense_kernels(target):
+        assert all("forward" in vars(m) for m in quantised)
+        raise RuntimeError("a failed batch")
+    assert all("forward" not in vars(m) for m in quantised)
