@@ -207,7 +207,8 @@ def stage_train(args) -> None:
 def heldout_prompts(ids: list[str]) -> list[dict]:
     """The held-out prompts as a prompt file (to benchmark on what the head never saw): templates
     (``tpl-``), the prompts composed from the target's requests (``gen-``), and the request-writing
-    prompts themselves (``req-``)."""
+    prompts themselves (``req-``); conversations (``conv-``) as their messages, follow-ups (``fu-``)
+    by the first turn they follow."""
     from make_answers import ROUNDS, meta_prompts
 
     known = {f"tpl-{p.id}": {"prompt": p.text, "scenario": p.scenario} for p in read_file(HERE / "train-prompts.jsonl")}
@@ -216,7 +217,11 @@ def heldout_prompts(ids: list[str]) -> list[dict]:
         known[row["id"]] = {"prompt": row["prompt"], "scenario": row["scenario"]}
     known.update({row["id"]: {"prompt": row["text"], "scenario": "request-writing"}
                   for round_ in ROUNDS for row in meta_prompts(round_)})
-    return [{"id": i, **known[i]} for i in ids]
+    for line in (ANSWERS / "conversations.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        known[row["id"]] = {"messages": row["messages"], "scenario": row["scenario"]}
+    # a follow-up's prompt shows a first turn's answer to the target: named by that turn (make_answers.first_turns)
+    return [{"id": i, **known.get(i, {"from": i.removeprefix("fu-"), "scenario": "follow-up"})} for i in ids]
 
 
 def warm_start(head: DraftHead, directory: Path) -> None:
