@@ -127,13 +127,11 @@ def stage_train(args) -> None:
     layers = tuple(int(x) for x in args.feature_layers.split(","))
     hidden = target.model.config.get_text_config().hidden_size
     columns = torch.cat([torch.arange(info["layers"].index(i) * hidden, (info["layers"].index(i) + 1) * hidden) for i in layers])
-    if args.vocab_from:
-        allowed = sorted(set(read_meta(Path(args.vocab_from))["top_vocab"]) | set(eos))
+    if args.vocab_from or args.vocab_size:
         counts = Counter(t for e in train for t in e.ids[e.start :].tolist())
-        covered = round(sum(counts[t] for t in allowed) / sum(counts.values()), 4)
-    elif args.vocab_size:
-        counts = Counter(t for e in train for t in e.ids[e.start :].tolist())
-        allowed = sorted({t for t, _ in counts.most_common(args.vocab_size)} | set(eos))
+        chosen = (read_meta(Path(args.vocab_from))["top_vocab"] if args.vocab_from
+                  else [t for t, _ in counts.most_common(args.vocab_size)])
+        allowed = sorted(set(chosen) | set(eos))
         covered = round(sum(counts[t] for t in allowed) / sum(counts.values()), 4)
     else:
         allowed, covered = vocabulary(train, args.coverage, eos)

@@ -144,13 +144,16 @@ def teacher(target: PreTrainedModel, sequences: list[tuple[list[int], int]], top
     examples = []
     with dense_kernels(target):
         for at in range(0, len(sequences), batch_size):
-            _score(target, sequences[at : at + batch_size], top_k, features, pad, layers, vocab, device, examples)
+            batch = sequences[at : at + batch_size]
+            examples += _scored(target, batch, top_k, features, pad, layers, vocab, device)
             if progress:
-                progress(len(sequences[at : at + batch_size]))
+                progress(len(batch))
     return examples
 
 
-def _score(target, batch, top_k, features, pad, layers, vocab, device, examples) -> None:
+def _scored(target, batch, top_k, features, pad, layers, vocab, device) -> list[Example]:
+    """One right-padded batch through the target: its examples, in order."""
+    examples = []
     width = max(len(ids) for ids, _ in batch)
     ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch], device=device)
     mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch], device=device)
@@ -160,6 +163,7 @@ def _score(target, batch, top_k, features, pad, layers, vocab, device, examples)
         top = logp.topk(min(top_k, vocab), dim=-1)
         hidden = torch.cat([out.hidden_states[i][row, : len(tokens)] for i in layers], -1).float().cpu() if features else None
         examples.append(Example(torch.tensor(tokens), start, top.indices.int().cpu(), top.values.cpu(), hidden))
+    return examples
 
 
 @contextmanager
