@@ -73,7 +73,7 @@ def answer(target: PreTrainedModel, prompts: list[list[int]], eos: set[int], pad
            settings: AnswerSettings, progress=None) -> list[list[int]]:
     """The target's answers, batched with left padding (so every row continues at the same place)."""
     device = target.get_input_embeddings().weight.device
-    options = dict(do_sample=True, temperature=settings.temperature, top_k=0, top_p=1.0) if sampled else dict(do_sample=False)
+    options = {"do_sample": True, "temperature": settings.temperature, "top_k": 0, "top_p": 1.0} if sampled else {"do_sample": False}
     answers = []
     torch.manual_seed(settings.seed)
     for at in range(0, len(prompts), settings.batch_size):
