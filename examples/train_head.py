@@ -24,6 +24,7 @@ import torch
 
 from specdec_cli.decoding.head import DraftHead, head_config, save_head, target_identity
 from specdec_cli.pairs.meta import read_meta
+from specdec_cli.pairs.quantize import dense_kernels
 from specdec_cli.prompts import read_file
 from specdec_cli.training.corpus import read_shard, within_budget
 from specdec_cli.training.distill import Example, default_target, teacher
@@ -49,18 +50,20 @@ def stage_teacher(minutes: float, batch_size: int, shards: str = "*") -> None:
     if not todo:
         return
     target, _, pad = default_target()
-    for path in within_budget(todo, minutes):
-        began = time.monotonic()
-        rows = read_shard(path)
-        rows.sort(key=lambda r: len(r["ids"]))  # less padding per batch
-        examples = teacher(target.model, [(r["ids"], r["start"]) for r in rows], TOP_K, True, batch_size, pad,
-                           layers=LAYERS)
-        kept = [{"id": r["id"], "kind": r["kind"], "ids": e.ids, "start": e.start, "top_ids": e.top_ids,
-                 "top_logp": e.top_logp.half(), "hidden": e.hidden.bfloat16()} for r, e in zip(rows, examples)]
-        TEACHER.mkdir(parents=True, exist_ok=True)
-        save_atomically({"layers": LAYERS, "top_k": TOP_K, "target": target_identity(target.model, target.source),
-                         "examples": kept}, TEACHER / f"{path.parent.name}-{path.name}.pt")
-        print(f"{path.parent.name}/{path.name}: {len(kept)} sequences, {time.monotonic() - began:.0f} s", flush=True)
+    identity = target_identity(target.model, target.source)
+    with dense_kernels(target.model):  # de-quantised once for every shard, not once a shard
+        for path in within_budget(todo, minutes):
+            began = time.monotonic()
+            rows = read_shard(path)
+            rows.sort(key=lambda r: len(r["ids"]))  # less padding per batch
+            examples = teacher(target.model, [(r["ids"], r["start"]) for r in rows], TOP_K, True, batch_size, pad,
+                               layers=LAYERS)
+            kept = [{"id": r["id"], "kind": r["kind"], "ids": e.ids, "start": e.start, "top_ids": e.top_ids,
+                     "top_logp": e.top_logp.half(), "hidden": e.hidden.bfloat16()} for r, e in zip(rows, examples)]
+            TEACHER.mkdir(parents=True, exist_ok=True)
+            save_atomically({"layers": LAYERS, "top_k": TOP_K, "target": identity, "examples": kept},
+                            TEACHER / f"{path.parent.name}-{path.name}.pt")
+            print(f"{path.parent.name}/{path.name}: {len(kept)} sequences, {time.monotonic() - began:.0f} s", flush=True)
 
 
 def load_examples(seed: int, holdout: float) -> tuple[list[Example], list[tuple[Example, str, str]], dict]:
@@ -219,7 +222,8 @@ def heldout_prompts(ids: list[str]) -> list[dict]:
         row = json.loads(line)
         known[row["id"]] = {"messages": row["messages"], "scenario": row["scenario"]}
     # a follow-up's prompt shows a first turn's answer to the target: named by that turn (make_answers.first_turns)
-    return [{"id": i, **known.get(i, {"from": i.removeprefix("fu-"), "scenario": "follow-up"})} for i in ids]
+    follow_up = {i: {"from": i.removeprefix("fu-"), "scenario": "follow-up"} for i in ids if i.startswith("fu-")}
+    return [{"id": i, **(follow_up.get(i) or known[i])} for i in ids]
 
 
 def warm_start(head: DraftHead, directory: Path) -> None:

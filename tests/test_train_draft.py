@@ -375,8 +375,9 @@ def test_lookup_first_keeps_greedy_output_and_sampling_exact(trained, loaded_tar
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_the_teacher_scores_a_quantised_target_on_dense_weights_as_its_kernels_would(kind, monkeypatch):
-    """The teacher's dense matmuls (distill.dense_kernels) are the kernels' arithmetic up to
-    summation order: same top ids, log-probs and features to round-off, and the kernels restored."""
+    """The teacher's dense matmuls (quantize.dense_kernels, entered by distill.teacher) are the
+    kernels' arithmetic up to summation order: same top ids, log-probs and features to round-off,
+    the kernels restored, and a caller's context reused."""
     import contextlib
 
     from conftest import tiny_llama
@@ -396,6 +397,10 @@ def test_the_teacher_scores_a_quantised_target_on_dense_weights_as_its_kernels_w
         assert torch.equal(d.top_ids[:, 0], k.top_ids[:, 0])
         torch.testing.assert_close(d.top_logp, k.top_logp, atol=5e-2, rtol=0)  # bfloat16 outputs round at 2^-8
         torch.testing.assert_close(d.hidden, k.hidden, atol=2e-2, rtol=2e-2)
+    with distill.dense_kernels(target):  # a caller's context (a teacher pass over many shards): de-quantised once
+        outer = [vars(m)["forward"] for m in quantised]
+        distill.teacher(target, sequences, 4, True, 2, 0, layers=(1, -1))
+        assert [vars(m)["forward"] for m in quantised] == outer  # the teacher's own context reused them
     with pytest.raises(RuntimeError), distill.dense_kernels(target):
         assert all("forward" in vars(m) for m in quantised)
         raise RuntimeError("a failed batch")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +18,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
 from ..errors import UserError
-from ..pairs.quantize import Int4Linear, Int8Linear
+from ..pairs.quantize import dense_kernels
 from ..pairs.tokenization import encode_prompt
 from ..prompts import Prompt
 
@@ -164,36 +163,6 @@ def _scored(target, batch, top_k, features, pad, layers, vocab, device) -> list[
         hidden = torch.cat([out.hidden_states[i][row, : len(tokens)] for i in layers], -1).float().cpu() if features else None
         examples.append(Example(torch.tensor(tokens), start, top.indices.int().cpu(), top.values.cpu(), hidden))
     return examples
-
-
-@contextmanager
-def dense_kernels(model: torch.nn.Module):
-    """Run ``model``'s weight-only int8/int4 linears as float32 matmuls on their own de-quantised
-    weights, rounding inputs and outputs to the kernels' dtype as the kernels do.
-
-    The teacher scores whole answers, hundreds of rows a forward, where the int4 kernel is
-    compute-bound: float32 BLAS scored a shard in 0.65x the time on an AVX2 CPU. It is the kernels'
-    arithmetic up to summation order: on 1,652 answer positions the top-1 ids agreed on 98.4 %, and
-    matched the target's greedy answers exactly as often (1,374 of 1,400). Costs the float32 weights'
-    memory while it lasts."""
-    patched = [m for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
-    for module in patched:
-        module.forward = _dense_forward(module)
-    try:
-        yield model
-    finally:
-        for module in patched:
-            del module.forward  # back to the class's kernel forward
-
-
-def _dense_forward(linear):
-    weight = linear.dequantized()[: linear.out_features].contiguous()
-    rounding = (linear.scales_and_zeros if isinstance(linear, Int4Linear) else linear.scale).dtype
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x.to(rounding).to(x.dtype), weight).to(rounding).to(x.dtype)
-        return out if linear.bias is None else out + linear.bias
-    return forward
 
 
 def encode(tokenizer, prompts: list[Prompt], raw: bool, context: int | None, room: int) -> list[list[int]]:
