@@ -1,5 +1,7 @@
 """How a drafter fares on prompts per scenario, without timing: acceptance by draft position, α, and
-the share of the target's tokens its output vocabulary cannot propose.
+the share of the target's tokens its output vocabulary cannot propose, and first-position acceptance
+split by whether the target's token copies its context (the bigram it closes occurs earlier in the
+prompt or output) or is fresh.
 
     python benchmarks/drafter_report.py --prompts benchmarks/unseen-prompts.jsonl --drafter head -k 3
 
@@ -71,13 +73,22 @@ def main() -> None:
 
     offered, kept = defaultdict(lambda: [0] * args.k), defaultdict(lambda: [0] * args.k)
     judged, accepted, tokens, outside, seen = (defaultdict(int) for _ in range(5))
+    first = defaultdict(lambda: {"copy": [0, 0], "fresh": [0, 0]})  # first position: [kept, offered]
     for prompt in read_file(args.prompts):
         scenario = prompt.scenario or "default"
         if args.per_scenario and seen[scenario] >= args.per_scenario:
             continue
         seen[scenario] += 1
         ids = encode_prompt(runtime.tokenizer, prompt.text)
+        context, bigrams = list(ids), set(zip(ids, ids[1:]))
         for event in engine.generate(ids, k=args.k, max_new_tokens=args.max_new_tokens):
+            if event.drafted and event.emitted:
+                counts = first[scenario]["copy" if (context[-1], event.emitted[0]) in bigrams else "fresh"]
+                counts[0] += event.accepted > 0
+                counts[1] += 1
+            for token in event.emitted:
+                bigrams.add((context[-1], token))
+                context.append(token)
             for i in range(len(event.drafted)):
                 offered[scenario][i] += 1
                 kept[scenario][i] += i < event.accepted
@@ -96,6 +107,8 @@ def main() -> None:
             "per_position": [round(k / n, 3) if n else None for k, n in zip(kp, off)],
             "tokens": sum(tokens[s] for s in names),
             "outside_vocab": round(sum(outside[s] for s in names) / max(1, sum(tokens[s] for s in names)), 4),
+            "first_position": {kind: {"accepted": round(sum(first[s][kind][0] for s in names) / max(1, n), 3), "rounds": n}
+                               for kind in ("copy", "fresh") for n in [sum(first[s][kind][1] for s in names)]},
         }
     print(json.dumps({"drafter": args.draft or args.drafter, "dtype": args.dtype, "vocab": args.vocab or (None if vocab is None else len(vocab)), "k": args.k, "max_new_tokens": args.max_new_tokens, "scenarios": report}))
 

@@ -21,6 +21,12 @@ translate / rewrite prompts. Its replies to those requests are target text too a
 answers. Stage 3 answers examples/train-prompts.jsonl (the templates) and the new prompts: greedy,
 and sampled at temperature 0.8 for the new ones. No text from outside the project.
 
+Copies (session 15) are not answers: the target's own passages with some of their words swapped for
+random others, shown to it with a request to repeat them, and the passage as the reply. The teacher
+pass scores the target on that reply, where it copies from its context text no template made.
+
+    python examples/make_answers.py copies
+
 Round 2 (session 8) asks again, with another seed and five more kinds of request (compare, advice,
 list, email, fact), and composes long contexts from two of the target's paragraphs on one topic. Its
 requests, prompts (ids ``gen2-``) and answers come after round 1's shards, which stay as they were.
@@ -317,9 +323,62 @@ def stage_conversations(minutes: float | None) -> None:
     run_shards(OUT / "conversations", jobs, minutes, settings, sampled_of=lambda row: True)
 
 
+COPY_ASKS = [  # written for this stage; the passage follows the request, or comes before it
+    "Repeat the following text exactly as it is written:",
+    "Copy this back to me word for word, please.",
+    "Here is some text. Write it out again without changing anything.",
+    "Echo the passage below unchanged.",
+    "Can you type out this text again for me? Keep every word.",
+    "Please rewrite the text below exactly, keeping every word in its place.",
+]
+COPY_SHARDS, COPY_SWAP = 16, (0.15, 0.4, 1.0)  # the share of words swapped: a few names, many, word salad
+
+
+def copy_rows(tokenizer, answers: list[dict], count: int, seed: int = SEED) -> list[dict]:
+    """Synthetic copy tasks (seeded): a passage from one of the target's greedy answers, words swapped
+    at random for words from its other answers, so that only the context can predict them."""
+    rng = random.Random(seed + 15)
+    texts = [tokenizer.decode(r["ids"][r["start"] :], skip_special_tokens=True).strip() for r in answers if r["kind"] == "greedy"]
+    words = sorted({w for text in texts for w in text.split() if w.isalpha() and len(w) > 2})
+    rows = []
+    for n in range(count):
+        lines = rng.choice(texts).split("\n")
+        first = rng.randrange(len(lines))
+        kept, total = [], 0
+        for line in lines[first:]:
+            if total > 50:
+                break
+            kept.append(line)
+            total += len(line.split())
+        swap = COPY_SWAP[n % len(COPY_SWAP)]
+        passage = "\n".join(" ".join(rng.choice(words) if rng.random() < swap and w.isalpha() else w
+                                       for w in line.split(" ")) for line in kept).strip()
+        if not passage:
+            continue
+        ask = rng.choice(COPY_ASKS)
+        text = f"{ask}\n\n{passage}" if rng.random() < 0.75 else f"{passage}\n\n{ask}"
+        prompt = encode_prompt(tokenizer, text)
+        reply = tokenizer(passage, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append({"id": f"copy-{n}", "kind": "copy", "text": text, "ids": prompt + reply, "start": len(prompt)})
+    return rows
+
+
+def copy_tasks() -> list[dict]:
+    """The copy tasks as ``copies`` writes them (rebuilt from the seed and the first turns' answer shards)."""
+    answers = [row for i in range(FIRST_TURN_SHARDS) for row in read_shard(shard_path(OUT / "answers", i))]
+    return copy_rows(target_tokenizer(), answers, COPY_SHARDS * SHARD)
+
+
+def stage_copies() -> None:
+    rows = copy_tasks()
+    for index, shard in enumerate(shards_of(rows)):
+        write_shard(shard_path(OUT / "copies", index), [{k: row[k] for k in ("id", "kind", "ids", "start")} for row in shard])
+    print(f"{len(rows)} copy tasks, {sum(len(r['ids']) - r['start'] for r in rows)} reply tokens")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("requests", "prompts", "answers", "followups", "conversations"))
+    parser.add_argument("stage", choices=("requests", "prompts", "answers", "followups", "conversations", "copies"))
     parser.add_argument("--minutes", type=float, default=None, help="time budget (default 9; conversations: "
                         "without it, compose them)")
     args = parser.parse_args()
@@ -327,7 +386,7 @@ def main() -> None:
     minutes = 9.0 if args.minutes is None else args.minutes
     {"requests": lambda: stage_requests(minutes), "prompts": stage_prompts,
      "answers": lambda: stage_answers(minutes), "followups": lambda: stage_followups(minutes),
-     "conversations": lambda: stage_conversations(args.minutes)}[args.stage]()
+     "conversations": lambda: stage_conversations(args.minutes), "copies": stage_copies}[args.stage]()
 
 
 if __name__ == "__main__":

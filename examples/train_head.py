@@ -163,6 +163,17 @@ def stage_train(args) -> None:
     print(f"{len(train)} train / {len(heldout)} held-out sequences, {info['answer_tokens']} answer tokens, "
           f"vocab {len(allowed)} ({covered:.2%} of training answer tokens), layers {layers}, unroll {args.unroll}", flush=True)
 
+    def write_head(directory: Path, step: int, chain: list[float], score: float) -> None:
+        """The head as it stands, loadable by ``--draft`` (its held-out figures are those of ``step``)."""
+        head.eval()
+        meta = {"target": identity, "top_vocab": allowed, "training": {
+            "answers": "examples/answers", "sequences": info["sequences"], "answer_tokens": info["answer_tokens"],
+            "heldout_sequences": len(heldout), "eval_shards": args.eval_shards, "eval_prefix": args.eval_prefix, "seed": args.seed, "steps": trainer.step, "best_step": step,
+            "unroll": args.unroll, "lr": args.lr, "decay_steps": args.decay_steps, "bf16": args.bf16, "minutes_this_run": args.minutes, "batch_size": args.batch_size, "warm_start": args.warm or None,
+            "vocab_coverage": covered, "heldout_chain_agreement": chain, "expected_accepted_3": score}}
+        save_head(directory, head, {**meta, "layer": head.config_dict})
+        head.train()
+
     def evaluate():
         chain = trainer.chain_agreement(3)
         score = chain[0] + chain[0] * chain[1] + chain[0] * chain[1] * chain[2]  # expected accepted of 3
@@ -172,6 +183,8 @@ def stage_train(args) -> None:
         trainer.history.append({"step": trainer.step, "chain": chain, "score": round(score, 4),
                                 "minutes": round((time.monotonic() - started) / 60, 2)})
         print(f"step {trainer.step}: held-out agreement by position {chain}, expected accepted {score:.3f}", flush=True)
+        if args.snapshots:
+            write_head(out / f"step-{trainer.step}", trainer.step, chain, round(score, 4))
 
     if trainer.step == 0:
         evaluate()
@@ -192,13 +205,7 @@ def stage_train(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     save_atomically({"trainer": trainer.checkpoint(), "best": best}, state_file)
     head.load_state_dict(best["state"])
-    head.eval()
-    meta = {"target": identity, "top_vocab": allowed, "training": {
-        "answers": "examples/answers", "sequences": info["sequences"], "answer_tokens": info["answer_tokens"],
-        "heldout_sequences": len(heldout), "eval_shards": args.eval_shards, "eval_prefix": args.eval_prefix, "seed": args.seed, "steps": trainer.step, "best_step": best["step"],
-        "unroll": args.unroll, "lr": args.lr, "decay_steps": args.decay_steps, "bf16": args.bf16, "minutes_this_run": args.minutes, "batch_size": args.batch_size, "warm_start": args.warm or None,
-        "vocab_coverage": covered, "heldout_chain_agreement": best["chain"], "expected_accepted_3": best["score"]}}
-    save_head(out, head, {**meta, "layer": head.config_dict})
+    write_head(out, best["step"], best["chain"], best["score"])
     (out / "history.json").write_text(json.dumps(trainer.history))
     (out / "heldout.jsonl").write_text("".join(json.dumps(p) + "\n" for p in heldout_prompts(heldout_ids)))
     print(json.dumps({"out": str(out), "best": best["chain"], "score": best["score"], "step": best["step"],
@@ -209,8 +216,8 @@ def heldout_prompts(ids: list[str]) -> list[dict]:
     """The held-out prompts as a prompt file (to benchmark on what the head never saw): templates
     (``tpl-``), the prompts composed from the target's requests (``gen-``), and the request-writing
     prompts themselves (``req-``); conversations (``conv-``) as their messages, follow-ups (``fu-``)
-    by the first turn they follow."""
-    from make_answers import ROUNDS, meta_prompts
+    by the first turn they follow, copy tasks (``copy-``) rebuilt from their seed."""
+    from make_answers import ROUNDS, copy_tasks, meta_prompts
 
     known = {f"tpl-{p.id}": {"prompt": p.text, "scenario": p.scenario} for p in read_file(HERE / "train-prompts.jsonl")}
     for line in (ANSWERS / "prompts.jsonl").read_text().splitlines():
@@ -223,6 +230,8 @@ def heldout_prompts(ids: list[str]) -> list[dict]:
         known[row["id"]] = {"messages": row["messages"], "scenario": row["scenario"]}
     # a follow-up's prompt shows a first turn's answer to the target: named by that turn (make_answers.first_turns)
     follow_up = {i: {"from": i.removeprefix("fu-"), "scenario": "follow-up"} for i in ids if i.startswith("fu-")}
+    if any(i.startswith("copy-") for i in ids):
+        known.update({row["id"]: {"prompt": row["text"], "scenario": "copy"} for row in copy_tasks()})
     return [{"id": i, **(follow_up.get(i) or known[i])} for i in ids]
 
 
@@ -274,6 +283,8 @@ def main() -> None:
     parser.add_argument("--heldout-examples", type=int, default=160)
     parser.add_argument("--eval-shards", default="*", help="held-out agreement only on teacher files matching this glob")
     parser.add_argument("--eval-prefix", default="", help="... and on prompt ids starting with this")
+    parser.add_argument("--snapshots", action="store_true", help="also write the head at every evaluation (OUT/step-N), "
+                        "to choose by acceptance on other prompts (benchmarks/drafter_report.py --draft OUT/step-N)")
     args = parser.parse_args()
     if args.stage == "teacher":
         stage_teacher(args.minutes, args.batch_size, args.shards)

@@ -1,0 +1,101 @@
+"""Is a head's low acceptance on a prompt file the text's entropy or the head's reach? Teacher-forced
+first-position agreement with the target, bucketed by how sure the target is of its token, on the
+target's greedy answers to a prompt file and on the target's own text from the teacher pass.
+
+    python benchmarks/head_agreement.py --prompts benchmarks/unseen-prompts.jsonl \\
+        --own 'runs/teacher/conversations-shard-*.pt' [--draft DIR]
+
+Every position of an answer is scored as a first draft position would be (the target's features
+before it, its token), not only the positions a round starts at, so more positions count than in
+benchmarks/drafter_report.py. ``copy`` marks a token that closes a bigram seen earlier in the
+sequence. ``--own`` should name text the head never trained on (the shipped head never saw the
+conversations); the greedy answers (or copy tasks) there are used, up to ``--limit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+
+import torch
+
+from specdec_cli.decoding.engine import SpeculativeEngine
+from specdec_cli.decoding.head import load_head
+from specdec_cli.decoding.runtime import prepare
+from specdec_cli.pairs.registry import load_registry, override
+from specdec_cli.pairs.tokenization import encode_prompt
+from specdec_cli.prompts import read_file
+from specdec_cli.training.distill import Example, collate, teacher
+from specdec_cli.training.loop import HeadStudent
+
+BUCKETS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.01)  # the target's top-1 probability
+
+
+def agreement(student: HeadStudent, allowed: torch.Tensor | None, examples: list[Example], pad: int) -> dict:
+    hits, counts = torch.zeros(len(BUCKETS) - 1, 2), torch.zeros(len(BUCKETS) - 1, 2)  # columns: fresh, copy
+    for at in range(0, len(examples), 8):
+        batch = collate(examples[at : at + 8], pad)
+        with torch.no_grad():
+            logits = student.logits(batch, 1)[0][0]
+        choice = logits.argmax(-1) if allowed is None else allowed[logits.argmax(-1)]
+        hit = choice == batch.top_ids[:, 0]
+        bucket = torch.bucketize(batch.top_logp[:, 0].float().exp(), torch.tensor(BUCKETS[1:-1]), right=True)
+        copy = torch.tensor([(int(batch.ids[r, p]), int(batch.ids[r, p + 1])) in set(zip(batch.ids[r, :p].tolist(), batch.ids[r, 1 : p + 1].tolist()))
+                             for r, p in zip(*(w.tolist() for w in batch.where))], dtype=torch.long)
+        hits.index_put_((bucket, copy), hit.float(), accumulate=True)
+        counts.index_put_((bucket, copy), torch.ones_like(hit, dtype=torch.float), accumulate=True)
+    share = counts.sum(1) / counts.sum()
+    return {
+        "positions": int(counts.sum()),
+        "agreement": round(float(hits.sum() / counts.sum()), 3),
+        "by_target_top1": {f"{lo}-{hi}": {"share": round(float(share[i]), 3), "agreement": round(float(hits[i].sum() / counts[i].sum().clamp(min=1)), 3)}
+                           for i, (lo, hi) in enumerate(zip(BUCKETS, BUCKETS[1:]))},
+        "copy": round(float(hits[:, 1].sum() / counts[:, 1].sum().clamp(min=1)), 3),
+        "fresh": round(float(hits[:, 0].sum() / counts[:, 0].sum().clamp(min=1)), 3),
+        "copy_share": round(float(counts[:, 1].sum() / counts.sum()), 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", required=True)
+    parser.add_argument("--own", required=True, help="teacher-pass files (glob) of text the head never trained on")
+    parser.add_argument("--draft", default=None, help="a head directory (default: the pair's)")
+    parser.add_argument("--limit", type=int, default=200)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+
+    pair = override(load_registry(None).pair(None), draft=args.draft)
+    runtime = prepare(pair)
+    target = runtime.target.model
+    drafter = load_head(pair.alternate("head").head, target, runtime.target.source)
+    student = HeadStudent(drafter.head.eval(), target, drafter.allowed, unroll=1)
+    pad = runtime.tokenizer.pad_token_id or 0
+    layers = drafter.head.feature_layers
+
+    own = []
+    for path in sorted(glob.glob(args.own)):
+        data = torch.load(path, weights_only=True)
+        columns = [list(data["layers"]).index(i) for i in layers]
+        width = data["examples"][0]["hidden"].shape[1] // len(data["layers"])
+        for e in data["examples"]:
+            if e["kind"] != "sampled" and len(own) < args.limit:
+                hidden = torch.cat([e["hidden"][:, c * width : (c + 1) * width] for c in columns], -1).float()
+                own.append(Example(e["ids"].long(), e["start"], e["top_ids"], e["top_logp"].float(), hidden))
+    if not own:
+        raise SystemExit(f"no greedy answers or copy tasks in {args.own}")
+
+    engine = SpeculativeEngine(target, drafter, runtime.eos_token_ids, runtime.block_plan)  # k=0: plain decoding
+    sequences = []
+    for prompt in read_file(args.prompts):
+        ids = encode_prompt(runtime.tokenizer, prompt.text)
+        answer = [t for event in engine.generate(ids, k=0, max_new_tokens=args.max_new_tokens) for t in event.emitted]
+        sequences.append((ids + answer, len(ids)))
+    answers = teacher(target, sequences, 32, True, 4, pad, layers=layers)
+    print(json.dumps({"draft": args.draft or "the pair's head", "own": {"files": args.own, **agreement(student, drafter.allowed, own, pad)},
+                      "prompts": {"file": args.prompts, **agreement(student, drafter.allowed, answers, pad)}}))
+
+
+if __name__ == "__main__":
+    main()
