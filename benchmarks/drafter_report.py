@@ -5,7 +5,8 @@ prompt or output) or is fresh.
 
     python benchmarks/drafter_report.py --prompts benchmarks/unseen-prompts.jsonl --drafter head -k 3
 
-Greedy, fixed K, the pair's drafter of that kind without prompt lookup in front (``--draft DIR``: a
+Greedy, fixed K, the pair's drafter of that kind without prompt lookup in front (``--lookup``: with
+it, as bench's ``ngram+`` modes; the vocabulary share is still the learned drafter's; ``--draft DIR``: a
 head directory instead; ``--dtype``: the target's precision; ``--head-precision``: the head's, float32
 or int8, where a quantised target's head runs int8; ``--vocab full|N``: a head's output
 layer widened at inference to all ids, or to the N ids the target writes most often in
@@ -19,6 +20,7 @@ import argparse
 import json
 from collections import defaultdict
 
+from specdec_cli.decoding.drafters import LookupFirst
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import HeadDrafter, load_head
 from specdec_cli.decoding.runtime import prepare
@@ -57,6 +59,7 @@ def main() -> None:
     parser.add_argument("--vocab", default=None, help="full, or N: the N most frequent ids of examples/answers")
     parser.add_argument("--head-precision", default=None, help="float32 or int8 (default: as the target, see HeadDrafter)")
     parser.add_argument("--per-scenario", type=int, default=0, help="first N prompts of each scenario (0: all)")
+    parser.add_argument("--lookup", action="store_true", help="prompt lookup first, as bench's ngram+ modes (its rounds count too)")
     args = parser.parse_args()
 
     registry = load_registry(args.models)
@@ -67,8 +70,10 @@ def main() -> None:
         head = load_head(pair.alternate("head").head, runtime.target.model, runtime.target.source).head  # the float head
         allowed = drafter.allowed if not args.vocab else None if args.vocab == "full" else frequent_ids(int(args.vocab))
         drafter = HeadDrafter(head, runtime.target.model, allowed, args.head_precision or runtime.target.precision)
-    engine = SpeculativeEngine(runtime.target.model, drafter, runtime.eos_token_ids, runtime.block_plan)
     allowed = getattr(drafter, "allowed", None)
+    if args.lookup:
+        drafter = LookupFirst(drafter)
+    engine = SpeculativeEngine(runtime.target.model, drafter, runtime.eos_token_ids, runtime.block_plan)
     vocab = None if allowed is None else set(allowed.tolist())
 
     offered, kept = defaultdict(lambda: [0] * args.k), defaultdict(lambda: [0] * args.k)
