@@ -337,7 +337,7 @@ COPY_SHARDS, COPY_SWAP = 16, (0.15, 0.4, 1.0)  # the share of words swapped: a f
 def copy_rows(tokenizer, answers: list[dict], count: int, seed: int = SEED) -> list[dict]:
     """Synthetic copy tasks (seeded): a passage from one of the target's greedy answers, words swapped
     at random for words from its other answers, so that only the context can predict them."""
-    rng = random.Random(seed + 15)
+    rng = random.Random(seed + 15)  # a stream of its own, apart from the stages seeded SEED + round
     texts = [tokenizer.decode(r["ids"][r["start"] :], skip_special_tokens=True).strip() for r in answers if r["kind"] == "greedy"]
     words = sorted({w for text in texts for w in text.split() if w.isalpha() and len(w) > 2})
     rows = []
