@@ -29,6 +29,17 @@ from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
 
 
+def closes_earlier_bigram(tokens: list[int]) -> list[bool]:
+    """Per token, whether it and the token before it occurred together earlier in ``tokens``: a
+    token the context could have been copied from (prompt lookup's one-token match)."""
+    seen, flags = set(), [False] * len(tokens)
+    for i in range(1, len(tokens)):
+        if i >= 2:
+            seen.add((tokens[i - 2], tokens[i - 1]))  # every pair that ends before token i
+        flags[i] = (tokens[i - 1], tokens[i]) in seen
+    return flags
+
+
 def frequent_ids(size: int):
     """The ``size`` ids the target wrote most often in examples/answers/ (its answers, not the prompts)."""
     from collections import Counter
@@ -85,15 +96,11 @@ def main() -> None:
             continue
         seen[scenario] += 1
         ids = encode_prompt(runtime.tokenizer, prompt.text)
-        context, bigrams = list(ids), set(zip(ids, ids[1:]))
+        sequence, rounds = list(ids), []  # rounds: (index of the round's first token, its draft kept)
         for event in engine.generate(ids, k=args.k, max_new_tokens=args.max_new_tokens):
             if event.drafted and event.emitted:
-                counts = first[scenario]["copy" if (context[-1], event.emitted[0]) in bigrams else "fresh"]
-                counts[0] += event.accepted > 0
-                counts[1] += 1
-            for token in event.emitted:
-                bigrams.add((context[-1], token))
-                context.append(token)
+                rounds.append((len(sequence), event.accepted > 0))
+            sequence += event.emitted
             for i in range(len(event.drafted)):
                 offered[scenario][i] += 1
                 kept[scenario][i] += i < event.accepted
@@ -101,6 +108,11 @@ def main() -> None:
             accepted[scenario] += event.accepted
             tokens[scenario] += len(event.emitted)
             outside[scenario] += sum(t not in vocab for t in event.emitted) if vocab is not None else 0
+        copies = closes_earlier_bigram(sequence)
+        for index, kept_it in rounds:
+            counts = first[scenario]["copy" if copies[index] else "fresh"]
+            counts[0] += kept_it
+            counts[1] += 1
     report = {}
     for scenario in list(seen) + ["all"]:
         names = list(seen) if scenario == "all" else [scenario]

@@ -19,6 +19,7 @@ import glob
 import json
 
 import torch
+from drafter_report import closes_earlier_bigram  # benchmarks/, this script's directory
 
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import load_head
@@ -41,8 +42,8 @@ def agreement(student: HeadStudent, allowed: torch.Tensor | None, examples: list
         choice = logits.argmax(-1) if allowed is None else allowed[logits.argmax(-1)]
         hit = choice == batch.top_ids[:, 0]
         bucket = torch.bucketize(batch.top_logp[:, 0].float().exp(), torch.tensor(BUCKETS[1:-1]), right=True)
-        copy = torch.tensor([(int(batch.ids[r, p]), int(batch.ids[r, p + 1])) in set(zip(batch.ids[r, :p].tolist(), batch.ids[r, 1 : p + 1].tolist()))
-                             for r, p in zip(*(w.tolist() for w in batch.where))], dtype=torch.long)
+        flags = [closes_earlier_bigram(e.ids.tolist()) for e in examples[at : at + 8]]
+        copy = torch.tensor([flags[r][p + 1] for r, p in zip(*(w.tolist() for w in batch.where))], dtype=torch.long)
         hits.index_put_((bucket, copy), hit.float(), accumulate=True)
         counts.index_put_((bucket, copy), torch.ones_like(hit, dtype=torch.float), accumulate=True)
     share = counts.sum(1) / counts.sum()

@@ -39,3 +39,11 @@ def test_the_reply_is_the_passage_and_swapped_words_come_from_greedy_answers():
     assert salads > 10  # most passages had words swapped
     assert copy_rows(tokenizer, answers(tokenizer, texts), 30, seed=1) == rows
     assert copy_rows(tokenizer, answers(tokenizer, texts), 30, seed=2) != rows
+
+
+def test_a_copy_token_closes_a_bigram_seen_before_it():
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from drafter_report import closes_earlier_bigram
+
+    assert closes_earlier_bigram([5, 6, 7, 5, 6, 6, 6, 6]) == [False, False, False, False, True, False, True, True]
+    assert closes_earlier_bigram([]) == [] and closes_earlier_bigram([1]) == [False]
