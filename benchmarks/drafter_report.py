@@ -10,7 +10,8 @@ it, as bench's ``ngram+`` modes; the vocabulary share is still the learned draft
 head directory instead; ``--dtype``: the target's precision; ``--head-precision``: the head's, float32
 or int8, where a quantised target's head runs int8; ``--vocab full|N``: a head's output
 layer widened at inference to all ids, or to the N ids the target writes most often in
-examples/answers/, to see what its vocabulary costs in acceptance). The output is the
+examples/answers/, to see what its vocabulary costs in acceptance; ``--lookup-in-chain N``: a
+probe of per-token fusion, see LookupInChain). The output is the
 target's (lossless), so the out-of-vocabulary share is measured on exactly what the target wrote.
 """
 
@@ -20,7 +21,9 @@ import argparse
 import json
 from collections import defaultdict
 
-from specdec_cli.decoding.drafters import LookupFirst
+import torch
+
+from specdec_cli.decoding.drafters import Draft, LookupFirst, NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import HeadDrafter, load_head
 from specdec_cli.decoding.runtime import prepare
@@ -57,6 +60,40 @@ def frequent_ids(size: int):
     return torch.tensor(sorted(token for token, _ in counts.most_common(size)), dtype=torch.long)
 
 
+class LookupInChain:
+    """A probe, not a drafter we ship: the head's greedy chain, where from the second token on prompt
+    lookup takes over whenever the context and the draft so far end in an n-gram of at least
+    ``min_ngram`` tokens seen earlier (per-token fusion of the two). Session 16: on the 34
+    ``expected_alpha`` prompts it left α where lookup-first had it (0.515 at n ≥ 2 and 3, 0.481 at 1)."""
+
+    uses_target_features = True
+
+    def __init__(self, head: HeadDrafter, min_ngram: int):
+        self.head, self.min_ngram, self.name = head, min_ngram, head.name
+        self.allowed, self.feature_layers = head.allowed, head.feature_layers
+
+    def reset(self) -> None:
+        self.head.reset()
+
+    def add_features(self, rows: torch.Tensor) -> None:
+        self.head.add_features(rows)
+
+    @torch.inference_mode()
+    def propose(self, context, k, sampling, generator) -> Draft:
+        head, n = self.head, context.shape[0]
+        guess, caught_up = head._catch_up(context)
+        tokens = []
+        for i in range(k):
+            lookup = NgramDrafter(max_ngram=3, min_ngram=self.min_ngram).propose(
+                torch.cat([context, torch.tensor(tokens, dtype=torch.long)]), 1, None, None)
+            token = int(lookup.tokens[0]) if i and len(lookup) else int(head._logits(guess).argmax())
+            tokens.append(token)
+            if i + 1 < k:
+                guess = head._step(torch.tensor([token]), guess.view(1, -1), n + i, fuse=False)
+        head.cached_tokens = torch.cat([context, torch.tensor(tokens[:-1], dtype=torch.long)])
+        return Draft(torch.tensor(tokens, dtype=torch.long), source=head.name, catchup_s=caught_up)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", required=True)
@@ -70,6 +107,8 @@ def main() -> None:
     parser.add_argument("--vocab", default=None, help="full, or N: the N most frequent ids of examples/answers")
     parser.add_argument("--head-precision", default=None, help="float32 or int8 (default: as the target, see HeadDrafter)")
     parser.add_argument("--per-scenario", type=int, default=0, help="first N prompts of each scenario (0: all)")
+    parser.add_argument("--lookup-in-chain", type=int, default=0, metavar="N",
+                        help="a probe: lookup takes over mid-chain on an n-gram of N+ tokens (greedy, a head)")
     parser.add_argument("--lookup", action="store_true", help="prompt lookup first, as bench's ngram+ modes (its rounds count too)")
     args = parser.parse_args()
 
@@ -82,6 +121,8 @@ def main() -> None:
         allowed = drafter.allowed if not args.vocab else None if args.vocab == "full" else frequent_ids(int(args.vocab))
         drafter = HeadDrafter(head, runtime.target.model, allowed, args.head_precision or runtime.target.precision)
     allowed = getattr(drafter, "allowed", None)
+    if args.lookup_in_chain:
+        drafter = LookupInChain(drafter, args.lookup_in_chain)
     if args.lookup:
         drafter = LookupFirst(drafter)
     engine = SpeculativeEngine(runtime.target.model, drafter, runtime.eos_token_ids, runtime.block_plan)
@@ -127,7 +168,7 @@ def main() -> None:
             "first_position": {kind: {"accepted": round(sum(first[s][kind][0] for s in names) / max(1, n), 3), "rounds": n}
                                for kind in ("copy", "fresh") for n in [sum(first[s][kind][1] for s in names)]},
         }
-    print(json.dumps({"drafter": args.draft or args.drafter, "dtype": args.dtype, "vocab": args.vocab or (None if vocab is None else len(vocab)), "k": args.k, "max_new_tokens": args.max_new_tokens, "scenarios": report}))
+    print(json.dumps({"drafter": args.draft or args.drafter, "lookup": args.lookup, "lookup_in_chain": args.lookup_in_chain, "dtype": args.dtype, "vocab": args.vocab or (None if vocab is None else len(vocab)), "k": args.k, "max_new_tokens": args.max_new_tokens, "scenarios": report}))
 
 
 if __name__ == "__main__":

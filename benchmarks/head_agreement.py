@@ -9,7 +9,9 @@ Every position of an answer is scored as a first draft position would be (the ta
 before it, its token), not only the positions a round starts at, so more positions count than in
 benchmarks/drafter_report.py. ``copy`` marks a token that closes a bigram seen earlier in the
 sequence. ``--own`` should name text the head never trained on (the shipped head never saw the
-conversations); the greedy answers (or copy tasks) there are used, up to ``--limit``.
+conversations); the greedy answers (or copy tasks) there are used, up to ``--limit``. ``--corpus``
+also pits an n-gram model of answer shards (the head's own training text) against the head, position
+by position: where it is sure, does it know what the head does not?
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+from collections import Counter, defaultdict
+from pathlib import Path
 
 import torch
 from drafter_report import closes_earlier_bigram  # benchmarks/, this script's directory
@@ -27,10 +31,75 @@ from specdec_cli.decoding.runtime import prepare
 from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
+from specdec_cli.training.corpus import read_shard
 from specdec_cli.training.distill import Example, collate, teacher
 from specdec_cli.training.loop import HeadStudent
 
 BUCKETS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.01)  # the target's top-1 probability
+CORPUS_N = 4
+
+
+def corpus_table(pattern: str, n: int = CORPUS_N) -> list[dict]:
+    """Next-token counts after every 1..n tokens in the answers of the shards matching ``pattern``
+    (comma-separated globs)."""
+    table = [defaultdict(Counter) for _ in range(n + 1)]
+    for path in sorted(path for part in pattern.split(",") for path in glob.glob(part)):
+        for row in read_shard(Path(path)):
+            ids = row["ids"]
+            for t in range(row["start"], len(ids)):
+                for m in range(1, min(n, t) + 1):
+                    table[m][tuple(ids[t - m : t])][ids[t]] += 1
+    return table
+
+
+def corpus_guess(table: list[dict], before: list[int]) -> tuple[int, bool] | None:
+    """The corpus's most frequent next token after the longest seen suffix of ``before``, and whether it
+    is sure: a 3- or 4-token match whose top token took at least half of 3 or more occurrences."""
+    for m in range(len(table) - 1, 0, -1):
+        counts = table[m].get(tuple(before[-m:])) if len(before) >= m else None
+        if counts:
+            token, top = counts.most_common(1)[0]
+            total = sum(counts.values())
+            return token, m >= 3 and total >= 3 and top >= total / 2
+    return None
+
+
+def against_corpus(student: HeadStudent, allowed: torch.Tensor | None, examples: list[Example], pad: int,
+                   table: list[dict]) -> dict:
+    """Does an n-gram model of the head's own training answers know what the head does not? Head and
+    corpus guesses at every first draft position, where the corpus has a guess, and a fusion that
+    takes the corpus's guess where it is sure and the head is less sure than the corpus's share."""
+    count = Counter()
+    for at in range(0, len(examples), 8):
+        batch = collate(examples[at : at + 8], pad)
+        with torch.no_grad():
+            logits = student.logits(batch, 1)[0][0]
+        sure_head = torch.softmax(logits.float(), -1).max(-1).values
+        choice = logits.argmax(-1) if allowed is None else allowed[logits.argmax(-1)]
+        for i, (r, p) in enumerate(zip(*(w.tolist() for w in batch.where))):
+            ids = examples[at + r].ids.tolist()
+            truth, head = ids[p + 1], int(choice[i])
+            guess = corpus_guess(table, ids[: p + 1])
+            count["positions"] += 1
+            count["head"] += head == truth
+            fused = head
+            if guess is not None:
+                token, sure = guess
+                kind = "sure" if sure else "unsure"
+                count[kind] += 1
+                count[f"{kind}_head"] += head == truth
+                count[f"{kind}_corpus"] += token == truth
+                count["either"] += truth in (token, head)
+                if sure:
+                    fused = token if float(sure_head[i]) < 0.5 else head
+            else:
+                count["either"] += head == truth
+            count["fused"] += fused == truth
+    share = lambda a, b: round(count[a] / max(1, count[b]), 3)  # noqa: E731
+    return {"positions": count["positions"], "head": share("head", "positions"), "fused": share("fused", "positions"),
+            "either": share("either", "positions"),
+            **{kind: {"share": share(kind, "positions"), "head": share(f"{kind}_head", kind), "corpus": share(f"{kind}_corpus", kind)}
+               for kind in ("sure", "unsure")}}
 
 
 def agreement(student: HeadStudent, allowed: torch.Tensor | None, examples: list[Example], pad: int) -> dict:
@@ -65,6 +134,8 @@ def main() -> None:
     parser.add_argument("--draft", default=None, help="a head directory (default: the pair's)")
     parser.add_argument("--limit", type=int, default=200)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--corpus", default=None, help="answer shards (comma-separated globs, e.g. 'examples/answers/answers/*.gz'): "
+                        "also score an n-gram model of them against the head on the prompts' answers")
     args = parser.parse_args()
 
     pair = override(load_registry(None).pair(None), draft=args.draft)
@@ -94,8 +165,11 @@ def main() -> None:
         answer = [t for event in engine.generate(ids, k=0, max_new_tokens=args.max_new_tokens) for t in event.emitted]
         sequences.append((ids + answer, len(ids)))
     answers = teacher(target, sequences, 32, True, 4, pad, layers=layers)
-    print(json.dumps({"draft": args.draft or "the pair's head", "own": {"files": args.own, **agreement(student, drafter.allowed, own, pad)},
-                      "prompts": {"file": args.prompts, **agreement(student, drafter.allowed, answers, pad)}}))
+    report = {"draft": args.draft or "the pair's head", "own": {"files": args.own, **agreement(student, drafter.allowed, own, pad)},
+              "prompts": {"file": args.prompts, **agreement(student, drafter.allowed, answers, pad)}}
+    if args.corpus:
+        report["corpus"] = {"shards": args.corpus, **against_corpus(student, drafter.allowed, answers, pad, corpus_table(args.corpus))}
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

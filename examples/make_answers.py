@@ -57,6 +57,7 @@ from specdec_cli.training.corpus import (
     read_shard,
     read_shards,
     shard_path,
+    sharing_phrases,
     within_budget,
     write_shard,
 )
@@ -376,9 +377,33 @@ def stage_copies() -> None:
     print(f"{len(rows)} copy tasks, {sum(len(r['ids']) - r['start'] for r in rows)} reply tokens")
 
 
+HANDWRITTEN = HERE / "handwritten-prompts.jsonl"
+JUDGED_ON = (HERE / "equivalence-prompts.jsonl", HERE.parent / "benchmarks" / "lossy-prompts.jsonl",
+             HERE.parent / "benchmarks" / "unseen-prompts.jsonl", HERE.parent / "benchmarks" / "bench-prompts.jsonl")
+
+
+def handwritten_prompts() -> list:
+    """The hand-written prompts (session 16), refused if any shares a six-word run with a file a head is judged on."""
+    prompts = read_file(HANDWRITTEN)
+    shared = sharing_phrases([p.text for p in prompts], [p.text for path in JUDGED_ON for p in read_file(path)])
+    if shared:
+        raise SystemExit(f"{len(shared)} of the hand-written prompts share wording with a prompt file heads are judged on, "
+                         f"e.g. {shared[0][:80]!r}")
+    return prompts
+
+
+def stage_handwritten(minutes: float) -> None:
+    # In file order: a shard of one kind of prompt pads little, and prompts added at the end (whole
+    # shards of them) leave the shards already answered as they were.
+    rows = [{"id": p.id, "text": p.text} for p in handwritten_prompts()]
+    settings = AnswerSettings(max_new_tokens=128, temperature=0.8, batch_size=SHARD)
+    run_shards(OUT / "handwritten", shards_of(rows), minutes, settings, sampled_of=lambda row: True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("requests", "prompts", "answers", "followups", "conversations", "copies"))
+    parser.add_argument("stage", choices=("requests", "prompts", "answers", "followups", "conversations", "copies",
+                                                   "handwritten"))
     parser.add_argument("--minutes", type=float, default=None, help="time budget (default 9; conversations: "
                         "without it, compose them)")
     args = parser.parse_args()
@@ -386,7 +411,7 @@ def main() -> None:
     minutes = 9.0 if args.minutes is None else args.minutes
     {"requests": lambda: stage_requests(minutes), "prompts": stage_prompts,
      "answers": lambda: stage_answers(minutes), "followups": lambda: stage_followups(minutes),
-     "conversations": lambda: stage_conversations(args.minutes), "copies": stage_copies}[args.stage]()
+     "conversations": lambda: stage_conversations(args.minutes), "copies": stage_copies, "handwritten": lambda: stage_handwritten(minutes)}[args.stage]()
 
 
 if __name__ == "__main__":

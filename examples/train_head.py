@@ -216,8 +216,9 @@ def heldout_prompts(ids: list[str]) -> list[dict]:
     """The held-out prompts as a prompt file (to benchmark on what the head never saw): templates
     (``tpl-``), the prompts composed from the target's requests (``gen-``), and the request-writing
     prompts themselves (``req-``); conversations (``conv-``) as their messages, follow-ups (``fu-``)
-    by the first turn they follow, copy tasks (``copy-``) rebuilt from their seed."""
-    from make_answers import ROUNDS, copy_tasks, meta_prompts
+    by the first turn they follow, copy tasks (``copy-``) rebuilt from their seed, hand-written
+    prompts (``hand-``) from their file."""
+    from make_answers import HANDWRITTEN, ROUNDS, copy_tasks, meta_prompts
 
     known = {f"tpl-{p.id}": {"prompt": p.text, "scenario": p.scenario} for p in read_file(HERE / "train-prompts.jsonl")}
     for line in (ANSWERS / "prompts.jsonl").read_text().splitlines():
@@ -230,6 +231,8 @@ def heldout_prompts(ids: list[str]) -> list[dict]:
         known[row["id"]] = {"messages": row["messages"], "scenario": row["scenario"]}
     # a follow-up's prompt shows a first turn's answer to the target: named by that turn (make_answers.first_turns)
     follow_up = {i: {"from": i.removeprefix("fu-"), "scenario": "follow-up"} for i in ids if i.startswith("fu-")}
+    if HANDWRITTEN.is_file():
+        known.update({p.id: {"prompt": p.text, "scenario": p.scenario} for p in read_file(HANDWRITTEN)})
     if any(i.startswith("copy-") for i in ids):
         known.update({row["id"]: {"prompt": row["text"], "scenario": "copy"} for row in copy_tasks()})
     return [{"id": i, **(follow_up.get(i) or known[i])} for i in ids]

@@ -86,6 +86,21 @@ def dedupe(texts: list[str], seen: set[str] | None = None) -> list[str]:
     return kept
 
 
+def phrases(text: str, n: int = 6) -> set[tuple[str, ...]]:
+    """The text's runs of ``n`` words, case and punctuation aside: two prompts that share one share
+    wording, not just a topic (a common five-word run like "what is the difference between" is
+    frequent enough in plain English; six-word runs shared by chance are rare)."""
+    words = re.sub(r"[^\w\s]", " ", text.lower()).split()
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def sharing_phrases(texts: Iterable[str], held_out: Iterable[str], n: int = 6) -> list[str]:
+    """The texts that share an ``n``-word run with any held-out text: a training prompt must share none
+    with a prompt file that a drafter is judged on."""
+    judged = set().union(*(phrases(text, n) for text in held_out))
+    return [text for text in texts if phrases(text, n) & judged]
+
+
 FOLLOW_UP = ("Here is a message someone sent to an assistant, and the assistant's reply.\n\nMessage: {question}\n\n"
              "Reply: {answer}\n\nWrite the next short message the person sends: a follow-up question or request "
              "about the reply. Reply with the message only.")
