@@ -32,6 +32,13 @@ list, email, fact), and composes long contexts from two of the target's paragrap
 requests, prompts (ids ``gen2-``) and answers come after round 1's shards, which stay as they were.
 Round 3 (session 9) asks again with a third seed, and for a second paragraph and pair of sentences
 per topic (more summarise, long-context and translate prompts, the weakest scenarios); ids ``gen3-``.
+
+Hand-written prompts (session 16): examples/handwritten-prompts.jsonl, 832 requests written for the
+project as users type them (eleven kinds of task, with texts and code of their own pasted in), none
+sharing a six-word run with a prompt file heads are judged on; answered greedy and sampled, in file
+order, so prompts added at the end leave the answered shards as they were.
+
+    python examples/make_answers.py handwritten --minutes 30
 """
 
 from __future__ import annotations
