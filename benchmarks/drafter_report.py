@@ -69,11 +69,15 @@ class LookupInChain:
     uses_target_features = True
 
     def __init__(self, head: HeadDrafter, min_ngram: int):
-        self.head, self.min_ngram, self.name = head, min_ngram, head.name
+        self.head, self.name = head, head.name
         self.allowed, self.feature_layers = head.allowed, head.feature_layers
+        # One index, extended token by token along a chain (and rebuilt once a round, where the
+        # context no longer extends the last draft).
+        self.lookup = NgramDrafter(max_ngram=3, min_ngram=min_ngram)
 
     def reset(self) -> None:
         self.head.reset()
+        self.lookup.reset()
 
     def add_features(self, rows: torch.Tensor) -> None:
         self.head.add_features(rows)
@@ -84,8 +88,7 @@ class LookupInChain:
         guess, caught_up = head._catch_up(context)
         tokens = []
         for i in range(k):
-            lookup = NgramDrafter(max_ngram=3, min_ngram=self.min_ngram).propose(
-                torch.cat([context, torch.tensor(tokens, dtype=torch.long)]), 1, None, None)
+            lookup = self.lookup.propose(torch.cat([context, torch.tensor(tokens, dtype=torch.long)]), 1, None, None)
             token = int(lookup.tokens[0]) if i and len(lookup) else int(head._logits(guess).argmax())
             tokens.append(token)
             if i + 1 < k:

@@ -64,22 +64,28 @@ def corpus_guess(table: list[dict], before: list[int]) -> tuple[int, bool] | Non
     return None
 
 
-def against_corpus(student: HeadStudent, allowed: torch.Tensor | None, examples: list[Example], pad: int,
-                   table: list[dict]) -> dict:
-    """Does an n-gram model of the head's own training answers know what the head does not? Head and
-    corpus guesses at every first draft position, where the corpus has a guess, and a fusion that
-    takes the corpus's guess where it is sure and the head is less sure than the corpus's share."""
-    count = Counter()
+def head_guesses(student: HeadStudent, allowed: torch.Tensor | None, examples: list[Example], pad: int) -> list:
+    """The head's first-position guess and its confidence at every answer position, batch by batch:
+    one forward over the examples, read by every score below."""
+    guesses = []
     for at in range(0, len(examples), 8):
         batch = collate(examples[at : at + 8], pad)
         with torch.no_grad():
             logits = student.logits(batch, 1)[0][0]
-        sure_head = torch.softmax(logits.float(), -1).max(-1).values
         choice = logits.argmax(-1) if allowed is None else allowed[logits.argmax(-1)]
+        guesses.append((at, batch, choice, torch.softmax(logits.float(), -1).max(-1).values))
+    return guesses
+
+
+def against_corpus(examples: list[Example], guesses: list, table: list[dict]) -> dict:
+    """Does an n-gram model of the head's own training answers know what the head does not? Head and
+    corpus guesses at every first draft position, where the corpus has a guess, and a fusion that
+    takes the corpus's guess where it is sure and the head's confidence is below 0.5."""
+    count = Counter()
+    for at, batch, choice, sure_head in guesses:
         for i, (r, p) in enumerate(zip(*(w.tolist() for w in batch.where))):
-            ids = examples[at + r].ids.tolist()
-            truth, head = ids[p + 1], int(choice[i])
-            guess = corpus_guess(table, ids[: p + 1])
+            truth, head = int(batch.top_ids[i, 0]), int(choice[i])
+            guess = corpus_guess(table, examples[at + r].ids[: p + 1].tolist())
             count["positions"] += 1
             count["head"] += head == truth
             fused = head
@@ -90,8 +96,8 @@ def against_corpus(student: HeadStudent, allowed: torch.Tensor | None, examples:
                 count[f"{kind}_head"] += head == truth
                 count[f"{kind}_corpus"] += token == truth
                 count["either"] += truth in (token, head)
-                if sure:
-                    fused = token if float(sure_head[i]) < 0.5 else head
+                if sure and float(sure_head[i]) < 0.5:
+                    fused = token
             else:
                 count["either"] += head == truth
             count["fused"] += fused == truth
@@ -102,13 +108,9 @@ def against_corpus(student: HeadStudent, allowed: torch.Tensor | None, examples:
                for kind in ("sure", "unsure")}}
 
 
-def agreement(student: HeadStudent, allowed: torch.Tensor | None, examples: list[Example], pad: int) -> dict:
+def agreement(examples: list[Example], guesses: list) -> dict:
     hits, counts = torch.zeros(len(BUCKETS) - 1, 2), torch.zeros(len(BUCKETS) - 1, 2)  # columns: fresh, copy
-    for at in range(0, len(examples), 8):
-        batch = collate(examples[at : at + 8], pad)
-        with torch.no_grad():
-            logits = student.logits(batch, 1)[0][0]
-        choice = logits.argmax(-1) if allowed is None else allowed[logits.argmax(-1)]
+    for at, batch, choice, _ in guesses:
         hit = choice == batch.top_ids[:, 0]
         bucket = torch.bucketize(batch.top_logp[:, 0].float().exp(), torch.tensor(BUCKETS[1:-1]), right=True)
         flags = [closes_earlier_bigram(e.ids.tolist()) for e in examples[at : at + 8]]
@@ -165,10 +167,12 @@ def main() -> None:
         answer = [t for event in engine.generate(ids, k=0, max_new_tokens=args.max_new_tokens) for t in event.emitted]
         sequences.append((ids + answer, len(ids)))
     answers = teacher(target, sequences, 32, True, 4, pad, layers=layers)
-    report = {"draft": args.draft or "the pair's head", "own": {"files": args.own, **agreement(student, drafter.allowed, own, pad)},
-              "prompts": {"file": args.prompts, **agreement(student, drafter.allowed, answers, pad)}}
+    guesses = head_guesses(student, drafter.allowed, answers, pad)
+    report = {"draft": args.draft or "the pair's head",
+              "own": {"files": args.own, **agreement(own, head_guesses(student, drafter.allowed, own, pad))},
+              "prompts": {"file": args.prompts, **agreement(answers, guesses)}}
     if args.corpus:
-        report["corpus"] = {"shards": args.corpus, **against_corpus(student, drafter.allowed, answers, pad, corpus_table(args.corpus))}
+        report["corpus"] = {"shards": args.corpus, **against_corpus(answers, guesses, corpus_table(args.corpus))}
     print(json.dumps(report))
 
 
