@@ -21,6 +21,7 @@ import glob
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from drafter_report import closes_earlier_bigram  # benchmarks/, this script's directory
@@ -64,28 +65,41 @@ def corpus_guess(table: list[dict], before: list[int]) -> tuple[int, bool] | Non
     return None
 
 
-def head_guesses(student: HeadStudent, allowed: torch.Tensor | None, examples: list[Example], pad: int) -> list:
-    """The head's first-position guess and its confidence at every answer position, batch by batch:
-    one forward over the examples, read by every score below."""
+class Guesses(NamedTuple):
+    """One batch's answer positions (example ``at + row``, position), the target's top-1 token and
+    probability there, and the head's guess and confidence: what the scores read, not the features."""
+
+    at: int
+    where: list[tuple[int, int]]
+    truth: torch.Tensor
+    truth_p: torch.Tensor
+    choice: torch.Tensor
+    sure: torch.Tensor
+
+
+def head_guesses(student: HeadStudent, allowed: torch.Tensor | None, examples: list[Example], pad: int) -> list[Guesses]:
+    """The head's first-position guess at every answer position: one forward over the examples, read
+    by every score below."""
     guesses = []
     for at in range(0, len(examples), 8):
         batch = collate(examples[at : at + 8], pad)
         with torch.no_grad():
             logits = student.logits(batch, 1)[0][0]
         choice = logits.argmax(-1) if allowed is None else allowed[logits.argmax(-1)]
-        guesses.append((at, batch, choice, torch.softmax(logits.float(), -1).max(-1).values))
+        guesses.append(Guesses(at, list(zip(*(w.tolist() for w in batch.where))), batch.top_ids[:, 0],
+                               batch.top_logp[:, 0].float().exp(), choice, torch.softmax(logits.float(), -1).max(-1).values))
     return guesses
 
 
-def against_corpus(examples: list[Example], guesses: list, table: list[dict]) -> dict:
+def against_corpus(examples: list[Example], guesses: list[Guesses], table: list[dict]) -> dict:
     """Does an n-gram model of the head's own training answers know what the head does not? Head and
     corpus guesses at every first draft position, where the corpus has a guess, and a fusion that
     takes the corpus's guess where it is sure and the head's confidence is below 0.5."""
-    count = Counter()
-    for at, batch, choice, sure_head in guesses:
-        for i, (r, p) in enumerate(zip(*(w.tolist() for w in batch.where))):
-            truth, head = int(batch.top_ids[i, 0]), int(choice[i])
-            guess = corpus_guess(table, examples[at + r].ids[: p + 1].tolist())
+    count, n = Counter(), len(table) - 1
+    for g in guesses:
+        for i, (r, p) in enumerate(g.where):
+            truth, head = int(g.truth[i]), int(g.choice[i])
+            guess = corpus_guess(table, examples[g.at + r].ids[max(0, p + 1 - n) : p + 1].tolist())
             count["positions"] += 1
             count["head"] += head == truth
             fused = head
@@ -96,7 +110,7 @@ def against_corpus(examples: list[Example], guesses: list, table: list[dict]) ->
                 count[f"{kind}_head"] += head == truth
                 count[f"{kind}_corpus"] += token == truth
                 count["either"] += truth in (token, head)
-                if sure and float(sure_head[i]) < 0.5:
+                if sure and float(g.sure[i]) < 0.5:
                     fused = token
             else:
                 count["either"] += head == truth
@@ -108,13 +122,13 @@ def against_corpus(examples: list[Example], guesses: list, table: list[dict]) ->
                for kind in ("sure", "unsure")}}
 
 
-def agreement(examples: list[Example], guesses: list) -> dict:
+def agreement(examples: list[Example], guesses: list[Guesses]) -> dict:
     hits, counts = torch.zeros(len(BUCKETS) - 1, 2), torch.zeros(len(BUCKETS) - 1, 2)  # columns: fresh, copy
-    for at, batch, choice, _ in guesses:
-        hit = choice == batch.top_ids[:, 0]
-        bucket = torch.bucketize(batch.top_logp[:, 0].float().exp(), torch.tensor(BUCKETS[1:-1]), right=True)
-        flags = [closes_earlier_bigram(e.ids.tolist()) for e in examples[at : at + 8]]
-        copy = torch.tensor([flags[r][p + 1] for r, p in zip(*(w.tolist() for w in batch.where))], dtype=torch.long)
+    for g in guesses:
+        hit = g.choice == g.truth
+        bucket = torch.bucketize(g.truth_p, torch.tensor(BUCKETS[1:-1]), right=True)
+        flags = [closes_earlier_bigram(e.ids.tolist()) for e in examples[g.at : g.at + 8]]
+        copy = torch.tensor([flags[r][p + 1] for r, p in g.where], dtype=torch.long)
         hits.index_put_((bucket, copy), hit.float(), accumulate=True)
         counts.index_put_((bucket, copy), torch.ones_like(hit, dtype=torch.float), accumulate=True)
     share = counts.sum(1) / counts.sum()
