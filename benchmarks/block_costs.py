@@ -20,7 +20,7 @@ import torch
 
 from specdec_cli.decoding.blocks import measure
 from specdec_cli.pairs.loading import load
-from specdec_cli.pairs.quantize import QUANTISED, quantised_weight
+from specdec_cli.runtime.quantize import QUANTISED, quantised_weight
 from specdec_cli.pairs.registry import load_registry, override
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # fused q/k/v, o, fused gate/up, down

@@ -19,7 +19,7 @@ from collections import defaultdict
 import torch
 from transformers import DynamicCache
 
-from specdec_cli.pairs.lean_forward import LeanLlama
+from specdec_cli.runtime.lean_forward import LeanLlama
 from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.registry import load_registry, override
 

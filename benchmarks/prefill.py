@@ -1,4 +1,4 @@
-"""A prompt's forward on the int4 kernels against dense weights (pairs/dense_prefill.py: bfloat16 or float32, by CPU).
+"""A prompt's forward on the int4 kernels against dense weights (runtime/dense_prefill.py: bfloat16 or float32, by CPU).
 
     OMP_NUM_THREADS=2 python3 benchmarks/prefill.py --prompts benchmarks/unseen-sample.jsonl
 

@@ -24,7 +24,7 @@ import torch
 
 from specdec_cli.decoding.head import DraftHead, head_config, save_head, target_identity
 from specdec_cli.pairs.meta import read_meta
-from specdec_cli.pairs.quantize import dense_kernels
+from specdec_cli.runtime.quantize import dense_kernels
 from specdec_cli.prompts import read_file
 from specdec_cli.training.corpus import read_shard, within_budget
 from specdec_cli.training.distill import Example, default_target, teacher

@@ -1,4 +1,4 @@
-"""A quantised target's prompts on dense (bfloat16 or float32) weights (pairs/dense_prefill.py): taken
+"""A quantised target's prompts on dense (bfloat16 or float32) weights (runtime/dense_prefill.py): taken
 for a prompt and only for a prompt, close to the kernels' arithmetic, and decoding after it stays lossless."""
 
 from dataclasses import replace
@@ -10,7 +10,7 @@ from transformers import DynamicCache
 from specdec_cli.decoding.drafters import NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.measure.equivalence import reference_decode
-from specdec_cli.pairs import dense_prefill
+from specdec_cli.runtime import dense_prefill
 from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.registry import load_registry
 

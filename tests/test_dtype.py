@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.decoding.blocks import cached_plan
-from specdec_cli.pairs.gguf_int4 import decode_q4, gguf_int4_blocks, module_name
+from specdec_cli.runtime.gguf_int4 import decode_q4, gguf_int4_blocks, module_name
 from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.profile import (
     PairProfile,
@@ -23,7 +23,7 @@ from specdec_cli.pairs.profile import (
     section_name,
     write_profile,
 )
-from specdec_cli.pairs.quantize import Int4Linear, Int8Linear, dequantize_int4, int4_groups, output_weight
+from specdec_cli.runtime.quantize import Int4Linear, Int8Linear, dequantize_int4, int4_groups, output_weight
 from specdec_cli.pairs.registry import load_registry
 
 runner = CliRunner()

@@ -8,11 +8,11 @@ import torch
 from conftest import tiny_llama
 from test_dtype import block_and_one_token_logits
 
-from specdec_cli.pairs.fused_projections import ProjectionSlice, SharedProjection
+from specdec_cli.runtime.fused_projections import ProjectionSlice, SharedProjection
 from specdec_cli.pairs.loading import load
-from specdec_cli.pairs.quantize import Int4Linear, Int8Linear, int4_groups, int8_per_channel, quantise_model
+from specdec_cli.runtime.quantize import Int4Linear, Int8Linear, int4_groups, int8_per_channel, quantise_model
 from specdec_cli.pairs.registry import load_registry
-from specdec_cli.pairs.rowwise_attention import use_rowwise_attention
+from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])

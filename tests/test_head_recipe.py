@@ -213,7 +213,7 @@ def test_first_turns_are_finished_greedy_answers_to_known_prompts_and_conversati
 
 
 def test_a_quantised_targets_head_runs_int8_without_touching_the_float_head_and_stays_lossless():
-    from specdec_cli.pairs.quantize import Int8Linear, quantise_model
+    from specdec_cli.runtime.quantize import Int8Linear, quantise_model
 
     target = quantise_model(tiny_llama(seed=3), "int8")
     torch.manual_seed(8)
@@ -239,7 +239,7 @@ def test_sampling_with_an_int8_head_keeps_the_targets_distribution():
 
 
 def test_the_quantised_heads_lean_layer_computes_what_its_transformers_layer_does():
-    from specdec_cli.pairs.quantize import quantise_model
+    from specdec_cli.runtime.quantize import quantise_model
 
     target = quantise_model(tiny_llama(seed=3), "int8")
     torch.manual_seed(8)

@@ -8,8 +8,8 @@ from transformers import DynamicCache
 
 from specdec_cli.decoding import kv
 from specdec_cli.decoding.kv import ReservedLayer, crop_cache, keep_positions, reserved_cache
-from specdec_cli.pairs.quantize import quantise_model
-from specdec_cli.pairs.rowwise_attention import use_rowwise_attention
+from specdec_cli.runtime.quantize import quantise_model
+from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
 
 
 def script(model, cache) -> list[torch.Tensor]:

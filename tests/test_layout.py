@@ -1,4 +1,4 @@
-"""The package's stages import downward only: commands → measure | training → decoding → pairs → base."""
+"""The package's stages import downward only: commands → measure | training → decoding → pairs → runtime → base."""
 
 import ast
 from pathlib import Path
@@ -6,8 +6,9 @@ from pathlib import Path
 import specdec_cli
 
 PACKAGE = Path(specdec_cli.__file__).parent
-BASE = {"errors", "limits", "atomic", "prompts", "threads"}  # small pieces every stage uses
-RANK = {"base": 0, "pairs": 1, "decoding": 2, "measure": 3, "training": 3, "top": 4}
+BASE = {"errors", "limits", "atomic", "prompts"}  # small pieces every stage uses
+RANK = {"base": 0, "runtime": 1, "pairs": 2, "decoding": 3, "measure": 4, "training": 4, "top": 5}
+RUNTIME = {"quantize", "gguf_int4", "fused_projections", "lean_forward", "rowwise_attention", "dense_prefill", "threads"}
 
 
 def stage(module: str) -> str:
@@ -63,3 +64,12 @@ def test_the_check_sees_an_upward_import():
     assert stage("specdec_cli.commands.generate") == "top" and stage("specdec_cli.errors") == "base"
     found = imports(PACKAGE / "decoding" / "runtime.py")
     assert any(target == "specdec_cli.pairs.loading" for _, target in found)  # relative imports resolved
+
+
+def test_the_quantised_target_runtime_is_its_own_stage_and_the_top_level_stays_small():
+    assert RUNTIME <= {p.stem for p in (PACKAGE / "runtime").glob("*.py")}
+    assert not RUNTIME & {p.stem for p in (PACKAGE / "pairs").glob("*.py")}, "runtime modules belong in runtime/"
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 8, f"{len(top)} top-level modules: {top}"
+    assert stage("specdec_cli.runtime.quantize") == "runtime"
+    assert RANK["runtime"] < RANK["pairs"]  # pairs/loading.py builds a fast target from the runtime, never the reverse

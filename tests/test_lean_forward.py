@@ -11,11 +11,11 @@ from transformers import DynamicCache
 
 from specdec_cli.decoding.kv import crop_cache, keep_positions
 from specdec_cli.decoding.tree import Tree, verify_tree
-from specdec_cli.pairs.lean_forward import LeanLlama, supported, use_lean_forward
+from specdec_cli.runtime.lean_forward import LeanLlama, supported, use_lean_forward
 from specdec_cli.pairs.loading import load
-from specdec_cli.pairs.quantize import quantise_model
+from specdec_cli.runtime.quantize import quantise_model
 from specdec_cli.pairs.registry import load_registry
-from specdec_cli.pairs.rowwise_attention import use_rowwise_attention
+from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
 
 
 def pair(kind):

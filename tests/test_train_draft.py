@@ -382,7 +382,7 @@ def test_the_teacher_scores_a_quantised_target_on_dense_weights_as_its_kernels_w
 
     from conftest import tiny_llama
 
-    from specdec_cli.pairs.quantize import Int4Linear, Int8Linear, quantise_model
+    from specdec_cli.runtime.quantize import Int4Linear, Int8Linear, quantise_model
     from specdec_cli.training import distill
 
     target = quantise_model(tiny_llama(seed=3, hidden=64), kind)

@@ -136,9 +136,9 @@ def test_min_p_over_q_on_top_k_children_is_caught():
 
 
 def test_rowwise_attention_verifies_a_tree_exactly_as_one_token_forwards_along_each_path():
-    """The int4 targets' attention (pairs/rowwise_attention.py) scores each row alone: for a tree it
+    """The int4 targets' attention (runtime/rowwise_attention.py) scores each row alone: for a tree it
     must gather the row's ancestors, not its causal prefix (which holds its siblings)."""
-    from specdec_cli.pairs.rowwise_attention import use_rowwise_attention
+    from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
 
     model = tiny_llama(seed=3)
     use_rowwise_attention(model)

@@ -219,7 +219,7 @@ WAIT = "import os, specdec_cli.cli; print(os.environ.get('OMP_WAIT_POLICY'), os.
 
 
 def test_threads_plan_leaves_an_idle_machine_to_openmp_and_gives_a_busy_one_its_free_cores():
-    from specdec_cli.threads import plan
+    from specdec_cli.runtime.threads import plan
 
     assert plan(2, 0.1) == {}
     assert plan(2, 1.0) == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}

@@ -14,7 +14,7 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
-from .. import threads as thread_policy
+from ..runtime import threads as thread_policy
 from ..atomic import check_writable, write_atomically
 from ..pairs.profile import open_profile
 from ..pairs.registry import HEAD, MODEL, NGRAM, PairSpec

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import threads as thread_policy
+from ..runtime import threads as thread_policy
 from ..atomic import check_writable
 from ..decoding.speedup import SPECULATE
 from ..errors import UserError

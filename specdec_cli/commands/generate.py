@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Iterable, Optional
 
 import typer
 
-from .. import threads as thread_policy
+from ..runtime import threads as thread_policy
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .. import threads as thread_policy
+from ..runtime import threads as thread_policy
 from ..atomic import check_writable
 from .common import (
     DtypeOption,

@@ -91,7 +91,7 @@ def forward_code() -> str:
     """A digest of this package's code that shapes a target forward (quantised linears, fused
     projections, row-by-row attention, the lean forward, the KV cache): costs measured under other
     code are stale."""
-    from ..pairs import fused_projections, lean_forward, quantize, rowwise_attention
+    from ..runtime import fused_projections, lean_forward, quantize, rowwise_attention
     from . import kv
 
     digest = hashlib.sha256()

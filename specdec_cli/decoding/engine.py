@@ -218,7 +218,7 @@ class SpeculativeEngine:
         """The target's cache of every prompt token but the last (the invariant of every round: the
         cache holds all tokens but the last emitted one), and the forward's output (None for a
         one-token prompt). Its only logits asked for are the last row's: a quantised target runs
-        it as a prompt (pairs/dense_prefill.py), which a verify block, scoring every row, never is."""
+        it as a prompt (runtime/dense_prefill.py), which a verify block, scoring every row, never is."""
         cache = reserved_cache(self.target.config)
         if tokens.shape[0] < 2:
             return cache, None

@@ -33,10 +33,10 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from ..errors import UserError
 from ..limits import MAX_K
-from ..pairs.lean_forward import LeanDecoder, layer_supported, layer_weights
+from ..runtime.lean_forward import LeanDecoder, layer_supported, layer_weights
 from ..pairs.meta import META_FILE, read_meta, write_meta
-from ..pairs.quantize import QUANTISED, output_weight, quantise_model, quantised_weight
-from ..pairs.rowwise_attention import ROWWISE_UP_TO
+from ..runtime.quantize import QUANTISED, output_weight, quantise_model, quantised_weight
+from ..runtime.rowwise_attention import ROWWISE_UP_TO
 from .drafters import Draft, autoregress, common_prefix
 from .gate import DraftGate
 from .kv import crop_cache, reserved_cache
@@ -173,7 +173,7 @@ class HeadDrafter:
     ones enter with the target's features in the same forward that starts the next draft.
 
     A head whose target runs weight-only int8 or int4 (``precision``) runs int8: its linears and
-    output rows through the same kernels, fused like the target's (pairs/quantize.py), its layer
+    output rows through the same kernels, fused like the target's (runtime/quantize.py), its layer
     through the lean path. Between two target forwards its weights leave the CPU's caches, so a
     draft is paid in bytes: int8 made the shipped head's rounds 1.6x cheaper than float32 at the
     same acceptance; int4 saved another 17 % of draft time but cost 0.02 of α, a wash. Only the

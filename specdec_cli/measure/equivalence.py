@@ -170,7 +170,7 @@ def reference_decode(engine: SpeculativeEngine, ids: list[int], max_new_tokens: 
     Processors a generation_config may switch on (repetition penalty, n-gram bans) are turned off
     explicitly: the reference must be plain argmax decoding, as the engine's is. It continues from
     the engine's cache of the prompt (all tokens but the last): a quantised target computes a
-    prompt on dense (bfloat16 or float32) weights (pairs/dense_prefill.py), which transformers'
+    prompt on dense (bfloat16 or float32) weights (runtime/dense_prefill.py), which transformers'
     own forward does not, and what the reference checks is the decoding that follows.
     """
     model, eos = engine.target, sorted(engine.eos_token_ids)

@@ -22,12 +22,12 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import UserError
-from . import dense_prefill
-from .gguf_int4 import gguf_int4_blocks
-from .lean_forward import use_lean_forward
-from .quantize import QUANTISED, quantise_model
+from ..runtime import dense_prefill
+from ..runtime.gguf_int4 import gguf_int4_blocks
+from ..runtime.lean_forward import use_lean_forward
+from ..runtime.quantize import QUANTISED, quantise_model
+from ..runtime.rowwise_attention import use_rowwise_attention
 from .registry import ModelSpec
-from .rowwise_attention import use_rowwise_attention
 from .sources import ModelSource
 
 transformers.utils.logging.set_verbosity_error()

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
 from ..errors import UserError
-from ..pairs.quantize import dense_kernels
+from ..runtime.quantize import dense_kernels
 from ..pairs.tokenization import encode_prompt
 from ..prompts import Prompt
 

@@ -23,7 +23,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..decoding.head import DraftHead, head_config, head_logits
 from ..errors import UserError
-from ..pairs.quantize import output_weight
+from ..runtime.quantize import output_weight
 from .distill import Batch, Example, collate, soft_cross_entropy
 
 LAYER_KEY = re.compile(r"(^|\.)(layers|h|blocks)\.(\d+)\.")
