@@ -63,7 +63,7 @@ def frequent_ids(size: int):
 class LookupInChain:
     """A probe, not a drafter we ship: the head's greedy chain, where from the second token on prompt
     lookup takes over whenever the context and the draft so far end in an n-gram of at least
-    ``min_ngram`` tokens seen earlier (per-token fusion of the two). Session 16: on the 34
+    ``min_ngram`` tokens seen earlier (per-token fusion of the two). On the 34
     ``expected_alpha`` prompts it left α where lookup-first had it (0.515 at n ≥ 2 and 3, 0.481 at 1)."""
 
     uses_target_features = True

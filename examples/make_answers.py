@@ -8,7 +8,7 @@ run given a time budget so that it fits between other jobs:
     python examples/make_answers.py prompts                # filter, de-duplicate, compose: prompts.jsonl
     python examples/make_answers.py answers --minutes 9    # greedy + sampled answers to all prompts
 
-Conversations (session 10) take a second turn: the target writes what the user says next after one
+Conversations take a second turn: the target writes what the user says next after one
 of its own finished answers, and answers that in context.
 
     python examples/make_answers.py followups --minutes 9      # the user's next message (sampled)
@@ -21,19 +21,19 @@ translate / rewrite prompts. Its replies to those requests are target text too a
 answers. Stage 3 answers examples/train-prompts.jsonl (the templates) and the new prompts: greedy,
 and sampled at temperature 0.8 for the new ones. No text from outside the project.
 
-Copies (session 15) are not answers: the target's own passages with some of their words swapped for
+Copies are not answers: the target's own passages with some of their words swapped for
 random others, shown to it with a request to repeat them, and the passage as the reply. The teacher
 pass scores the target on that reply, where it copies from its context text no template made.
 
     python examples/make_answers.py copies
 
-Round 2 (session 8) asks again, with another seed and five more kinds of request (compare, advice,
+Round 2 asks again, with another seed and five more kinds of request (compare, advice,
 list, email, fact), and composes long contexts from two of the target's paragraphs on one topic. Its
 requests, prompts (ids ``gen2-``) and answers come after round 1's shards, which stay as they were.
-Round 3 (session 9) asks again with a third seed, and for a second paragraph and pair of sentences
+Round 3 asks again with a third seed, and for a second paragraph and pair of sentences
 per topic (more summarise, long-context and translate prompts, the weakest scenarios); ids ``gen3-``.
 
-Hand-written prompts (session 16): examples/handwritten-prompts.jsonl, 832 requests written for the
+Hand-written prompts: examples/handwritten-prompts.jsonl, 832 requests written for the
 project as users type them (eleven kinds of task, with texts and code of their own pasted in), none
 sharing a six-word run with a prompt file heads are judged on; answered greedy and sampled, in file
 order, so prompts added at the end leave the answered shards as they were.
@@ -112,7 +112,7 @@ NEW_KINDS = {  # round 2
     "fact": "Write a short factual question about {topic} that has a one-line answer. Reply with the question only.",
 }
 ROUNDS = {1: KINDS, 2: {**KINDS, **NEW_KINDS}}
-# Round 3 (session 9): another seed, and a second paragraph and sentence per topic, since summarise,
+# Round 3: another seed, and a second paragraph and sentence per topic, since summarise,
 # long-context and translate are where the head accepts least on the unseen prompts.
 ROUNDS[3] = {**ROUNDS[2],
              "passage": "Write a short paragraph that explains how something works in {topic}.",
@@ -390,7 +390,7 @@ JUDGED_ON = (HERE / "equivalence-prompts.jsonl", HERE.parent / "benchmarks" / "l
 
 
 def handwritten_prompts() -> list:
-    """The hand-written prompts (session 16), refused if any shares a six-word run with a file a head is judged on."""
+    """The hand-written prompts, refused if any shares a six-word run with a file a head is judged on."""
     prompts = read_file(HANDWRITTEN)
     shared = sharing_phrases([p.text for p in prompts], [p.text for path in JUDGED_ON for p in read_file(path)])
     if shared:
