@@ -1,0 +1,117 @@
+"""The per-batch-size K table an engine bench implies: at each measured concurrency the K of the
+fastest mode (0 where plain wins), as vLLM's ``num_speculative_tokens_per_batch_size``.
+
+An engine bench (`specdec bench --engine vllm --concurrency ...`) measures the engine's own costs
+under load, which specdec's batch-1 loop cannot: where speculation stops paying is a property of
+the engine and the hardware. Levels become inclusive ranges: level i covers batch sizes from its
+concurrency up to one below the next level's, the last one up to ``LAST_BATCH``; neighbours with
+the same K merge.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+
+LAST_BATCH = 256  # vLLM's default --max-num-seqs: the last range reaches it
+PLAIN = "plain"
+MODE_K = re.compile(r"^(?:vllm-)?(?P<method>[a-z0-9_]+):(?P<k>\d+)$")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One concurrency level: output tokens per second by K (0 is plain) for one drafting method."""
+
+    concurrency: int
+    speed: dict[int, float]
+
+    @property
+    def best_k(self) -> int:
+        """The fastest K at this level; plain (0) when it ties."""
+        return max(self.speed, key=lambda k: (self.speed[k], -k))
+
+    @property
+    def gain(self) -> float:
+        plain = self.speed.get(0)
+        return self.speed[self.best_k] / plain if plain else float("nan")
+
+
+def mode_k(mode: str) -> tuple[str, int] | None:
+    """'vllm-ngram:4' → ('ngram', 4), 'vllm-plain' → ('plain', 0); None for anything else."""
+    name = mode.removeprefix("vllm-")
+    if name == PLAIN:
+        return PLAIN, 0
+    match = MODE_K.match(mode)
+    return (match["method"], int(match["k"])) if match else None
+
+
+def table(levels: list[Level], last_batch: int = LAST_BATCH) -> list[list[int]]:
+    """[[first_bs, last_bs, K], ...], inclusive, merged where neighbouring levels pick the same K."""
+    ordered = sorted(levels, key=lambda level: level.concurrency)
+    rows: list[list[int]] = []
+    for i, level in enumerate(ordered):
+        first = 1 if i == 0 else level.concurrency
+        last = ordered[i + 1].concurrency - 1 if i + 1 < len(ordered) else max(last_batch, level.concurrency)
+        k = level.best_k
+        if rows and rows[-1][2] == k:
+            rows[-1][1] = last
+        else:
+            rows.append([first, last, k])
+    return rows
+
+
+def read_levels(path: Path, method: str) -> list[Level]:
+    """The levels of an engine bench JSON for one drafting method (vLLM's name: ngram, draft_model,
+    eagle3) beside plain. Reads ``results: [{mode, concurrency, output_tok_s}, ...]``, or
+    ``levels: {CONCURRENCY: {MODE: {output_tok_s}}}``."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UserError(f"--from-bench {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"--from-bench {path}: not JSON ({exc})") from None
+    by_level: dict[int, dict[int, float]] = {}
+    for concurrency, mode, speed in _rows(data):
+        parsed = mode_k(mode)
+        if parsed is None or parsed[0] not in (PLAIN, *_aliases(method)):
+            continue
+        by_level.setdefault(concurrency, {})[parsed[1]] = speed
+    levels = [Level(c, speeds) for c, speeds in sorted(by_level.items()) if 0 in speeds and len(speeds) > 1]
+    if not levels:
+        raise UserError(f"--from-bench {path}: no concurrency level with both vllm-plain and a {method} mode "
+                        "(run `specdec bench --engine vllm --concurrency 1,2,4,... --modes vllm-plain,...`)")
+    return levels
+
+
+def _aliases(method: str) -> tuple[str, ...]:
+    """The bench's mode names for a vLLM method (vllm-draft:K is draft_model)."""
+    return {"draft_model": ("draft", "draft_model"), "eagle3": ("eagle3", "eagle", "head")}.get(method, (method,))
+
+
+def _rows(data) -> list[tuple[int, str, float]]:
+    rows = []
+    if isinstance(data, dict) and isinstance(data.get("results"), list):
+        for row in data["results"]:
+            if isinstance(row, dict) and "mode" in row and "concurrency" in row:
+                speed = _speed(row)
+                if speed is not None:
+                    rows.append((int(row["concurrency"]), str(row["mode"]), speed))
+    elif isinstance(data, dict) and isinstance(data.get("levels"), dict):
+        for concurrency, modes in data["levels"].items():
+            for mode, figures in (modes or {}).items():
+                speed = _speed(figures) if isinstance(figures, dict) else None
+                if speed is not None:
+                    rows.append((int(concurrency), str(mode), speed))
+    return rows
+
+
+def _speed(figures: dict) -> float | None:
+    for key in ("output_tok_s", "output_throughput", "tokens_per_s"):
+        value = figures.get(key)
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value)
+    return None

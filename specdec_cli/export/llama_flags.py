@@ -1,0 +1,56 @@
+"""llama-server's draft flag names: its 2026 builds renamed them (``--draft-max`` became
+``--spec-draft-n-max`` and the old ones were removed), so an installed binary's ``--help`` decides,
+and without one the documented current names are used and the export says so."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+CURRENT = dict(model_draft="--spec-draft-model", n_max="--spec-draft-n-max", n_min="--spec-draft-n-min",
+               p_min="--spec-draft-p-min", spec_type="--spec-type")
+LEGACY = dict(model_draft="--model-draft", n_max="--draft-max", n_min="--draft-min", p_min="--draft-p-min",
+              spec_type="--spec-type")
+
+
+@dataclass(frozen=True)
+class LlamaFlags:
+    model_draft: str
+    n_max: str
+    n_min: str
+    p_min: str
+    spec_type: str
+    current: bool
+    source: str  # one line for the export: where these names came from
+
+    @classmethod
+    def documented(cls, why: str = "no llama-server on PATH") -> "LlamaFlags":
+        return cls(**CURRENT, current=True,
+                   source=f"llama-server flag names: the documented 2026 ones ({why}; older builds call them "
+                          "--model-draft/--draft-max/--draft-min/--draft-p-min)")
+
+
+def from_help(text: str, binary: str) -> LlamaFlags:
+    """The names a build's --help lists: the current ones if it knows --spec-draft-n-max, else legacy."""
+    if "--spec-draft-n-max" in text:
+        names = dict(CURRENT)
+        if "--spec-draft-model" not in text:  # early 2026 builds kept -md/--model-draft
+            names["model_draft"] = "--model-draft"
+        return LlamaFlags(**names, current=True, source=f"llama-server flag names from {binary} --help (current names)")
+    if "--draft-max" in text:
+        spec_type = "--spec-type" if "--spec-type" in text else ""
+        return LlamaFlags(**{**LEGACY, "spec_type": spec_type}, current=False,
+                          source=f"llama-server flag names from {binary} --help (legacy names)")
+    return LlamaFlags.documented(f"{binary} --help lists no draft flags")
+
+
+def probe(binary: str = "llama-server") -> LlamaFlags:
+    path = shutil.which(binary)
+    if path is None:
+        return LlamaFlags.documented()
+    try:
+        done = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return LlamaFlags.documented(f"{path} --help failed: {exc}")
+    return from_help(done.stdout + done.stderr, path)

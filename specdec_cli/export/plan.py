@@ -1,0 +1,100 @@
+"""From a pair, its calibration profile, an optional traffic mix and an optional engine bench to the
+``Plan`` every engine's export is built from: which drafter, which K, and where that K came from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UserError
+from ..pairs.profile import PairProfile, profile_path, read_profiles, section_name
+from ..pairs.registry import HEAD, MODEL, NGRAM, DrafterSpec, PairSpec
+from .bench_table import read_levels, table
+from .engines import Drafter, Plan
+from .fold import Fold, fold, sensitivity
+
+VLLM_METHOD = {HEAD: "eagle3", MODEL: "draft_model", NGRAM: "ngram"}
+
+
+def load_profile(explicit: str | None, pair: PairSpec, warn) -> tuple[PairProfile, Path]:
+    path = profile_path(explicit, pair)
+    if explicit and not path.is_file():
+        raise UserError(f"profile file not found: {path}")
+    profile = read_profiles(path).get(section_name(pair))
+    if profile is None:
+        raise UserError(f"no profile of pair {section_name(pair)!r} in {path}; measure one with "
+                        f"`specdec calibrate-k --pair {pair.name} --prompts FILE --write`")
+    why = profile.mismatch(pair)
+    if why:
+        warn(f"{path}: the profile of {pair.name!r} does not fit the pair as configured now: {why}")
+    return profile, path
+
+
+def engine_drafter(spec: DrafterSpec | None, eagle3_dir: str, where) -> Drafter | None:
+    """The drafter as the engine loads it: a model by its transformers directory, a head by its
+    eagle3 export directory (written by export-head)."""
+    if spec is None:
+        return None
+    if spec.kind == HEAD:
+        return Drafter(HEAD, eagle3_dir, lookup=spec.lookup)
+    if spec.kind == MODEL:
+        return Drafter(MODEL, where(spec.model.source), lookup=spec.lookup)
+    return Drafter(NGRAM, None, spec.min_ngram, spec.max_ngram)
+
+
+def model_directory(source) -> str:
+    """A source as a serving engine loads it: a hub id as it is, anything else as a transformers
+    directory (a GGUF's converted copy: vLLM on a CPU reads no GGUF)."""
+    if source.kind == "hub" and not source.is_gguf:
+        return source.location
+    from ..pairs.loading import transformers_directory  # torch only when an export needs a directory
+
+    return str(transformers_directory(source))
+
+
+def gguf_file(source) -> str:
+    """For llama.cpp: the GGUF file itself where the source is one."""
+    if source.is_gguf and source.kind != "hub":
+        return str(source.local_path())
+    return model_directory(source)
+
+
+def make_plan(engine: str, pair: PairSpec, profile: PairProfile, profile_file: Path, shares: dict[str, float] | None,
+              bench: Path | None, eagle3_dir: str | None) -> Plan:
+    eagle3_dir = eagle3_dir or f"{pair.name}-eagle3"
+    target = gguf_file(pair.target.source) if engine == "llama.cpp" else model_directory(pair.target.source)
+    drafter = engine_drafter(pair.drafter, eagle3_dir, model_directory)
+    fallback = None
+    if pair.drafter.kind == HEAD:
+        fallback = engine_drafter(pair.alternate(MODEL), eagle3_dir, model_directory) or engine_drafter(pair.alternate(NGRAM), eagle3_dir, model_directory)
+    scenario_ks = {name: s.k for name, s in profile.scenarios.items()}
+    notes: list[str] = []
+    folded: Fold | None = fold(profile, shares) if shares else None
+    where = f"profile {profile_file} (pair {profile.pair!r}, calibrated {profile.calibrated})"
+    if folded:
+        notes.append(folded.describe())
+    if bench is not None:
+        levels = read_levels(bench, VLLM_METHOD[drafter.kind])
+        first = levels[0]
+        k = first.best_k
+        origin = (f"K {k} from the engine bench {bench}: the engine's own measured speed at concurrency "
+                  f"{first.concurrency} ({first.gain:.2f}x its plain decoding at K {k})")
+        rows = table(levels) if engine == "vllm" else None
+        if rows:
+            origin += f"; the per-batch-size table from its {len(levels)} concurrency levels"
+        if folded and folded.k != k:
+            notes.append(f"specdec's own loop folds this traffic to K {folded.k}; the engine bench's K {k} is used "
+                         "(it measured this engine's costs on its own prompts)")
+        return Plan(pair.name, target, drafter, k, origin, scenario_ks, rows, tuple(notes), fallback)
+    if folded:
+        k, by_k = folded.k, folded.by_k
+        by_k = {j: by_k[j] for j in (k - 1, k, k + 1) if j in by_k}
+        basis = "the traffic mix"
+    else:
+        section = profile.overall or next(iter(profile.scenarios.values()))
+        k, by_k = section.k, sensitivity(section, section.best_k)
+        basis = "all the calibration prompts" if profile.overall else "its only scenario"
+    spread = ", ".join(f"{v:.2f}x at K {j}" for j, v in by_k.items())
+    origin = (f"K {k} from specdec's own loop ({where}, {basis}). WARNING: specdec's batch-1 loop is not this "
+              f"engine, whose verify and draft costs differ, so K may be off; specdec's cost model predicts {spread} "
+              "(run `specdec bench --engine vllm --concurrency ...` and export with --from-bench for the engine's own K)")
+    return Plan(pair.name, target, drafter, k, origin, scenario_ks, None, tuple(notes), fallback)
