@@ -16,6 +16,7 @@ threads.choose_before_torch()  # before any command imports torch: see runtime/t
 
 from .commands.bench import bench_command
 from .commands.calibrate import calibrate_k
+from .commands.export import export
 from .commands.common import error_line
 from .commands.generate import generate
 from .commands.models import models
@@ -106,6 +107,7 @@ app.command("verify-equivalence", short_help="Prove that speculation gives the t
 app.command("bench", short_help="Speed, acceptance and latency per mode against plain decoding.")(bench_command)
 app.command("calibrate-k", short_help="Measure every K on your prompts and pick K per scenario.")(calibrate_k)
 app.command("train-draft", short_help="Distil a drafter (a small model or a head) from the target.")(train_draft)
+app.command("export", short_help="The calibrated K as a serving engine's config (vLLM, SGLang, llama.cpp, transformers).")(export)
 
 
 def main() -> None:
