@@ -5,7 +5,7 @@ that is the fastest way to wait; when another process holds one of the cores, tw
 fight it for the CPU and every op waits on the descheduled one: with the int4 target on this
 project's 2-core machine, one busy process took plain decoding from 36 to 2 tok/s. A passive wait
 (threads sleep) survives that, but on an idle machine its wake-ups halve the speed of the int4
-target (19 vs 36 tok/s), whose tokens are many small ops. No single policy serves both (README,
+target (19 vs 36 tok/s), whose tokens are many small ops. No single policy serves both (docs/performance.md,
 "Threads"), so the CLI looks before it starts: where other processes keep cores busy it runs on
 the cores left free with a passive wait; on an idle machine it leaves OpenMP's own default. A user
 who set OMP_NUM_THREADS or OMP_WAIT_POLICY decides alone; `--threads N` sets the count.
@@ -49,9 +49,9 @@ def busy_cores(sample_s: float = 0.1) -> float:
 
 
 # MKL picks its code path per call, by the inputs' memory alignment among other things, so the same
-# float32 op could round differently from one process to the next: an int4 greedy run of the README's
+# float32 op could round differently from one process to the next: an int4 greedy run of the
 # sky prompt stopped after 59 tokens in about half of a dozen runs and after 64 in the rest; with
-# MKL's reproducible AVX2 path, 6 of 6 gave the same tokens at the same speed (README, "Threads").
+# MKL's reproducible AVX2 path, 6 of 6 gave the same tokens at the same speed (docs/precision.md).
 REPRODUCIBLE = {"MKL_CBWR": "AVX2"}
 
 
