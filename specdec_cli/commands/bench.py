@@ -19,6 +19,7 @@ from ..atomic import check_writable, write_atomically
 from ..pairs.profile import open_profile
 from ..pairs.registry import HEAD, MODEL, NGRAM, PairSpec
 from ..prompts import read_file
+from .engine_bench import engine_bench
 from .common import (
     WRITE_FAILED,
     AcceptOption,
@@ -75,6 +76,16 @@ def bench_command(
     threads: ThreadsOption = None,
     samples: Annotated[int, typer.Option("--samples", metavar="S", help="Runs per prompt and mode, with seeds seed, seed+1, … shared by all modes (paired).")] = 1,
     accept: AcceptOption = "exact",
+    engine: Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE", help="Benchmark a serving engine instead of this loop: 'vllm' starts one vLLM server per --modes entry (vllm-plain, vllm-ngram:K, vllm-draft:K; default vllm-plain,vllm-ngram:4) from vLLM's own environment (`bash install.sh vllm`; docs/engines.md) and stops them at the end.")] = None,
+    server: Annotated[Optional[str], typer.Option("--server", metavar="URL", help="Benchmark an OpenAI-compatible server already running at URL (API key from $SPECDEC_API_KEY, never printed).")] = None,
+    reference: Annotated[Optional[str], typer.Option("--reference", metavar="URL", help="With --server: the plain server it is compared with (the gain's denominator).")] = None,
+    concurrency: Annotated[Optional[str], typer.Option("--concurrency", metavar="N,N,...", help="Engine bench, closed loop: requests kept in flight, one level each (default 1,4).")] = None,
+    rate: Annotated[Optional[str], typer.Option("--rate", metavar="R,R,...", help="Engine bench, open loop: Poisson arrivals at R requests/s, one level each (instead of --concurrency).")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", metavar="N", help="Engine bench: runs of every level, interleaved across modes; 2 or more give the gain a 95 % interval.")] = 1,
+    slo: Annotated[Optional[str], typer.Option("--slo", metavar="ttft:MS,tpot:MS", help="Engine bench: count goodput, the requests per second that meet every limit (ttft, tpot, e2el in ms).")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", help="Engine bench: draw the gain and the latency against the level.")] = None,
+    port: Annotated[Optional[int], typer.Option("--port", metavar="P", help="Engine bench: the first managed server's port (the next ones count up; default: free ports).")] = None,
+    requests: Annotated[Optional[int], typer.Option("--requests", metavar="N", help="Engine bench: requests per level (the prompts cycled; default: the prompts, at least 2 per slot in flight).")] = None,
 ) -> None:
     """Measure speed, acceptance and latency per mode against plain decoding of the same target.
 
@@ -83,10 +94,23 @@ def bench_command(
     measured acceptance, draft cost and verify cost next to the measured one. Mode auto reads the
     calibration profile (--profile) to start from; without one it starts from the pair's K.
 
-    Exit codes: 0 done; 2 bad input; 3 the result was printed but --markdown could not be written.
+    With --engine vllm (or --server URL) it benchmarks a serving engine under concurrency instead:
+    per mode and level request throughput, output tok/s, TTFT, TPOT, ITL and end-to-end latency
+    (p50/p90/p99, as `vllm bench serve` defines them), failures, acceptance from the server's
+    counters, the gain over vllm-plain, where it falls below 1, and vLLM's per-batch-size K table.
+
+    Exit codes: 0 done; 2 bad input (or a server that did not start); 3 the result was printed but
+    --markdown could not be written, or a server died mid-run (the levels finished are written).
     """
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_count("--threads", threads, 1)
+    if engine or server:  # a serving engine under load: commands/engine_bench.py
+        check_count("--repeats", repeats, 1)
+        check_count("--requests", requests, 1)
+        return engine_bench(engine=engine, server=server, reference=reference, prompts=prompts, modes=modes,
+                            concurrency=concurrency, rate=rate, repeats=repeats, max_new_tokens=max_new_tokens, slo=slo,
+                            json_out=json_out, markdown=markdown, plot=plot, models=models, pair=pair, target=target,
+                            draft=draft, threads=threads, port=port, requests=requests)
     check_sampling(temperature, 0, 1.0)
     check_count("--samples", samples, 1)
     rule = accept_rule(accept)

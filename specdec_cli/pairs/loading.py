@@ -12,6 +12,7 @@ import hashlib
 import io
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import redirect_stderr
 from dataclasses import dataclass
@@ -19,10 +20,11 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel,
+                          PreTrainedTokenizerBase)
 
 from ..errors import UserError
-from ..runtime import dense_prefill
+from ..runtime import dense_prefill, prepared
 from ..runtime.gguf_int4 import gguf_int4_blocks
 from ..runtime.lean_forward import use_lean_forward
 from ..runtime.quantize import QUANTISED, quantise_model
@@ -61,21 +63,94 @@ def load(spec: ModelSpec) -> LoadedModel:
     quantised = spec.dtype in QUANTISED
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
-        model = AutoModelForCausalLM.from_pretrained(
-            directory,
-            dtype=torch.float32 if quantised else _dtype(spec.dtype),
-            device_map="cpu" if quantised else spec.device_map,  # the weight-only kernels are CPU ones
-        )
+        if quantised:
+            model = prepared_target(spec, directory, original)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=_dtype(spec.dtype), device_map=spec.device_map)
     except (OSError, ValueError) as exc:
         raise UserError(f"could not load {spec.source}: {_first_line(exc)}") from None
-    if quantised:
-        model = _quantised(model, spec.dtype, original)
     files = Path(directory) if spec.source.kind != "hub" else None
     precision = str(model.dtype).removeprefix("torch.") if spec.dtype == "auto" else spec.dtype
     return LoadedModel(model.eval(), tokenizer, spec.source, files, precision)
 
 
-def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None) -> PreTrainedModel:
+def transformers_directory(source: ModelSource) -> Path:
+    """The model as a transformers directory on disk, for a program that cannot read GGUF (a vLLM
+    server on a CPU): a GGUF source's converted cache directory (made once), else its own directory."""
+    directory, gguf_file = _resolve(source)
+    if gguf_file:
+        return Path(_converted(source, directory, gguf_file))
+    if source.local_path() is None:
+        raise UserError(f"{source} is a hub id; give a local model directory or a .gguf file")
+    _check_files(Path(directory))
+    return Path(directory)
+
+
+def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None) -> PreTrainedModel:
+    """The int8/int4 target (``_quantised``), mapped from its prepared file under the cache directory
+    when one was written for this source, dtype and code (runtime/prepared.py), else built and saved
+    there; an unusable file is reported on one line and built again, never used."""
+    lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
+    dense_dtype = dense_prefill.dense_dtype() if lean else None
+    key = _prepared_key(spec, directory, gguf_path, dense_dtype)
+    path = cache_root() / f"prepared-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors" if key else None
+    if path is not None and path.is_file():
+        try:
+            model, dense = prepared.restore(path, _skeleton(directory), key)
+            return _finish(model, dense, lean)
+        except prepared.Unusable as exc:
+            print(f"specdec: warning: the prepared target is unusable ({_first_line(exc)}); preparing it again",
+                  file=sys.stderr)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
+    if path is not None and sum(p.numel() for p in model.parameters()) >= SLOW_TO_PREPARE:
+        print(f"specdec: preparing the {spec.dtype} target once (later runs map it from {path})", file=sys.stderr)
+    model, dense = _quantised(model, spec.dtype, gguf_path, dense_dtype)
+    if path is not None:
+        try:
+            prepared.save(path, model, dense, key)
+        except OSError:
+            pass  # a read-only cache only costs the preparation next time
+    return _finish(model, dense, lean)
+
+
+SLOW_TO_PREPARE = 20_000_000  # parameters: a smaller target is prepared in well under a second, silently
+
+
+def _prepared_key(spec: ModelSpec, directory: str, gguf_path: Path | None, dense_dtype) -> str | None:
+    """What a prepared file must have been written under: the source's fingerprint (a GGUF's converted
+    directory is named by its own; a local directory's files by size and time), the dtype, the prompt
+    copies' dtype and the code; None for a hub repository, whose files are not here to fingerprint."""
+    if gguf_path is not None or spec.source.is_gguf:
+        identity = Path(directory).name
+    elif spec.source.local_path() is not None:
+        root = Path(directory).resolve()
+        files = sorted(p for pattern in ("config.json", *WEIGHTS) for p in root.glob(pattern))
+        identity = f"{root}:" + ",".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+    else:
+        return None
+    return "|".join([identity, spec.dtype, str(dense_dtype), prepared.code_digest(), transformers.__version__])
+
+
+def _skeleton(directory: str) -> PreTrainedModel:
+    """The float model's structure without its weights (meta device), with its generation settings."""
+    config = AutoConfig.from_pretrained(directory)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(directory)
+    except OSError:
+        pass  # no generation_config.json: from_pretrained keeps the one derived from the config too
+    return model
+
+
+def _finish(model: PreTrainedModel, dense, lean: bool) -> PreTrainedModel:
+    use_rowwise_attention(model)
+    if lean:
+        use_lean_forward(model, dense)
+    return model
+
+
+def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None, dense_dtype) -> tuple[PreTrainedModel, list | None]:
     """Weight-only int8/int4 linears that take and give bfloat16 (float32 inputs take the kernels'
     slow paths: 3-7x slower here), in a model that otherwise stays float32: norms, attention and
     residuals in float32 are faster on a CPU than in bfloat16 and do not depend on the block length,
@@ -84,15 +159,9 @@ def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None) -> Pre
     then runs the lean forward (lean_forward.py: transformers' ops, bit for bit, without its
     dispatch); ``SPECDEC_LEAN_FORWARD=0`` keeps transformers' forward. Its prompts run on dense copies
     of the float weights: bfloat16 where this CPU multiplies it fast, else float32 (dense_prefill.py)."""
-    lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
-    dense_dtype = dense_prefill.dense_dtype() if lean else None
     dense = dense_prefill.dense_weights(model, dense_dtype) if dense_dtype is not None else None
     blocks = gguf_int4_blocks(gguf_path, model) if kind == "int4" and gguf_path is not None else {}
-    model = quantise_model(model, kind, blocks)
-    use_rowwise_attention(model)
-    if lean:
-        use_lean_forward(model, dense)
-    return model
+    return quantise_model(model, kind, blocks), dense
 
 
 def _resolve(source: ModelSource) -> tuple[str, str | None]:
@@ -132,6 +201,7 @@ def _converted(source: ModelSource, directory: str, gguf_file: str) -> str:
     target = cache_root() / _cache_key(source, directory, gguf_file)
     if (target / "config.json").is_file():
         return str(target)
+    print(f"specdec: converting {gguf_file} once (later runs read {target})", file=sys.stderr)
     try:
         with redirect_stderr(io.StringIO()):  # the GGUF reader draws its own progress bar
             tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)

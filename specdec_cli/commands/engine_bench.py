@@ -1,0 +1,201 @@
+"""`specdec bench --engine vllm` / `--server URL`: the engine bench's command body and its pages
+(table, JSON, Markdown, plot). commands/bench.py hands over here; the work is in serving/."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from contextlib import ExitStack
+from datetime import datetime, timezone
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from ..atomic import check_writable, write_atomically
+from ..errors import UserError
+from ..prompts import read_file
+from .common import WRITE_FAILED, error_line, plain_console, resolve_pair, write_output
+
+ENGINES = ("vllm",)
+DIED = 3  # a server died mid-run: the levels finished are written, exit 3
+
+
+def check_engine(engine: str | None, server: str | None, reference: str | None) -> None:
+    if engine is not None and engine not in ENGINES:
+        raise UserError(f"--engine {engine!r}: the engines specdec can start are {', '.join(ENGINES)}")
+    if engine and server:
+        raise UserError("--engine starts servers and --server attaches to one: give one of them")
+    if reference and not server:
+        raise UserError("--reference is the plain server --server is compared with: give --server too")
+
+
+def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency, rate, repeats, max_new_tokens,
+                 slo, json_out, markdown, plot, models, pair, target, draft, threads, port, requests) -> None:
+    from ..serving import bench as engine_bench_core
+    from ..serving import configs as serving_configs
+    from ..serving.server import attach
+
+    check_engine(engine, server, reference)
+    if rate and concurrency:
+        raise UserError("--concurrency is a closed loop and --rate an open one: give one of them")
+    levels_text = rate or concurrency or "1,4"
+    levels = engine_bench_core.parse_levels(levels_text, "--rate" if rate else "--concurrency")
+    slos = engine_bench_core.parse_slos(slo)
+    chosen = engine_bench_core.parse_modes(modes or "vllm-plain,vllm-ngram:4") if engine else []
+    for path, option in ((markdown, "--markdown"), (plot, "--plot")):
+        if path:
+            check_writable(path, option)
+    items = read_file(prompts)
+    spec = resolve_pair(models, pair, target, draft)
+    from ..pairs.loading import transformers_directory
+
+    model_dir = transformers_directory(spec.target.source)
+    encoded = [engine_bench_core.Request(str(pid), ids)
+               for pid, ids in serving_configs.encode_prompts(model_dir, [(str(p.id), p.text) for p in items])]
+    progress = serving_configs.progress_line
+    manifest = {"command": "specdec " + shlex.join(sys.argv[1:]), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "pair": spec.name, "prompts": len(items), "max_new_tokens": max_new_tokens, "repeats": repeats,
+                "loop": "open (Poisson arrivals, requests/s)" if rate else "closed (requests in flight)", "slo_ms": slos}
+    with ExitStack() as stack:
+        if engine:
+            configs = serving_configs.server_configs(spec, chosen, threads, port)
+            servers = serving_configs.start_all(stack, configs, progress)
+            targets = {name: serving_configs.as_target(s) for name, s in servers.items()}
+            manifest["engine"] = _engine_entry(servers)
+        else:
+            targets = {}
+            if reference:
+                targets[engine_bench_core.PLAIN] = engine_bench_core.Target(attach(reference))
+            targets["server"] = engine_bench_core.Target(attach(server))
+            manifest["engine"] = {"attached": {name: t.endpoint.url for name, t in targets.items()}}
+        try:
+            result = engine_bench_core.run(targets, encoded, levels, max_tokens=max_new_tokens, repeats=repeats,
+                                           rate=bool(rate), slos=slos, least=requests, progress=progress)
+            failure = None
+        except engine_bench_core.BenchInterrupted as exc:
+            result, failure = exc.report, str(exc)
+    result["manifest"] = manifest | {"machine": _machine()}
+    if failure:
+        result["interrupted"] = failure
+    _emit(result, json_out, markdown, plot)
+    if failure:
+        error_line(f"{failure}; the levels finished before it are written")
+        raise typer.Exit(DIED)
+
+
+def _engine_entry(servers) -> dict:
+    from ..serving.environment import engine_version, vllm_env
+
+    return {"name": engine_version(), "environment": str(vllm_env()),
+            "servers": {name: {"arguments": s.config.arguments(s.endpoint.port)[2:], "start_s": round(s.started_s, 2),
+                               "log": str(s.log_path)} for name, s in servers.items()}}
+
+
+def _machine() -> dict:
+    from ..pairs import manifest
+
+    return manifest.machine() | {"libraries": manifest.libraries()}
+
+
+def _emit(result: dict, json_out: bool, markdown: Path | None, plot: Path | None) -> None:
+    if json_out:
+        print(json.dumps(result, indent=2))
+    else:
+        out = plain_console()
+        out.print(table(result))
+        for line in summary_lines(result):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+    if markdown and not write_output("--markdown", markdown, lambda: write_atomically(markdown, markdown_page(result))):
+        raise typer.Exit(WRITE_FAILED)
+    if plot and not write_output("--plot", plot, lambda: plot_curve(result, plot)):
+        raise typer.Exit(WRITE_FAILED)
+
+
+COLUMNS = [("req/s", "request_throughput"), ("out tok/s", "output_tok_s"), ("TTFT p50", ("ttft", "p50_ms")),
+           ("TTFT p99", ("ttft", "p99_ms")), ("TPOT p50", ("tpot", "p50_ms")), ("ITL p50", ("itl", "p50_ms")),
+           ("ITL p99", ("itl", "p99_ms")), ("E2E p50", ("e2el", "p50_ms")), ("E2E p90", ("e2el", "p90_ms")),
+           ("E2E p99", ("e2el", "p99_ms")), ("failed", "failed"), ("accept", ("acceptance", "acceptance_rate")),
+           ("acc len", ("acceptance", "mean_acceptance_length"))]
+
+
+def _value(figures: dict, key):
+    value = figures.get(key[0], {}).get(key[1]) if isinstance(key, tuple) else figures.get(key)
+    if value is None:
+        return "–"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _gain_cell(result: dict, mode: str, level: str) -> str:
+    g = result["gain"].get(mode, {}).get(level)
+    if not g or g["gain"] is None:
+        return "–"
+    return f"{g['gain']:.2f}×" + (f" [{g['low']:.2f}, {g['high']:.2f}]" if g["low"] is not None else "")
+
+
+def rows(result: dict):
+    """(level, mode, gain cell, cells...) in level order: the modes of one level side by side."""
+    for level in result["levels"]:
+        for mode, by_level in result["modes"].items():
+            if str(level) in by_level:
+                yield [str(level), mode, _gain_cell(result, mode, str(level))] + [_value(by_level[str(level)], k) for _, k in COLUMNS]
+
+
+def table(result: dict) -> Table:
+    loop = result["manifest"].get("loop", "")
+    grid = Table(title=f"engine bench, {loop}; latencies in ms; gain = output tok/s over vllm-plain (95 % interval)",
+                 title_justify="left")
+    for header in ["level", "mode", "gain"] + [h for h, _ in COLUMNS]:
+        grid.add_column(header, justify="left" if header == "mode" else "right")
+    for row in rows(result):
+        grid.add_row(*row)
+    return grid
+
+
+def summary_lines(result: dict) -> list[str]:
+    lines = []
+    for mode, point in result["crossover"].items():
+        lines.append(f"{mode}: " + (f"the gain falls below 1 at concurrency {point:g}" if point is not None
+                                    else "the gain stays at or above 1 at every level measured"))
+    for family, k_rows in result["k_table"].items():
+        lines.append(f"{family}: num_speculative_tokens_per_batch_size {json.dumps(k_rows)}")
+    return lines
+
+
+def markdown_page(result: dict) -> str:
+    headers = ["level", "mode", "gain"] + [h for h, _ in COLUMNS]
+    lines = ["# Engine benchmark", "", f"Made with `{result['manifest']['command']}` on {result['manifest']['date']}.", ""]
+    if result.get("interrupted"):
+        lines += [f"**Interrupted:** {result['interrupted']}; the levels below finished before it.", ""]
+    lines += ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows(result)]
+    lines += ["", *[f"- {line}" for line in summary_lines(result)], "", "## Manifest", "", "```json",
+              json.dumps(result["manifest"], indent=2), "```", ""]
+    return "\n".join(lines)
+
+
+def plot_curve(result: dict, path: Path) -> None:
+    """Gain and p50 end-to-end latency against the level, one line per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (gain_axes, latency_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode, by_level in result["modes"].items():
+        levels = [int(lv) for lv in by_level]
+        latency_axes.plot(levels, [by_level[str(lv)]["e2el"]["p50_ms"] for lv in levels], "o-", label=mode)
+        if mode in result["gain"]:
+            gains = result["gain"][mode]
+            gain_axes.plot([int(lv) for lv in gains], [g["gain"] for g in gains.values()], "o-", label=mode)
+    gain_axes.axhline(1.0, color="grey", linewidth=0.8)
+    gain_axes.set(xscale="log", xlabel="level", ylabel="output tok/s over vllm-plain", title="speculative gain")
+    latency_axes.set(xscale="log", xlabel="level", ylabel="ms", title="end-to-end latency p50")
+    for axes in (gain_axes, latency_axes):
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

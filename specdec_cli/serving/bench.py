@@ -1,0 +1,157 @@
+"""`specdec bench --engine vllm`: modes, the schedule that interleaves them level by level and
+repeat by repeat (so drift on a shared machine falls on every mode alike), and the report: figures
+per mode and level, the gain over plain with its interval, the crossover concurrency, and the
+per-batch-size K table the curve implies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import UserError
+from ..limits import MAX_K
+from . import metrics, stats
+from .client import Endpoint, complete
+from .load import LevelRun, Request, ServerDied, level_figures, requests_for_level, run_level
+
+PLAIN = "vllm-plain"
+METHODS = {"ngram": "ngram", "draft": "draft_model", "eagle3": "eagle3"}  # mode prefix → vLLM's method
+
+
+@dataclass(frozen=True)
+class EngineMode:
+    name: str  # as written: vllm-plain, vllm-ngram:4, vllm-draft:3
+    method: str  # plain, or vLLM's speculative method
+    k: int = 0
+
+    @property
+    def family(self) -> str:
+        return self.name.split(":")[0]
+
+
+def parse_modes(text: str) -> list[EngineMode]:
+    """'vllm-plain,vllm-ngram:4,vllm-draft:3' → modes; plain is added first when missing (the gain needs it)."""
+    modes = []
+    for part in [p.strip() for p in text.split(",") if p.strip()]:
+        if part == PLAIN:
+            modes.append(EngineMode(PLAIN, "plain"))
+            continue
+        prefix, _, k = part.partition(":")
+        method = METHODS.get(prefix.removeprefix("vllm-")) if prefix.startswith("vllm-") else None
+        if method is None or not k.isdigit() or not 1 <= int(k) <= MAX_K:
+            raise UserError(f"--modes: unknown engine mode {part!r}; engine modes are {PLAIN}, vllm-ngram:K, "
+                            f"vllm-draft:K (K from 1 to {MAX_K})")
+        modes.append(EngineMode(part, method, int(k)))
+    if not modes:
+        raise UserError("--modes: give at least one engine mode")
+    if PLAIN not in [m.name for m in modes]:
+        modes.insert(0, EngineMode(PLAIN, "plain"))
+    return list({m.name: m for m in modes}.values())
+
+
+def parse_levels(text: str, option: str = "--concurrency") -> list[int]:
+    try:
+        levels = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise UserError(f"{option} {text!r}: expected comma-separated positive integers") from None
+    if not levels or levels[0] < 1:
+        raise UserError(f"{option} {text!r}: expected comma-separated positive integers")
+    return levels
+
+
+def parse_slos(text: str | None) -> dict[str, float]:
+    """'ttft:500,tpot:50' → {'ttft': 500.0, 'tpot': 50.0} (milliseconds)."""
+    if not text:
+        return {}
+    slos = {}
+    for part in text.split(","):
+        name, _, value = part.partition(":")
+        try:
+            if name not in ("ttft", "tpot", "e2el") or float(value) <= 0:
+                raise ValueError
+        except ValueError:
+            raise UserError(f"--slo {text!r}: expected ttft:MS, tpot:MS and/or e2el:MS, comma-separated") from None
+        slos[name] = float(value)
+    return slos
+
+
+@dataclass
+class Target:
+    """A server under test: how to reach it and how to tell whether it still runs."""
+
+    endpoint: Endpoint
+    alive: Callable[[], bool] = lambda: True
+    died: Callable[[], str | None] = lambda: None
+
+
+class BenchInterrupted(Exception):
+    def __init__(self, message: str, report: dict):
+        super().__init__(message)
+        self.report = report
+
+
+def warm_up(target: Target, request: Request) -> None:
+    complete(target.endpoint, request.prompt_ids, 4, ignore_eos=True, timeout_s=60.0)
+
+
+def run(targets: dict[str, Target], prompts: list[Request], levels: list[int], *, max_tokens: int, repeats: int = 1,
+        rate: bool = False, slos: dict[str, float] | None = None, least: int | None = None,
+        progress: Callable[[str], None] = lambda line: None) -> dict:
+    """Every level for every mode, repeat by repeat; a dead server stops the run with the levels
+    finished so far in BenchInterrupted.report."""
+    runs: dict[str, dict[int, list[LevelRun]]] = {mode: {} for mode in targets}
+    for mode, target in targets.items():
+        warm_up(target, prompts[0])
+    try:
+        for repeat in range(repeats):
+            for level in levels:
+                for mode, target in targets.items():
+                    progress(f"{mode}: {'rate' if rate else 'concurrency'} {level}, repeat {repeat + 1} of {repeats}")
+                    requests = requests_for_level(prompts, 1 if rate else level, least)
+                    try:
+                        done = run_level(target.endpoint, requests, max_tokens, concurrency=None if rate else level,
+                                         rate=level if rate else None, seed=repeat, alive=target.alive)
+                    except ServerDied as exc:
+                        raise BenchInterrupted(target.died() or f"{mode}: {exc}", report(runs, levels, slos)) from None
+                    runs[mode].setdefault(level, []).append(done)
+    except KeyboardInterrupt:
+        raise
+    return report(runs, levels, slos)
+
+
+def _merged(level_runs: list[LevelRun]) -> LevelRun:
+    merged = LevelRun(duration_s=sum(r.duration_s for r in level_runs))
+    window = metrics.Snapshot({}, 0.0)
+    for r in level_runs:
+        merged.completions += r.completions
+        for key, value in (r.window.samples.items() if r.window else ()):
+            window.samples[key] = window.samples.get(key, 0.0) + value
+    merged.window = window
+    return merged
+
+
+def report(runs: dict[str, dict[int, list[LevelRun]]], levels: list[int], slos: dict[str, float] | None) -> dict:
+    """Figures per mode and level (repeats pooled; throughput per repeat kept for the interval), the
+    gain of each speculative mode per level, its crossover, and the K table per method."""
+    modes: dict[str, dict] = {}
+    for mode, by_level in runs.items():
+        modes[mode] = {}
+        for level, level_runs in by_level.items():
+            figures = level_figures(_merged(level_runs), slos)
+            figures["output_tok_s_repeats"] = [level_figures(r)["output_tok_s"] for r in level_runs]
+            modes[mode][str(level)] = figures
+    done = [lv for lv in levels if all(str(lv) in modes[m] for m in modes)]
+    plain = modes.get(PLAIN, {})
+    gains, crossovers = {}, {}
+    for mode in modes:
+        if mode == PLAIN:
+            continue
+        gains[mode] = {str(lv): stats.gain(modes[mode][str(lv)]["output_tok_s_repeats"],
+                                           plain[str(lv)]["output_tok_s_repeats"]) for lv in done if str(lv) in plain}
+        crossovers[mode] = stats.crossover(done, [gains[mode][str(lv)]["gain"] for lv in done if str(lv) in gains[mode]])
+    tables = {}
+    for family in dict.fromkeys(m.split(":")[0] for m in gains):
+        by_k = {int(m.split(":")[1]): [gains[m].get(str(lv), {}).get("gain") for lv in done]
+                for m in gains if m.split(":")[0] == family}
+        tables[family] = stats.k_table(done, by_k) if done else []
+    return {"levels": done, "modes": modes, "gain": gains, "crossover": crossovers, "k_table": tables}

@@ -1,0 +1,151 @@
+"""An OpenAI-compatible completions client on the standard library: streamed requests with bounded
+timeouts, the timing of every chunk (TTFT, inter-token gaps, end-to-end), the token ids when the
+server returns them (vLLM's ``return_token_ids``), and failures classified rather than raised."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+REQUEST_TIMEOUT_S = 120.0  # a whole request, and the longest silence between two chunks
+
+
+class ServerDown(Exception):
+    """Nothing answers at the endpoint (refused, reset, timed out)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str  # http://host:port, without /v1
+    api_key: str | None = field(default=None, repr=False)  # never printed
+    model: str | None = None
+
+    @property
+    def port(self) -> int:
+        return urlparse(self.url).port or 80
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def models(self) -> list[str]:
+        body = json.loads(get(self, "/v1/models", timeout=10.0))
+        return [entry["id"] for entry in body.get("data", [])]
+
+
+def get(endpoint: Endpoint, path: str, timeout: float = 10.0) -> str:
+    request = urllib.request.Request(endpoint.url + path, headers=endpoint.headers())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.read().decode()
+    except urllib.error.HTTPError as exc:
+        raise ServerDown(f"HTTP {exc.code} on {path}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServerDown(_why(exc)) from None
+
+
+@dataclass
+class Completion:
+    """One request's outcome and timing; ``error`` is a failure kind (timeout, connection, http-500,
+    incomplete) or None."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)  # gaps between successive chunks
+    top_logprobs: list[dict[str, float]] = field(default_factory=list)  # per position, when asked
+    finish_reason: str | None = None
+    error: str | None = None
+    detail: str = ""
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first, as `vllm bench serve` defines it."""
+        if self.error or self.ttft_s is None or self.latency_s is None or self.output_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+def complete(endpoint: Endpoint, prompt_ids: list[int], max_tokens: int, *, logprobs: int | None = None,
+             ignore_eos: bool = False, timeout_s: float = REQUEST_TIMEOUT_S) -> Completion:
+    """One greedy completion, streamed. Never raises for the server's faults: they come back as ``error``."""
+    body = {"model": endpoint.model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
+            "ignore_eos": ignore_eos}
+    if logprobs is not None:
+        body.update(logprobs=logprobs, return_tokens_as_token_ids=True)  # keys 'token_id:N', not text
+    request = urllib.request.Request(endpoint.url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers=endpoint.headers(), method="POST")
+    result = Completion()
+    started = time.perf_counter()
+    last = started
+    try:
+        with urllib.request.urlopen(request, timeout=min(timeout_s, REQUEST_TIMEOUT_S)) as response:
+            for raw in response:
+                if time.perf_counter() - started > timeout_s:
+                    result.error, result.detail = "timeout", f"over {timeout_s:.0f} s"
+                    return result
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter()
+                if _take_chunk(result, json.loads(data)):
+                    if result.ttft_s is None:
+                        result.ttft_s = now - started
+                    else:
+                        result.itl_s.append(now - last)
+                    last = now
+    except urllib.error.HTTPError as exc:
+        result.error, result.detail = f"http-{exc.code}", _body(exc)
+        return result
+    except (urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
+        result.error = "timeout" if isinstance(getattr(exc, "reason", exc), (socket.timeout, TimeoutError)) else "connection"
+        result.detail = _why(exc)
+        return result
+    result.latency_s = time.perf_counter() - started
+    if result.finish_reason is None:
+        result.error, result.detail = "incomplete", "the stream ended without a finish reason"
+    result.output_tokens = result.output_tokens or len(result.token_ids)
+    return result
+
+
+def _take_chunk(result: Completion, chunk: dict) -> bool:
+    """Fold one streamed chunk in; True when it carried generated tokens."""
+    if chunk.get("usage"):
+        result.output_tokens = chunk["usage"].get("completion_tokens") or result.output_tokens
+    carried = False
+    for choice in chunk.get("choices") or []:
+        ids = choice.get("token_ids") or []
+        text = choice.get("text") or ""
+        result.token_ids += ids
+        result.text += text
+        carried = carried or bool(ids or text)
+        logprobs = choice.get("logprobs") or {}
+        result.top_logprobs += [dict(top or {}) for top in logprobs.get("top_logprobs") or []]
+        if choice.get("finish_reason"):
+            result.finish_reason = choice["finish_reason"]
+    return carried
+
+
+def _body(exc: urllib.error.HTTPError) -> str:
+    try:
+        return exc.read().decode(errors="replace")[:300]
+    except OSError:
+        return ""
+
+
+def _why(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None) or exc
+    return str(reason) or type(reason).__name__

@@ -1,0 +1,68 @@
+"""From a pair and its engine modes to the servers that serve them: the target as a transformers
+directory (a GGUF source's converted cache directory), the pair's draft model as it is, prompt
+lookup as vLLM's ``ngram``; and the prompts as the target's token ids, chat template applied, so
+that every server sees the same tokens specdec's own loop would."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Callable
+
+from ..errors import UserError
+from ..pairs.loading import transformers_directory
+from ..pairs.registry import MODEL, PairSpec
+from .bench import EngineMode, Target
+from .server import ManagedServer, ServerConfig, speculative_config
+
+
+def draft_directory(pair: PairSpec) -> Path:
+    drafter = pair.alternate(MODEL)
+    if drafter is None or drafter.model is None:
+        raise UserError(f"pair {pair.name} has no draft model for vllm-draft:K (add one under `drafters: model:`)")
+    return transformers_directory(drafter.model.source)
+
+
+def server_configs(pair: PairSpec, modes: list[EngineMode], threads: int | None = None,
+                   port: int | None = None, max_model_len: int = 2048) -> dict[str, ServerConfig]:
+    """One server per mode; ``port`` is the first mode's, the next ones count up from it."""
+    model_dir = transformers_directory(pair.target.source)
+    configs = {}
+    for index, mode in enumerate(modes):
+        draft = draft_directory(pair) if mode.method == "draft_model" else None
+        configs[mode.name] = ServerConfig(mode.name, model_dir, pair.name, speculative_config(mode.method, mode.k, draft),
+                                          max_model_len=max_model_len, threads=threads,
+                                          port=None if port is None else port + index)
+    return configs
+
+
+def start_all(stack: ExitStack, configs: dict[str, ServerConfig], progress: Callable[[str], None],
+              start_timeout_s: float | None = None) -> dict[str, ManagedServer]:
+    """Each server in turn (two cold starts at once fight for the cores), every one stopped by ``stack``."""
+    servers = {}
+    for name, config in configs.items():
+        server = ManagedServer(config, progress=progress, **({"start_timeout_s": start_timeout_s} if start_timeout_s else {}))
+        stack.enter_context(server)
+        progress(f"vLLM for {name} ready on port {server.endpoint.port} in {server.started_s:.1f} s (log: {server.log_path})")
+        servers[name] = server
+    return servers
+
+
+def as_target(server: ManagedServer) -> Target:
+    return Target(server.endpoint, server.alive, server.died)
+
+
+def encode_prompts(model_dir: Path, texts: list[tuple[str, str]], raw: bool = False) -> list[tuple[str, list[int]]]:
+    """(id, text) → (id, token ids) with the target's own tokenizer and chat template."""
+    from transformers import AutoTokenizer
+
+    from ..pairs.tokenization import encode_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return [(pid, encode_prompt(tokenizer, text, raw)) for pid, text in texts]
+
+
+def progress_line(line: str) -> None:
+    """A progress line on stderr: the server start-ups are the slow part of a run."""
+    print(f"specdec: {line}", file=sys.stderr, flush=True)

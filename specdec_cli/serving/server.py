@@ -1,0 +1,219 @@
+"""vLLM servers specdec starts and stops itself, and servers it attaches to.
+
+A managed server is a subprocess in its own process group, bound to 127.0.0.1 on a free port,
+logging to a file under the cache, polled on /health until ready (with a bounded wait), and killed
+with its whole group on exit, Ctrl-C, SIGTERM or failure: the context manager, an atexit hook and
+the group kill together leave nothing running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..errors import UserError
+from . import environment
+from .client import Endpoint, ServerDown, get
+
+START_TIMEOUT_S = 300.0  # a cold start here takes ~20-25 s; a CUDA host's first compile, minutes
+STOP_GRACE_S = 10.0
+
+
+class ServerFailed(UserError):
+    """A managed server did not come up: one line naming its log file, exit 2."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One server: the target's directory and an optional speculative configuration (vLLM's JSON)."""
+
+    label: str  # the mode it serves: vllm-plain, vllm-ngram:4, ...
+    model_dir: Path
+    served_name: str
+    speculative: dict | None = None
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    threads: int | None = None
+    port: int | None = None  # None: a free one
+    extra_args: tuple[str, ...] = ()
+
+    def arguments(self, port: int) -> list[str]:
+        args = ["-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+                "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(port),
+                "--dtype", self.dtype, "--max-model-len", str(self.max_model_len), "--enforce-eager",
+                "--disable-uvicorn-access-log", "--max-logprobs", "20"]
+        if self.speculative:
+            args += ["--speculative-config", json.dumps(self.speculative, separators=(",", ":"))]
+        return args + list(self.extra_args)
+
+
+def speculative_config(method: str, k: int, draft_dir: Path | None = None) -> dict | None:
+    """vLLM's --speculative-config for a mode: prompt lookup as its ``ngram``, a draft model as is."""
+    if method == "plain":
+        return None
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    if method in ("draft_model", "eagle3"):
+        return {"method": method, "model": str(draft_dir), "num_speculative_tokens": k}
+    raise ValueError(method)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def log_directory() -> Path:
+    from ..pairs.loading import cache_root
+
+    return cache_root() / "vllm-logs"
+
+
+_RUNNING: set["ManagedServer"] = set()
+
+
+def _stop_all() -> None:
+    for server in list(_RUNNING):
+        server.stop()
+
+
+atexit.register(_stop_all)
+
+
+def _terminate_on_sigterm() -> None:
+    """A SIGTERM to specdec runs the exit path (and so the servers' stop) instead of dying at once."""
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    except ValueError:  # not the main thread
+        pass
+
+
+@dataclass(eq=False)
+class ManagedServer:
+    config: ServerConfig
+    start_timeout_s: float = START_TIMEOUT_S
+    progress: Callable[[str], None] = lambda line: None
+    process: subprocess.Popen | None = field(default=None, init=False)
+    endpoint: Endpoint | None = field(default=None, init=False)
+    log_path: Path | None = field(default=None, init=False)
+    started_s: float | None = field(default=None, init=False)  # seconds from launch to ready
+
+    def __enter__(self) -> "ManagedServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> Endpoint:
+        python = environment.vllm_python()
+        port = self.config.port or free_port()
+        directory = log_directory()
+        directory.mkdir(parents=True, exist_ok=True)
+        safe = "".join(c if c.isalnum() or c in "-." else "-" for c in self.config.label)
+        self.log_path = directory / f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
+        _terminate_on_sigterm()
+        begun = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen([str(python), *self.config.arguments(port)], stdin=subprocess.DEVNULL,
+                                            stdout=log, stderr=subprocess.STDOUT, cwd=str(directory),
+                                            env=environment.server_environment(self.config.threads),
+                                            start_new_session=True)
+        _RUNNING.add(self)
+        self.endpoint = Endpoint(f"http://127.0.0.1:{port}", model=self.config.served_name)
+        try:
+            self._wait_ready(begun)
+        except BaseException:
+            self.stop()
+            raise
+        self.started_s = time.monotonic() - begun
+        return self.endpoint
+
+    def _wait_ready(self, begun: float) -> None:
+        last_shown = -10.0
+        while True:
+            waited = time.monotonic() - begun
+            code = self.process.poll()
+            if code is not None:
+                raise ServerFailed(f"the vLLM server for {self.config.label} exited with code {code} before it was ready"
+                                   f"{_reason(self.log_path)}; its log: {self.log_path}")
+            if waited > self.start_timeout_s:
+                raise ServerFailed(f"the vLLM server for {self.config.label} was not ready after {self.start_timeout_s:.0f} s; "
+                                   f"its log: {self.log_path}")
+            try:
+                get(self.endpoint, "/health", timeout=2.0)
+                return
+            except ServerDown:
+                pass
+            if waited - last_shown >= 5.0:
+                self.progress(f"starting vLLM for {self.config.label} on port {self.endpoint.port}: {waited:.0f} s")
+                last_shown = waited
+            time.sleep(0.5)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def died(self) -> str | None:
+        """Why the server is gone (its exit code and log), or None while it runs."""
+        if self.alive() or self.process is None:
+            return None
+        return f"the vLLM server for {self.config.label} died (exit code {self.process.returncode}); its log: {self.log_path}"
+
+    def stop(self) -> None:
+        """SIGTERM to the whole group (the API server, its engine core and workers), SIGKILL after a grace."""
+        process, self.process = self.process, None
+        _RUNNING.discard(self)
+        if process is None:
+            return
+        self.process = process  # keep the exit code readable for died()
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # workers that outlived their parent too
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+
+def _reason(log: Path) -> str:
+    """The clue in a failed server's log: a busy port, a bad model directory, else its last error line."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    text = "\n".join(lines)
+    if "Address already in use" in text or "address already in use" in text:
+        return " (its port is in use)"
+    errors = [line.strip() for line in lines if "Error" in line or "error:" in line]
+    return f" ({errors[-1][:200]})" if errors else ""
+
+
+def attach(url: str, api_key_var: str = "SPECDEC_API_KEY") -> Endpoint:
+    """An already running OpenAI-compatible server; its API key, if any, comes from the environment."""
+    if not url.startswith(("http://", "https://")):
+        raise UserError(f"--server {url!r}: give a URL such as http://127.0.0.1:8000")
+    endpoint = Endpoint(url.rstrip("/").removesuffix("/v1"), api_key=os.environ.get(api_key_var) or None)
+    try:
+        names = endpoint.models()
+    except ServerDown as exc:
+        raise UserError(f"no server answers at {endpoint.url}: {exc}") from None
+    if not names:
+        raise UserError(f"the server at {endpoint.url} serves no model")
+    return Endpoint(endpoint.url, api_key=endpoint.api_key, model=names[0])
