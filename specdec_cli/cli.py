@@ -101,6 +101,26 @@ app = typer.Typer(
     rich_markup_mode=None,  # click's plain help: paragraphs as written, flags without a <bool>
     context_settings={"max_content_width": 120, "help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(wanted: bool) -> None:
+    """`specdec --version`, answered from the installed distribution's metadata before torch loads."""
+    if wanted:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"specdec {version('specdec')}")
+        except PackageNotFoundError:
+            typer.echo("specdec (version unknown: the distribution is not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                            help="Print specdec's version and exit.")) -> None:
+    pass
+
+
 app.command(short_help="Generate with speculative decoding and a live view of acceptance.")(generate)
 app.command(short_help="List the pairs in models.yaml and whether each runs offline.")(models)
 app.command("verify-equivalence", short_help="Prove that speculation gives the target's own tokens.")(verify_equivalence)

@@ -1,0 +1,130 @@
+"""The project's own text: files describe the project, never who worked on it when; the README stays a
+short user's guide that links the docs; `specdec --version` answers from the package metadata."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCANNED = ("specdec_cli", "docs", "benchmarks", "tests", "README.md")
+WORD = re.compile("session", re.IGNORECASE)
+
+# Legitimate uses, each with its reason. Files: (glob, reason); lines: (regex, reason).
+ALLOWED_FILES = [
+    ("specdec_cli/trained/*/tokenizer.json", "the tokenizer's vocabulary holds the word as a token"),
+]
+ALLOWED_LINES = [
+    (re.compile(r'scope="session"'), "pytest's fixture scope keyword"),
+]
+
+
+def is_allowed_file(path: str) -> bool:
+    return any(fnmatch.fnmatch(path, pattern) for pattern, _ in ALLOWED_FILES)
+
+
+def word_hits(path: Path, name: str) -> list[str]:
+    """Lines of one file that use the word outside the allowed patterns, as `name:line: text`."""
+    data = path.read_bytes()
+    if b"\0" in data[:8192]:
+        return []  # binary (an image, weights)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return []
+    hits = []
+    for number, line in enumerate(text.splitlines(), 1):
+        rest = line
+        for pattern, _ in ALLOWED_LINES:
+            rest = pattern.sub("", rest)
+        if WORD.search(rest):
+            hits.append(f"{name}:{number}: {line.strip()[:120]}")
+    return hits
+
+
+def tracked_files() -> list[str]:
+    try:
+        done = subprocess.run(["git", "ls-files", "-z", "--", *SCANNED], cwd=ROOT, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return [name for name in done.stdout.decode().split("\0") if name and (ROOT / name).is_file()]
+
+
+def scan(names: list[str], root: Path = ROOT) -> list[str]:
+    """Every disallowed use of the word in these files (paths relative to root), names included."""
+    found = []
+    for name in names:
+        if WORD.search(name) and not is_allowed_file(name):
+            found.append(f"{name}: the file's name")
+        if not is_allowed_file(name):
+            found.extend(word_hits(root / name, name))
+    return found
+
+
+def test_no_tracked_file_mentions_the_word():
+    hits = scan(tracked_files())
+    assert not hits, "the project's files describe the project, not who worked when:\n" + "\n".join(hits)
+
+
+def test_the_scanner_catches_an_added_use(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "note.md").write_text("Measured in Session 12 on a quiet machine.\n")
+    (tmp_path / "docs" / "ok.md").write_text('@pytest.fixture(scope="session")\nnothing else here\n')
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "bench-session7.json").write_text("{}\n")
+    (tmp_path / "image.png").write_bytes(b"\x89PNG\0\0session")
+    hits = scan(["docs/note.md", "docs/ok.md", "benchmarks/bench-session7.json", "image.png"], tmp_path)
+    assert hits == ["docs/note.md:1: Measured in Session 12 on a quiet machine.",
+                    "benchmarks/bench-session7.json: the file's name"]
+    # A line that holds the allowed keyword and the word besides is still caught.
+    (tmp_path / "docs" / "ok.md").write_text('@pytest.fixture(scope="session")  # as in session 3\n')
+    assert scan(["docs/ok.md"], tmp_path) == ['docs/ok.md:1: @pytest.fixture(scope="session")  # as in session 3']
+    assert scan(["specdec_cli/trained/x/tokenizer.json"], tmp_path) == []  # allowed file: never opened
+
+
+def test_readme_is_short_and_links_every_doc():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    docs = sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md"))
+    assert {"docs/design.md", "docs/precision.md", "docs/performance.md", "docs/training.md"} <= set(docs)
+    missing = [doc for doc in docs if f"]({doc}" not in readme]
+    assert not missing, f"README.md does not link {missing}"
+
+
+def test_doc_links_to_repository_files_resolve():
+    """A relative link in the README or a doc names a file or folder that exists."""
+    broken = []
+    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "specdec_cli/trained/README.md"]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, "\n".join(broken)
+
+
+def test_cited_benchmark_files_exist():
+    """Every `benchmarks/...` path the README and docs cite (globs included) names files that exist."""
+    missing = []
+    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "specdec_cli/trained/README.md",
+                 ROOT / "benchmarks/README.md"]:
+        for cited in re.findall(r"benchmarks/[\w./*+-]*\w", page.read_text()):
+            if not list(ROOT.glob(cited)) and not (ROOT / cited).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {cited}")
+    assert not missing, "\n".join(missing)
+
+
+def test_version_prints_the_projects_version_without_loading_torch():
+    expected = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    code = ("import sys\nfrom specdec_cli.cli import main\ntry:\n    main()\nexcept SystemExit as exc:\n"
+            "    assert 'torch' not in sys.modules, 'torch loaded'\n    raise\n")
+    done = subprocess.run([sys.executable, "-c", code, "--version"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"specdec {expected}\n"
