@@ -1,5 +1,5 @@
 """Writes examples/answers/: the default target's own answers (token ids), the data the shipped head
-is trained on (specdec_cli/trained/README.md).
+is trained on (docs/training.md).
 
 Two stages, each sharded and resumable (a shard is written once, atomically; a rerun skips it), each
 run given a time budget so that it fits between other jobs:

@@ -1,4 +1,4 @@
-"""Trains the shipped draft head from examples/answers/ (specdec_cli/trained/README.md has the runs).
+"""Trains the shipped draft head from examples/answers/ (docs/training.md has the runs).
 
     python examples/train_head.py teacher --minutes 9            # features + top-k, per answer shard
     python examples/train_head.py train --out runs/head --minutes 9 [--resume] [options]
