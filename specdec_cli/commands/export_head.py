@@ -1,0 +1,52 @@
+"""`specdec export-head DIR --format eagle3 --out OUT`: a trained head in the layout vLLM loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..atomic import check_writable
+from ..errors import UserError
+from .common import plain_console, user_errors
+
+
+@user_errors
+def export_head(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="A draft head written by `specdec train-draft --kind head`.")],
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="OUT", help="Directory to write (config.json, model.safetensors): vLLM's --speculative-config model.")],
+    fmt: Annotated[str, typer.Option("--format", metavar="FORMAT", help="eagle3: vLLM's LlamaForCausalLMEagle3 (method eagle3).")] = "eagle3",
+    target: Annotated[Optional[str], typer.Option("--target", metavar="SOURCE", help="The head's target, if it moved since training (default: the source in the head's metadata).")] = None,
+) -> None:
+    """Write a draft head in the EAGLE-3 layout vLLM loads as `method: eagle3`, and say what the
+    map kept: teacher-forced first-token agreement with the target, before and after.
+
+    specdec's head and vLLM's EAGLE-3 layer share the MLP, attention output, norms and vocabulary,
+    but not the input side: vLLM normalises the embedding and the feature apart and keeps the
+    feature alone as the residual; specdec folds both in one linear layer first. Those parts are
+    approximated with scales measured on the target (docs/export.md), so acceptance in vLLM can be
+    lower than in specdec.
+
+    Exit codes: 0 written; 2 bad input.
+    """
+    if not directory.is_dir():
+        raise UserError(f"head directory not found: {directory}")
+    check_writable(out, "--out", directory=True)
+    from ..export.head_export import export_head as write
+    from ..pairs.loading import load
+    from ..pairs.registry import ModelSpec
+    from ..pairs.sources import ModelSource
+
+    def load_target(source: str):
+        loaded = load(ModelSpec(ModelSource.parse(target or source), dtype="float32", device_map="cpu"))
+        return loaded.model, loaded.tokenizer
+
+    result = write(directory, out, fmt, load_target)
+    console = plain_console()
+    console.print(f"wrote {result.directory} (LlamaForCausalLMEagle3: aux layers {result.aux_ids}, draft vocabulary "
+                  f"{result.draft_vocab})", markup=False)
+    console.print(f"teacher-forced first-token agreement with the target on {result.positions} positions: specdec's head "
+                  f"{result.agreement_specdec:.3f}, the export {result.agreement_exported:.3f}", markup=False)
+    console.print(f"serve it: --speculative-config '{{\"method\": \"eagle3\", \"model\": \"{result.directory}\", "
+                  "\"num_speculative_tokens\": 3}'", markup=False)
