@@ -26,6 +26,7 @@ from ..atomic import check_writable, write_atomically
 from ..errors import UserError
 from ..limits import MAX_K, NEAR_TIE_TOLERANCE, SAMPLING_PROMPTS, SAMPLING_TOKENS
 from ..prompts import read_file
+from .engine_verify import engine_verify
 from .common import (
     WRITE_FAILED,
     AcceptOption,
@@ -78,6 +79,11 @@ def verify_equivalence(
     models: ModelsOption = None,
     threads: ThreadsOption = None,
     accept: AcceptOption = "exact",
+    engine: Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE", help="Check a serving engine instead of this loop: 'vllm' starts a plain and a --spec server (docs/engines.md).")] = None,
+    spec_mode: Annotated[Optional[str], typer.Option("--spec", metavar="ngram:K|draft:K", help="With --engine vllm: the speculative configuration checked (prompt lookup, or the pair's draft model).")] = None,
+    server: Annotated[Optional[str], typer.Option("--server", metavar="URL", help="Check a speculative OpenAI-compatible server already running at URL against --reference (API key from $SPECDEC_API_KEY).")] = None,
+    reference: Annotated[Optional[str], typer.Option("--reference", metavar="URL", help="With --server: the plain server whose greedy tokens (and top-2 logprobs) are the reference.")] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", metavar="N", help="Engine check: the higher concurrency checked besides 1 (batch shape changes the numerics).")] = 4,
 ) -> None:
     """Prove that speculative decoding gives the target's own output, token for token.
 
@@ -85,11 +91,21 @@ def verify_equivalence(
     Each divergence is located and classified by the target's logit margin: a `numerical
     near-tie` (round-off between a 1-token and a (K+1)-token forward) or a `mismatch` (a bug).
 
+    With --engine vllm --spec ngram:K (or --server URL --reference URL) it checks a serving engine:
+    the speculative server's greedy token ids against the plain server's at concurrency 1 and
+    --concurrency, divergences classified by the plain server's top-2 logprob margin; it fails when
+    the speculative server drafted nothing.
+
     Exit codes: 0 equivalent; 1 not (see the README); 2 bad input; 3 the result was printed but
     --report could not be written.
     """
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_count("--threads", threads, 1)
+    if engine or server:  # a serving engine's speculative output against its plain output: commands/engine_verify.py
+        return engine_verify(engine=engine, server=server, reference=reference, spec_text=spec_mode, prompts=prompts,
+                             concurrency=concurrency, max_new_tokens=max_new_tokens, tolerance=tolerance, strict=strict,
+                             raw=raw, json_out=json_out, report=report, models=models, pair=pair, target=target,
+                             draft=draft, threads=threads)
     if tolerance is not None and tolerance <= 0:
         raise UserError(f"--tolerance must be above 0, got {tolerance}")
     if sampling < 0:

@@ -15,7 +15,7 @@ from .client import Endpoint, complete
 from .load import LevelRun, Request, ServerDied, level_figures, requests_for_level, run_level
 
 PLAIN = "vllm-plain"
-METHODS = {"ngram": "ngram", "draft": "draft_model", "eagle3": "eagle3"}  # mode prefix → vLLM's method
+METHODS = {"ngram": "ngram", "draft": "draft_model"}  # mode prefix → vLLM's method (the export issue adds eagle3)
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def report(runs: dict[str, dict[int, list[LevelRun]]], levels: list[int], slos: 
                                            plain[str(lv)]["output_tok_s_repeats"]) for lv in done if str(lv) in plain}
         crossovers[mode] = stats.crossover(done, [gains[mode][str(lv)]["gain"] for lv in done if str(lv) in gains[mode]])
     tables = {}
-    for family in dict.fromkeys(m.split(":")[0] for m in gains):
+    for family in dict.fromkeys(m.split(":")[0] for m in gains if ":" in m):  # an attached server's K is unknown
         by_k = {int(m.split(":")[1]): [gains[m].get(str(lv), {}).get("gain") for lv in done]
                 for m in gains if m.split(":")[0] == family}
         tables[family] = stats.k_table(done, by_k) if done else []

@@ -79,6 +79,20 @@ def log_directory() -> Path:
     return cache_root() / "vllm-logs"
 
 
+def running_servers() -> list[dict]:
+    """The managed servers alive now, newest first: what `specdec watch` without a URL looks at."""
+    found = []
+    for path in sorted(log_directory().glob("*.running.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            entry = json.loads(path.read_text())
+            os.kill(entry["pid"], 0)
+        except (OSError, ValueError, KeyError):
+            path.unlink(missing_ok=True)  # its owner is gone
+            continue
+        found.append(entry)
+    return found
+
+
 _RUNNING: set["ManagedServer"] = set()
 
 
@@ -108,6 +122,7 @@ class ManagedServer:
     endpoint: Endpoint | None = field(default=None, init=False)
     log_path: Path | None = field(default=None, init=False)
     started_s: float | None = field(default=None, init=False)  # seconds from launch to ready
+    _stopped: bool = field(default=False, init=False)
 
     def __enter__(self) -> "ManagedServer":
         self.start()
@@ -138,7 +153,12 @@ class ManagedServer:
             self.stop()
             raise
         self.started_s = time.monotonic() - begun
+        self._marker().write_text(json.dumps({"url": self.endpoint.url, "mode": self.config.label,
+                                              "pid": self.process.pid, "log": str(self.log_path)}))
         return self.endpoint
+
+    def _marker(self) -> Path:
+        return self.log_path.with_suffix(".running.json")
 
     def _wait_ready(self, begun: float) -> None:
         last_shown = -10.0
@@ -162,34 +182,57 @@ class ManagedServer:
             time.sleep(0.5)
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.process is not None and not self._stopped and self.process.poll() is None
 
     def died(self) -> str | None:
         """Why the server is gone (its exit code and log), or None while it runs."""
-        if self.alive() or self.process is None:
+        if self.process is None or self.process.poll() is None:
             return None
         return f"the vLLM server for {self.config.label} died (exit code {self.process.returncode}); its log: {self.log_path}"
 
     def stop(self) -> None:
-        """SIGTERM to the whole group (the API server, its engine core and workers), SIGKILL after a grace."""
-        process, self.process = self.process, None
+        """SIGTERM to the whole group (the API server, its engine core and workers), SIGKILL after a
+        grace for whatever outlived it. Safe to call twice."""
         _RUNNING.discard(self)
-        if process is None:
+        process = self.process
+        if process is None or self._stopped:
             return
-        self.process = process  # keep the exit code readable for died()
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            process.wait(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(process.pid, signal.SIGKILL)  # workers that outlived their parent too
-        except ProcessLookupError:
-            pass
+        self._stopped = True
+        if self.log_path:
+            self._marker().unlink(missing_ok=True)
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                process.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(process.pid, signal.SIGKILL)  # workers that outlived their parent too
         process.wait()
+        deadline = time.monotonic() + STOP_GRACE_S
+        while group_members(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group, from /proc: what a stop must leave empty."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            members.append(int(entry.name))
+    return members
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _reason(log: Path) -> str:

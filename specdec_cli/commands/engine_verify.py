@@ -1,0 +1,121 @@
+"""`specdec verify-equivalence --engine vllm --spec ngram:4` (or `--server URL --reference URL`):
+a speculative server's greedy token ids against a plain server's, at concurrency 1 and at a higher
+one (batch shape changes the numerics), every divergence located and classified by the plain
+server's top-2 logprob margin; the check fails when the speculative server drafted nothing."""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+
+import typer
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ..atomic import check_writable, write_atomically
+from ..errors import UserError
+from ..limits import NEAR_TIE_TOLERANCE
+from ..prompts import read_file
+from .common import WRITE_FAILED, error_line, plain_console, resolve_pair, write_output
+from .engine_bench import check_engine
+
+TOP_LOGPROBS = 2  # the reference's top-2 at every position: the margin that classifies a divergence
+
+
+def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concurrency: int, max_new_tokens: int,
+                  tolerance, strict: bool, raw: bool, json_out: bool, report, models, pair, target, draft, threads) -> None:
+    from ..serving import configs as serving_configs
+    from ..serving import metrics
+    from ..serving.bench import PLAIN, parse_modes
+    from ..serving.client import ServerDown
+    from ..serving.equivalence import compare, generate_all
+    from ..serving.server import attach
+
+    check_engine(engine, server, reference)
+    if server and not reference:
+        raise UserError("--server is checked against a plain server: give --reference URL too")
+    if concurrency < 2:
+        raise UserError(f"--concurrency is the higher level checked besides 1: at least 2, got {concurrency}")
+    if tolerance is not None and tolerance <= 0:
+        raise UserError(f"--tolerance must be above 0, got {tolerance}")
+    if report:
+        check_writable(report, "--report")
+    tolerance = tolerance or NEAR_TIE_TOLERANCE["float32"]  # the servers run float32 (--dtype float32)
+    items = read_file(prompts)
+    spec = resolve_pair(models, pair, target, draft)
+    from ..pairs.loading import transformers_directory
+
+    model_dir = transformers_directory(spec.target.source)
+    encoded = serving_configs.encode_prompts(model_dir, [(str(p.id), p.text) for p in items], raw)
+    with ExitStack() as stack:
+        if engine:
+            if not spec_text:
+                raise UserError("--engine vllm needs --spec ngram:K or draft:K: the speculative server to check")
+            modes = parse_modes(f"{PLAIN},vllm-{spec_text}")
+            configs = serving_configs.server_configs(spec, modes, threads)
+            servers = serving_configs.start_all(stack, configs, serving_configs.progress_line)
+            plain_end, spec_end = servers[PLAIN].endpoint, servers[modes[1].name].endpoint
+            label = modes[1].name
+        else:
+            plain_end, spec_end, label = attach(reference), attach(server), server
+        levels = {}
+        try:
+            for level in (1, concurrency):
+                serving_configs.progress_line(f"checking {len(encoded)} prompts at concurrency {level}")
+                before = metrics.scrape(spec_end)
+                plain = generate_all(plain_end, encoded, max_new_tokens, level, logprobs=TOP_LOGPROBS)
+                speculative = generate_all(spec_end, encoded, max_new_tokens, level)
+                window = metrics.scrape(spec_end).minus(before)
+                levels[str(level)] = compare(encoded, plain, speculative, tolerance) | {
+                    "drafts": int(window.value(metrics.DRAFTS)), "draft_tokens": int(window.value(metrics.DRAFT_TOKENS)),
+                    "accepted": int(window.value(metrics.ACCEPTED))}
+        except ServerDown as exc:
+            raise UserError(f"a server stopped answering mid-check: {exc}") from None
+    equivalent, verdict = decide(levels, strict)
+    result = {"pair": spec.name, "speculative": label, "prompts": len(encoded), "max_new_tokens": max_new_tokens,
+              "tolerance": tolerance, "strict": strict, "levels": levels, "equivalent": equivalent, "verdict": verdict}
+    if json_out:
+        print(json.dumps(result), flush=True)
+    else:
+        render(result)
+    text = json.dumps(result, indent=2) + "\n"
+    if report and not write_output("--report", report, lambda: write_atomically(report, text)):
+        raise typer.Exit(WRITE_FAILED)
+    if not equivalent and not json_out:
+        error_line(verdict)
+    raise typer.Exit(0 if equivalent else 1)
+
+
+def decide(levels: dict, strict: bool) -> tuple[bool, str]:
+    drafts = sum(level["drafts"] for level in levels.values())
+    failed = sorted({pid for level in levels.values() for pid in level["failed"]})
+    real = sum(level["divergences"] for level in levels.values())
+    ties = sum(level["near_ties"] for level in levels.values())
+    if drafts == 0:
+        return False, "the speculative server drafted nothing: its output proves nothing about speculation"
+    if failed:
+        return False, f"requests failed for {len(failed)} prompt(s) ({', '.join(failed[:5])}): nothing was compared for them"
+    if real or (strict and ties):
+        return False, f"not equivalent: {real} real divergence(s), {ties} near-tie(s)"
+    note = f" ({ties} near-tie(s) within round-off)" if ties else ""
+    return True, f"equivalent: speculative token ids equal plain at every level{note}, {drafts} drafts"
+
+
+def render(result: dict) -> None:
+    console = plain_console()
+    table = Table(title=f"{result['speculative']} against vllm-plain, {result['prompts']} prompts, greedy token ids",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("concurrency", "identical", "near-ties", "divergences", "failed", "drafts", "accepted/drafted"):
+        table.add_column(column, justify="right")
+    for level, r in result["levels"].items():
+        table.add_row(level, f"{r['identical']}/{r['prompts']}", str(r["near_ties"]), str(r["divergences"]),
+                      str(len(r["failed"])), str(r["drafts"]), f"{r['accepted']}/{r['draft_tokens']}")
+    console.print(table)
+    for level, r in result["levels"].items():
+        for d in r["details"]:
+            console.print(Text(f"concurrency {level}, prompt {d['prompt_id']}: token {d['position']} is "
+                               f"{d['speculative_token']} instead of {d['reference_token']} (plain's top-2 margin "
+                               f"{'n/a' if d['margin'] is None else format(d['margin'], '.3g')}): {d['kind']}"))
+    console.print(Text(result["verdict"], style="bold green" if result["equivalent"] else "bold red"), soft_wrap=True)

@@ -1,0 +1,130 @@
+"""The engine statistics, metrics parsing and equivalence classification on exact numbers (pure
+functions: no server needed; the real-server tests are test_vllm_engine.py and test_vllm_faults.py)."""
+
+import math
+
+import pytest
+
+from specdec_cli.errors import UserError
+from specdec_cli.serving import metrics, stats, watch
+from specdec_cli.serving.bench import parse_levels, parse_modes, parse_slos
+from specdec_cli.serving.client import Completion
+from specdec_cli.serving.equivalence import NEAR_TIE, REAL, first_divergence
+
+PAGE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 20.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 6.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="3"} 2.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 500.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 1.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5",model_name="m"} 3.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 4.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 4.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 1.2
+"""
+
+
+def test_percentiles_interpolate_between_ranks_as_numpy_does():
+    assert stats.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert stats.percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)
+    assert stats.percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
+    assert stats.percentile([], 50) is None
+    assert stats.latency_summary([0.1, 0.2, 0.3]) == {"mean_ms": 200.0, "p50_ms": 200.0, "p90_ms": 280.0, "p99_ms": 298.0}
+
+
+def test_acceptance_from_counters():
+    figures = stats.acceptance(10, 40, 20, [8, 6, 4, 2])
+    assert figures["acceptance_rate"] == 0.5
+    assert figures["mean_acceptance_length"] == 3.0  # 1 + 20 / 10
+    assert figures["per_position"] == [0.8, 0.6, 0.4, 0.2]
+    assert figures["alpha"] == round(20 / 28, 4)  # judged: 10 at position 0, then 8, 6, 4 that got that far
+    assert stats.acceptance(0, 0, 0, [])["mean_acceptance_length"] is None
+
+
+def test_histogram_quantile_as_prometheus():
+    buckets = [(0.1, 1.0), (0.5, 3.0), (math.inf, 4.0)]
+    assert stats.histogram_quantile(buckets, 0.5) == pytest.approx(0.3)  # rank 2 inside (0.1, 0.5]
+    assert stats.histogram_quantile(buckets, 0.9) == 0.5  # in +Inf: the highest finite bound
+    assert stats.histogram_quantile([(math.inf, 0.0)], 0.5) is None
+
+
+def test_gain_and_its_interval_from_paired_repeats():
+    assert stats.gain([2.0, 2.2], [1.0, 1.0]) == {"gain": 2.1, "low": 0.8294, "high": 3.3706, "repeats": 2}
+    assert stats.gain([3.0], [2.0]) == {"gain": 1.5, "low": None, "high": None, "repeats": 1}
+
+
+def test_crossover_interpolates_where_the_gain_falls_below_one():
+    assert stats.crossover([1, 4, 8, 16], [1.97, 1.55, 1.26, 0.9]) == pytest.approx(13.778, abs=1e-3)
+    assert stats.crossover([1, 4], [0.8, 0.7]) == 1.0
+    assert stats.crossover([1, 4], [1.5, 1.2]) is None
+
+
+def test_k_table_in_vllms_format():
+    table = stats.k_table([1, 4, 16], {2: [1.5, 1.2, 0.8], 4: [1.8, 1.1, 0.9]})
+    assert table == [[1, 3, 4], [4, 15, 2], [16, 16, 0]]
+    assert stats.k_table([1, 4], {4: [1.5, 1.2]}) == [[1, 4, 4]]  # equal neighbours merge
+
+
+def test_goodput_counts_requests_within_every_slo():
+    requests = [{"ttft_ms": 100, "tpot_ms": 20}, {"ttft_ms": 600, "tpot_ms": 20}, {"ttft_ms": 100, "tpot_ms": 20, "error": "timeout"}]
+    assert stats.goodput(requests, {"ttft": 500, "tpot": 50}, 2.0) == 0.5
+
+
+def test_metrics_page_parsed_and_differenced():
+    later = metrics.parse(PAGE)
+    assert later.value(metrics.DRAFTS) == 10 and later.per_position() == [8, 6, 4, 2]
+    assert later.buckets(metrics.HISTOGRAMS["ttft"]) == [(0.1, 1.0), (0.5, 3.0), (math.inf, 4.0)]
+    earlier = metrics.parse(PAGE.replace("} 10.0", "} 4.0").replace("} 500.0", "} 100.0"))
+    window = later.minus(earlier)
+    assert window.value(metrics.DRAFTS) == 6 and window.value(metrics.GENERATION_TOKENS) == 400
+    assert window.value(metrics.RUNNING) == 3  # a gauge keeps its later value
+
+
+def test_watch_figures_and_break_even_from_a_curve():
+    page = metrics.parse(PAGE)
+    shown = watch.figures(page, page.minus(metrics.parse("")))
+    assert shown["acceptance"]["mean_acceptance_length"] == 3.0 and shown["running"] == 3
+    assert shown["ttft"]["p50_ms"] == pytest.approx(300.0)
+    curve = {"gain": {"vllm-ngram:4": {"1": {"gain": 2.0}, "8": {"gain": 0.8}}}, "crossover": {"vllm-ngram:4": 6.83}}
+    assert watch.gain_at(curve, "vllm-ngram:4", 4) == pytest.approx(2.0 - 1.2 * 3 / 7)
+    assert watch.judgement(curve, None, 3)["paying"] is True
+    verdict = watch.judgement(curve, None, 8)
+    assert verdict["paying"] is False and "does NOT pay" in verdict["text"]
+    assert watch.judgement(None, None, 1)["paying"] is None
+
+
+def test_divergence_classified_by_the_reference_margin():
+    top = [{"token_id:5": -0.1, "token_id:6": -3.0}, {"token_id:7": -0.6931, "token_id:8": -0.6935}]
+    reference = Completion(token_ids=[5, 7, 9], top_logprobs=top)
+    assert first_divergence("a", reference, Completion(token_ids=[5, 7, 9]), 1e-3) is None
+    tie = first_divergence("a", reference, Completion(token_ids=[5, 8, 1]), 1e-3)
+    assert (tie.position, tie.kind, tie.margin) == (1, NEAR_TIE, pytest.approx(0.0004))
+    real = first_divergence("a", reference, Completion(token_ids=[6, 7, 9]), 1e-3)
+    assert (real.position, real.kind) == (0, REAL)
+    outside = first_divergence("a", reference, Completion(token_ids=[5, 3, 9]), 1e-3)  # not in the top-2
+    assert outside.kind == REAL
+
+
+def test_engine_modes_levels_and_slos_parsed():
+    assert [m.name for m in parse_modes("vllm-ngram:4,vllm-draft:3")] == ["vllm-plain", "vllm-ngram:4", "vllm-draft:3"]
+    assert parse_modes("vllm-draft:3")[1].method == "draft_model"
+    with pytest.raises(UserError, match="unknown engine mode 'ngram:4'"):
+        parse_modes("ngram:4")
+    assert parse_levels("16,1,4,4") == [1, 4, 16]
+    with pytest.raises(UserError, match="--concurrency"):
+        parse_levels("0,2")
+    assert parse_slos("ttft:500,tpot:50") == {"ttft": 500.0, "tpot": 50.0}
+    with pytest.raises(UserError, match="--slo"):
+        parse_slos("latency:5")
