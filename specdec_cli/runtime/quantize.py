@@ -80,6 +80,18 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_and_zeros", torch.stack([scale.float().t(), zero.t()], dim=-1).to(dtype).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach())
 
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor, in_features: int, out_features: int,
+                    bias: torch.Tensor | None = None, group: int = GROUP) -> "Int4Linear":
+        """The module whose kernel tensors these are (as saved by prepared.py), without packing anything."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.in_features, self.out_features, self.group = in_features, out_features, group
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.register_buffer("bias", bias)
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scales_and_zeros.dtype).contiguous()
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_and_zeros)

