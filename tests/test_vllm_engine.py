@@ -1,0 +1,104 @@
+"""specdec against REAL vLLM servers (no mock): a plain and an ngram server started once for the
+module, then the bench at concurrency 1 and 4, the equivalence check and `watch --once --json`
+attached to them; at the end, nothing of them may still run."""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+
+import pytest
+
+from specdec_cli.pairs.registry import load_registry
+from specdec_cli.serving.bench import parse_modes
+from specdec_cli.serving.configs import server_configs, start_all
+from specdec_cli.serving.server import running_servers
+
+from vllm_support import error_lines, group_alive, require_vllm, specdec, write_prompts
+
+TIMEOUT = 600  # seconds any one command may take on a loaded 2-core machine
+
+
+@pytest.fixture(scope="module")
+def servers():
+    require_vllm()
+    configs = server_configs(load_registry(None).pair(None), parse_modes("vllm-plain,vllm-ngram:4"), threads=2)
+    with ExitStack() as stack:
+        started = start_all(stack, configs, progress=lambda line: None)
+        yield started
+    for server in started.values():
+        assert not group_alive(server.process.pid), f"{server.config.label}'s processes outlived the test"
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    return write_prompts(tmp_path_factory.mktemp("vllm"))
+
+
+def test_bench_against_real_servers_at_concurrency_1_and_4(servers, prompts):
+    plain, ngram = servers["vllm-plain"].endpoint.url, servers["vllm-ngram:4"].endpoint.url
+    done = specdec("bench", "--server", ngram, "--reference", plain, "--prompts", str(prompts), "--concurrency", "1,4",
+                   "--max-new-tokens", "16", "--json", timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["levels"] == [1, 4]
+    for mode in ("vllm-plain", "server"):
+        for level in ("1", "4"):
+            figures = result["modes"][mode][level]
+            assert figures["failed"] == 0 and figures["completed"] == figures["requests"] >= 3
+            assert figures["output_tokens"] == 16 * figures["requests"]  # ignore_eos: every request runs to the end
+            assert figures["ttft"]["p50_ms"] > 0 and figures["e2el"]["p99_ms"] >= figures["e2el"]["p50_ms"]
+    assert result["modes"]["vllm-plain"]["1"]["acceptance"]["drafts"] == 0
+    accepted = result["modes"]["server"]["1"]["acceptance"]
+    assert accepted["drafts"] > 0 and accepted["accepted"] > 0 and len(accepted["per_position"]) == 4
+    assert set(result["gain"]["server"]) == {"1", "4"} and result["gain"]["server"]["1"]["gain"] > 0
+    assert result["k_table"] == {}  # an attached server's K is not known: no table is made up
+
+
+def test_ngram_server_equals_plain_token_for_token(servers, prompts, tmp_path):
+    plain, ngram = servers["vllm-plain"].endpoint.url, servers["vllm-ngram:4"].endpoint.url
+    report = tmp_path / "equivalence.json"
+    done = specdec("verify-equivalence", "--server", ngram, "--reference", plain, "--prompts", str(prompts),
+                   "--max-new-tokens", "16", "--concurrency", "3", "--report", str(report), timeout=TIMEOUT)
+    result = json.loads(report.read_text())
+    assert set(result["levels"]) == {"1", "3"}
+    for level in result["levels"].values():
+        assert level["identical"] + level["near_ties"] + level["divergences"] + len(level["failed"]) == 3
+        assert level["drafts"] > 0
+        for detail in level["details"]:  # any divergence is located and classified
+            assert detail["kind"] in ("near-tie", "divergence") and 0 <= detail["position"] < 16
+    assert done.returncode == (0 if result["equivalent"] else 1), done.stderr
+    assert result["equivalent"] == all(lv["divergences"] == 0 and not lv["failed"] for lv in result["levels"].values())
+
+
+def test_equivalence_fails_when_nothing_was_drafted(servers, prompts):
+    plain = servers["vllm-plain"].endpoint.url
+    done = specdec("verify-equivalence", "--server", plain, "--reference", plain, "--prompts", str(prompts),
+                   "--max-new-tokens", "8", "--concurrency", "2", timeout=TIMEOUT)
+    assert done.returncode == 1
+    assert error_lines(done.stderr) == ["specdec: error: the speculative server drafted nothing: its output proves "
+                                        "nothing about speculation"]
+
+
+def test_watch_once_json_reads_the_real_counters(servers):
+    ngram = servers["vllm-ngram:4"].endpoint.url
+    done = specdec("watch", ngram, "--once", "--json", "--interval", "0.5", timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["engine"] == "vllm" and shown["url"] == ngram
+    assert shown["acceptance"]["drafts"] > 0 and shown["acceptance"]["mean_acceptance_length"] > 1.0
+    assert shown["running"] == 0 and shown["waiting"] == 0
+    assert shown["ttft"]["p50_ms"] > 0 and shown["break_even"]["paying"] is None
+
+
+def test_watch_without_url_finds_the_server_specdec_started(servers, tmp_path):
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps({"gain": {"vllm-ngram:4": {"1": {"gain": 1.5}, "4": {"gain": 0.9}}},
+                                 "crossover": {"vllm-ngram:4": 3.0}}))
+    done = specdec("watch", "--once", "--json", "--interval", "0.2", "--curve", str(curve), "--mode", "vllm-ngram:4",
+                   timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["url"] == running_servers()[0]["url"]  # the newest still running (another test's may be newer)
+    assert servers["vllm-ngram:4"].endpoint.url in [entry["url"] for entry in running_servers()]
+    assert shown["break_even"]["paying"] is True and "1.50× plain" in shown["break_even"]["text"]
