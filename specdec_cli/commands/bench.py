@@ -85,7 +85,7 @@ def bench_command(
     slo: Annotated[Optional[str], typer.Option("--slo", metavar="ttft:MS,tpot:MS", help="Engine bench: count goodput, the requests per second that meet every limit (ttft, tpot, e2el in ms).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", help="Engine bench: draw the gain and the latency against the level.")] = None,
     port: Annotated[Optional[int], typer.Option("--port", metavar="P", help="Engine bench: the first managed server's port (the next ones count up; default: free ports).")] = None,
-    requests: Annotated[Optional[int], typer.Option("--requests", metavar="N", help="Engine bench: requests per level (the prompts cycled; default: the prompts, at least 2 per slot in flight).")] = None,
+    requests: Annotated[Optional[int], typer.Option("--requests", metavar="N", help="Engine bench: requests per level, the prompts cycled or cut (default: every prompt, and at least 2 per request in flight).")] = None,
 ) -> None:
     """Measure speed, acceptance and latency per mode against plain decoding of the same target.
 

@@ -72,7 +72,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
             manifest["engine"] = {"attached": {name: t.endpoint.url for name, t in targets.items()}}
         try:
             result = engine_bench_core.run(targets, encoded, levels, max_tokens=max_new_tokens, repeats=repeats,
-                                           rate=bool(rate), slos=slos, least=requests, progress=progress)
+                                           rate=bool(rate), slos=slos, count=requests, progress=progress)
             failure = None
         except engine_bench_core.BenchInterrupted as exc:
             result, failure = exc.report, str(exc)

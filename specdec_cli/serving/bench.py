@@ -95,27 +95,25 @@ def warm_up(target: Target, request: Request) -> None:
 
 
 def run(targets: dict[str, Target], prompts: list[Request], levels: list[int], *, max_tokens: int, repeats: int = 1,
-        rate: bool = False, slos: dict[str, float] | None = None, least: int | None = None,
+        rate: bool = False, slos: dict[str, float] | None = None, count: int | None = None,
         progress: Callable[[str], None] = lambda line: None) -> dict:
-    """Every level for every mode, repeat by repeat; a dead server stops the run with the levels
-    finished so far in BenchInterrupted.report."""
+    """Every level for every mode, repeat by repeat (the modes' order flips every repeat); a dead
+    server stops the run with the levels finished so far in BenchInterrupted.report."""
     runs: dict[str, dict[int, list[LevelRun]]] = {mode: {} for mode in targets}
     for mode, target in targets.items():
         warm_up(target, prompts[0])
-    try:
-        for repeat in range(repeats):
-            for level in levels:
-                for mode, target in targets.items():
-                    progress(f"{mode}: {'rate' if rate else 'concurrency'} {level}, repeat {repeat + 1} of {repeats}")
-                    requests = requests_for_level(prompts, 1 if rate else level, least)
-                    try:
-                        done = run_level(target.endpoint, requests, max_tokens, concurrency=None if rate else level,
-                                         rate=level if rate else None, seed=repeat, alive=target.alive)
-                    except ServerDied as exc:
-                        raise BenchInterrupted(target.died() or f"{mode}: {exc}", report(runs, levels, slos)) from None
-                    runs[mode].setdefault(level, []).append(done)
-    except KeyboardInterrupt:
-        raise
+    for repeat in range(repeats):
+        for level in levels:
+            order = list(targets.items())
+            for mode, target in order[::-1] if repeat % 2 else order:  # neither mode always goes first
+                progress(f"{mode}: {'rate' if rate else 'concurrency'} {level}, repeat {repeat + 1} of {repeats}")
+                requests = requests_for_level(prompts, 1 if rate else level, count)
+                try:
+                    done = run_level(target.endpoint, requests, max_tokens, concurrency=None if rate else level,
+                                     rate=level if rate else None, seed=repeat, alive=target.alive)
+                except ServerDied as exc:
+                    raise BenchInterrupted(target.died() or f"{mode}: {exc}", report(runs, levels, slos)) from None
+                runs[mode].setdefault(level, []).append(done)
     return report(runs, levels, slos)
 
 

@@ -4,6 +4,7 @@ server returns them (vLLM's ``return_token_ids``), and failures classified rathe
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import time
@@ -47,7 +48,7 @@ def get(endpoint: Endpoint, path: str, timeout: float = 10.0) -> str:
             return response.read().decode()
     except urllib.error.HTTPError as exc:
         raise ServerDown(f"HTTP {exc.code} on {path}") from None
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise ServerDown(_why(exc)) from None
 
 
@@ -110,7 +111,7 @@ def complete(endpoint: Endpoint, prompt_ids: list[int], max_tokens: int, *, logp
     except urllib.error.HTTPError as exc:
         result.error, result.detail = f"http-{exc.code}", _body(exc)
         return result
-    except (urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
         result.error = "timeout" if isinstance(getattr(exc, "reason", exc), (socket.timeout, TimeoutError)) else "connection"
         result.detail = _why(exc)
         return result

@@ -34,10 +34,10 @@ class LevelRun:
     window: metrics.Snapshot | None = None  # the counters' difference over the level
 
 
-def requests_for_level(prompts: list[Request], concurrency: int, least: int | None = None) -> list[Request]:
-    """The prompts, cycled until there are at least ``least`` (default: 2 × concurrency) so that
-    the level is not all ramp-up and ramp-down."""
-    want = max(len(prompts), least if least is not None else 2 * concurrency)
+def requests_for_level(prompts: list[Request], concurrency: int, count: int | None = None) -> list[Request]:
+    """``count`` requests, the prompts cycled (or cut); by default every prompt, and at least
+    2 × concurrency so that the level is not all ramp-up and ramp-down."""
+    want = count if count is not None else max(len(prompts), 2 * concurrency)
     return [prompts[i % len(prompts)] for i in range(want)]
 
 
