@@ -101,7 +101,10 @@ def bench_file(tmp_path):
     rows = [("vllm-plain", 1, 20.0), ("vllm-draft:3", 1, 40.0), ("vllm-draft:2", 1, 36.0), ("vllm-ngram:4", 1, 60.0),
             ("vllm-plain", 4, 70.0), ("vllm-draft:3", 4, 110.0), ("vllm-plain", 16, 180.0), ("vllm-draft:3", 16, 170.0)]
     path = tmp_path / "bench.json"
-    path.write_text(json.dumps({"results": [{"mode": m, "concurrency": c, "output_tok_s": s} for m, c, s in rows]}))
+    modes: dict = {}
+    for mode, level, speed in rows:  # the shape `specdec bench --engine vllm --json` writes
+        modes.setdefault(mode, {})[str(level)] = {"output_tok_s": speed, "ttft": {"p50_ms": 10.0}}
+    path.write_text(json.dumps({"levels": [1, 4, 16], "modes": modes, "k_table": {}}))
     return path
 
 
