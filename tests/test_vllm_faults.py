@@ -1,0 +1,117 @@
+"""Faults with REAL vLLM servers: a server killed in the middle of a bench (levels done are written,
+exit 3), a busy port and a bad model directory (one error line naming the log, exit 2), and in
+every case nothing left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from specdec_cli.pairs.loading import transformers_directory
+from specdec_cli.pairs.registry import load_registry
+from specdec_cli.serving.server import free_port, running_servers
+
+from vllm_support import error_lines, group_alive, require_vllm, servers_on_port, specdec, write_prompts
+
+TIMEOUT = 600
+
+
+@pytest.fixture(autouse=True)
+def vllm_installed():
+    require_vllm()
+
+
+def _bench(prompts: Path, port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "specdec_cli", "bench", "--engine", "vllm", "--prompts", str(prompts), "--port", str(port),
+            "--max-new-tokens", "16", "--threads", "2", *extra]
+
+
+def test_server_killed_mid_bench_writes_the_levels_done_and_exits_3(tmp_path):
+    port = free_port()
+    command = _bench(write_prompts(tmp_path), port, "--modes", "vllm-plain,vllm-ngram:4", "--concurrency", "1,4",
+                     "--requests", "3", "--json")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    lines: list[str] = []
+    out: list[str] = []
+    readers = [threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True),
+               threading.Thread(target=lambda: out.append(process.stdout.read()), daemon=True)]
+    for reader in readers:
+        reader.start()
+    groups, deadline = {}, time.monotonic() + TIMEOUT
+    try:
+        while not any("vllm-plain: concurrency 4" in line for line in lines):
+            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
+            groups |= {e["mode"]: e["pid"] for e in running_servers() if e["url"].endswith((f":{port}", f":{port + 1}"))}
+            time.sleep(0.2)
+        assert set(groups) == {"vllm-plain", "vllm-ngram:4"}
+        os.killpg(groups["vllm-ngram:4"], signal.SIGKILL)  # the ngram server dies while plain runs level 4
+        process.wait(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    for reader in readers:
+        reader.join(10)
+    assert process.returncode == 3, "".join(lines)
+    result = json.loads(out[0])
+    assert result["levels"] == [1] and set(result["modes"]["vllm-ngram:4"]) == {"1"}
+    assert result["modes"]["vllm-ngram:4"]["1"]["acceptance"]["drafts"] > 0
+    assert "vllm-ngram:4 died" in result["interrupted"]
+    errors = error_lines("".join(lines))
+    assert len(errors) == 1 and "vllm-ngram:4 died" in errors[0] and "vllm-logs/vllm-ngram-4-" in errors[0]
+    assert not any(group_alive(pgid) for pgid in groups.values()), "a server outlived the command"
+
+
+def test_busy_port_is_one_error_line_naming_the_log(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(_bench(write_prompts(tmp_path), port, "--modes", "vllm-plain", "--concurrency", "1"),
+                              capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    errors = error_lines(done.stderr)
+    assert len(errors) == 1 and "Traceback" not in done.stderr
+    assert "vllm-plain exited with code" in errors[0] and "its port is in use" in errors[0]
+    log = Path(errors[0].rsplit("its log: ", 1)[1])
+    assert log.is_file() and "Address already in use" in log.read_text()
+    assert servers_on_port(port) == []
+
+
+def test_bad_model_directory_is_one_error_line_naming_the_log(tmp_path):
+    real = transformers_directory(load_registry(None).pair(None).target.source)
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(real / name, broken / name)
+    (broken / "config.json").write_text('{"architectures": ["NoSuchForCausalLM"], "model_type": "llama"}')
+    (broken / "model.safetensors").write_bytes(b"")
+    port = free_port()
+    done = subprocess.run(_bench(write_prompts(tmp_path), port, "--modes", "vllm-plain", "--concurrency", "1",
+                                 "--target", str(broken)), capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    errors = error_lines(done.stderr)
+    assert len(errors) == 1 and "Traceback" not in done.stderr
+    assert "exited with code" in errors[0] and "its log: " in errors[0]
+    assert servers_on_port(port) == []
+
+
+def test_an_empty_directory_is_refused_before_any_server_starts(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = specdec("bench", "--engine", "vllm", "--prompts", str(write_prompts(tmp_path)), "--target", str(empty),
+                   timeout=120)
+    assert done.returncode == 2
+    assert error_lines(done.stderr) == [f"specdec: error: {empty} is not a model directory: missing config.json, "
+                                        "weights (model.safetensors or pytorch_model.bin), a tokenizer (tokenizer.json "
+                                        "or tokenizer.model)"]
