@@ -1,5 +1,5 @@
 """Prompt lookup's acceptance by draft position and match length, replayed on the default target's
-plain answers: where the adaptive controller's lookup estimates start (decoding/priors.py).
+plain answers: where the adaptive controller's lookup estimates start (decoding/control/priors.py).
 
     python benchmarks/lookup_priors.py --prompts examples/calibration-prompts.jsonl benchmarks/bench-prompts.jsonl \
         benchmarks/random-prompts.jsonl examples/equivalence-prompts.jsonl benchmarks/lossy-prompts.jsonl \

@@ -14,9 +14,9 @@ import argparse
 import json
 import time
 
-from specdec_cli.decoding.adaptive import AdaptiveK
+from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.engine import SpeculativeEngine
-from specdec_cli.decoding.priors import Prior
+from specdec_cli.decoding.control.priors import Prior
 from specdec_cli.decoding.runtime import prepare
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt

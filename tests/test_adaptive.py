@@ -4,12 +4,12 @@ import random
 
 import pytest
 
-from specdec_cli.decoding.adaptive import AdaptiveK
-from specdec_cli.decoding.controller import AdaptiveController
+from specdec_cli.decoding.control.adaptive import AdaptiveK
+from specdec_cli.decoding.control.controller import AdaptiveController
 from specdec_cli.decoding.engine import RoundEvent
-from specdec_cli.decoding.estimates import Acceptance, probe_wait
-from specdec_cli.decoding.priors import Prior
-from specdec_cli.decoding.speedup import (
+from specdec_cli.decoding.control.estimates import Acceptance, probe_wait
+from specdec_cli.decoding.control.priors import Prior
+from specdec_cli.decoding.control.speedup import (
     OFF,
     SPECULATE,
     break_even_alpha,

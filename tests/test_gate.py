@@ -1,4 +1,4 @@
-"""The confidence gate (decoding/gate.py): its arithmetic, drafters stopping where it says, and
+"""The confidence gate (decoding/control/gate.py): its arithmetic, drafters stopping where it says, and
 output unchanged by it, greedy token for token and sampled in distribution."""
 
 import pytest
@@ -7,12 +7,12 @@ from exactness import PROMPT as SMALL_PROMPT
 from exactness import VOCAB, assert_same_distribution, exact_two_token_distribution, small_models
 
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.adaptive import AdaptiveK
+from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter, autoregress
 from specdec_cli.decoding.engine import RoundEvent, SpeculativeEngine
-from specdec_cli.decoding.estimates import Acceptance, Calibration
-from specdec_cli.decoding.gate import DraftGate, gated_rounds
-from specdec_cli.decoding.priors import Prior
+from specdec_cli.decoding.control.estimates import Acceptance, Calibration
+from specdec_cli.decoding.control.gate import DraftGate, gated_rounds
+from specdec_cli.decoding.control.priors import Prior
 
 COSTS = (1.0, 1.16, 1.31, 1.5)  # verify seconds of 0..3 drafts: the int4 target's block costs
 

@@ -112,7 +112,7 @@ def test_calibrate_k_sweeps_tree_budgets_and_writes_what_they_did(pair_dir, tmp_
     assert set(report["trees"]) == {"code", "chat", "overall"}
     assert [f["budget"] for f in report["trees"]["code"]] == [3, 6]
     assert all(f["rounds"] > 0 and 0 < f["mean_nodes"] <= f["budget"] for f in report["trees"]["overall"])
-    from specdec_cli.decoding.controller import sibling_prior
+    from specdec_cli.decoding.control.controller import sibling_prior
     from specdec_cli.pairs.profile import read_profiles
 
     written = next(iter(read_profiles(profile).values()))

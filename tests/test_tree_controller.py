@@ -9,14 +9,14 @@ from exactness import PROMPT as SMALL_PROMPT
 from exactness import VOCAB, assert_same_distribution, exact_two_token_distribution, sampled_pairs, small_models
 
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.adaptive import AdaptiveK
+from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.blocks import relative_costs
-from specdec_cli.decoding.controller import AdaptiveController, sibling_prior
+from specdec_cli.decoding.control.controller import AdaptiveController, sibling_prior
 from specdec_cli.decoding.drafters import LookupFirst
 from specdec_cli.decoding.engine import RoundEvent, SpeculativeEngine
-from specdec_cli.decoding.estimates import Acceptance, Siblings
+from specdec_cli.decoding.control.estimates import Acceptance, Siblings
 from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config
-from specdec_cli.decoding.priors import Prior
+from specdec_cli.decoding.control.priors import Prior
 from specdec_cli.decoding.tree import best_first, expected_accepted, expected_tree, judgements, shape_of, tree_source
 from specdec_cli.pairs.profile import PairProfile, ScenarioProfile
 

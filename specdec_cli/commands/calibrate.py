@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ..runtime import threads as thread_policy
 from ..atomic import check_writable
-from ..decoding.speedup import SPECULATE
+from ..decoding.control.speedup import SPECULATE
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import profile_path, read_profiles, write_profile

@@ -47,7 +47,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..decoding.controller import AdaptiveController
+    from ..decoding.control.controller import AdaptiveController
     from ..decoding.runtime import Runtime
     from ..live import LiveView
 

@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .acceptance import SamplingParams, distribution
-from .gate import DraftGate, confidence
+from .control.gate import DraftGate, confidence
 from .kv import crop_cache, input_device, reserved_cache
 
 

@@ -38,7 +38,7 @@ from ..pairs.meta import META_FILE, read_meta, write_meta
 from ..runtime.quantize import QUANTISED, output_weight, quantise_model, quantised_weight
 from ..runtime.rowwise_attention import ROWWISE_UP_TO
 from .drafters import Draft, autoregress, common_prefix
-from .gate import DraftGate
+from .control.gate import DraftGate
 from .kv import crop_cache, reserved_cache
 from .tree import TreeShape, best_nodes
 

@@ -17,7 +17,7 @@ from ..pairs.profile import PairProfile
 from ..pairs.registry import MISSING, DrafterSpec, PairSpec
 from ..pairs.tokenization import check_compatible, eos_ids
 from .blocks import cached_costs, plan, relative_costs
-from .controller import AdaptiveController
+from .control.controller import AdaptiveController
 from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
 from .head import HeadDrafter, HeadTree, load_head

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..decoding.speedup import expected_tokens, fill_verify_costs
+from ..decoding.control.speedup import expected_tokens, fill_verify_costs
 from ..errors import UserError
 from ..pairs.profile import PairProfile, ScenarioProfile
 

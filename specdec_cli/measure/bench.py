@@ -29,7 +29,7 @@ from transformers.generation.streamers import BaseStreamer
 from ..decoding.acceptance import AcceptRule, SamplingParams, parse_rule
 from ..decoding.drafters import LookupFirst, NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
-from ..decoding.estimates import Acceptance
+from ..decoding.control.estimates import Acceptance
 from ..decoding.head import HeadTree
 from ..decoding.kv import input_device
 from ..decoding.runtime import Runtime

@@ -19,8 +19,8 @@ from typing import Callable
 
 from ..decoding.acceptance import AcceptRule, SamplingParams
 from ..decoding.engine import RoundEvent, SpeculativeEngine
-from ..decoding.estimates import Acceptance
-from ..decoding.speedup import Verdict, break_even_alpha, choose, fill_verify_costs
+from ..decoding.control.estimates import Acceptance
+from ..decoding.control.speedup import Verdict, break_even_alpha, choose, fill_verify_costs
 from ..decoding.tree import judgements
 from ..errors import UserError
 from ..pairs.manifest import libraries, source_version

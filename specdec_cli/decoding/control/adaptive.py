@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..limits import MAX_K
-from .engine import RoundEvent
+from ...limits import MAX_K
+from ..engine import RoundEvent
+from ..tree import TreeShape, best_first, judgements, shape_of, tree_source
 from .estimates import Acceptance, Calibration, Siblings, probe_wait, smooth
 from .gate import DraftGate, gated_rounds
 from .priors import Prior
-from .tree import TreeShape, best_first, judgements, shape_of, tree_source
 
 DEFAULT_K_MAX = 8
 TREE_MAX = 12  # the largest tree budget weighed: verify blocks of 13 tokens, past which a CPU's cost climbs

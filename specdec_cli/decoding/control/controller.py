@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..pairs.profile import PairProfile
-from ..pairs.registry import NGRAM, PairSpec
+from ...pairs.profile import PairProfile
+from ...pairs.registry import NGRAM, PairSpec
 from .adaptive import DEFAULT_K_MAX, AdaptiveK
 from .estimates import SIBLING_PRIOR
 from .priors import Prior

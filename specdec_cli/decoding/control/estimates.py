@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..limits import MAX_K
+from ...limits import MAX_K
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..pairs.profile import ScenarioProfile
+from ...pairs.profile import ScenarioProfile
 from .estimates import SIBLING_PRIOR
 
 LOOKUP_RATES = {"lookup": (0.83, 0.88, 0.90, 0.92), "lookup-2": (0.45, 0.55, 0.80, 0.76),  # Prior.lookup_rates
