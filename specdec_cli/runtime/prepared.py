@@ -54,7 +54,8 @@ def code_digest() -> str:
 
 def save(path: Path, model: nn.Module, dense: list[tuple[torch.Tensor, ...]] | None, key: str) -> None:
     """Write ``model`` (quantised by quantize.quantise_model) and its dense prompt copies to ``path``,
-    atomically: a reader finds the whole file or none."""
+    atomically: a reader finds the whole file or none; OSError when it cannot be written."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     tensors, layout = _flatten(model)
@@ -69,6 +70,8 @@ def save(path: Path, model: nn.Module, dense: list[tuple[torch.Tensor, ...]] | N
     try:
         save_file(tensors, staging, metadata={"key": key, "layout": json.dumps(layout)})
         os.replace(staging, path)
+    except SafetensorError as exc:  # a full disk, for one
+        raise OSError(f"{path}: {exc}") from None
     finally:
         Path(staging).unlink(missing_ok=True)
 
