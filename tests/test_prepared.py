@@ -105,14 +105,19 @@ def test_a_corrupted_file_is_rebuilt_with_one_warning_and_never_used(model_dir, 
 
 def test_a_file_prepared_under_other_code_is_not_used(model_dir, cache, monkeypatch):
     loading.load(spec(model_dir, "int4"))
-    (old,) = cache.glob("prepared-*.safetensors")
+    loading.load(spec(model_dir, "int8"))
+    old = next(cache.glob("prepared-*.safetensors"))
+    old_files = set(cache.glob("prepared-*.safetensors"))
+    old_bytes = old.read_bytes()
     monkeypatch.setattr(prepared, "code_digest", lambda: "other code")
     builds = built_only(monkeypatch)
     loading.load(spec(model_dir, "int4"))
-    assert builds == [1] and len(list(cache.glob("prepared-*.safetensors"))) == 2
+    assert builds == [1]
+    files = set(cache.glob("prepared-*.safetensors"))
+    assert len(files) == 2 and len(files & old_files) == 1  # the old int4 file is gone, the int8 one kept
     # The key is checked inside the file too: one copied under the new name is refused.
-    (new,) = set(cache.glob("prepared-*.safetensors")) - {old}
-    new.write_bytes(old.read_bytes())
+    (new,) = files - old_files
+    new.write_bytes(old_bytes)
     with pytest.raises(prepared.Unusable, match="another key"):
         prepared.restore(new, loading._skeleton(str(model_dir)), "wanted key")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -93,7 +94,7 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None) -> 
     lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
     dense_dtype = dense_prefill.dense_dtype() if lean else None
     key = _prepared_key(spec, directory, gguf_path, dense_dtype)
-    path = cache_root() / f"prepared-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors" if key else None
+    path = _prepared_path(key, Path(directory).name) if key else None
     if path is not None and path.is_file():
         try:
             model, dense = prepared.restore(path, _skeleton(directory), key)
@@ -108,9 +109,24 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None) -> 
     if path is not None:
         try:
             prepared.save(path, model, dense, key)
+            for stale in path.parent.glob(f"{path.name.rsplit('-', 1)[0]}-*.safetensors"):
+                if stale != path:  # the same source, dtype and copies under older code: never read again
+                    stale.unlink(missing_ok=True)
         except OSError:
             pass  # a read-only cache only costs the preparation next time
     return _finish(model, dense, lean)
+
+
+def _prepared_path(key: str, name: str) -> Path:
+    """prepared-NAME-SOURCE-CODE.safetensors: SOURCE digests the key's fields but the code's (the last), so
+    that a file written under older code for the same source is found and removed."""
+    source = key.rsplit("|", 2)[0]  # the code digest and the library version are the key's last fields
+    name = re.sub(r"[^A-Za-z0-9._]+", "_", name)[:48]
+    return cache_root() / f"prepared-{name}-{_short(source)}-{_short(key)}.safetensors"
+
+
+def _short(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 SLOW_TO_PREPARE = 20_000_000  # parameters: a smaller target is prepared in well under a second, silently
