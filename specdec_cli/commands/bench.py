@@ -104,7 +104,7 @@ def bench_command(
     """
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_count("--threads", threads, 1)
-    if engine or server:  # a serving engine under load: commands/engine_bench.py
+    if engine or server or reference:  # a serving engine under load: commands/engine_bench.py
         check_count("--repeats", repeats, 1)
         check_count("--requests", requests, 1)
         return engine_bench(engine=engine, server=server, reference=reference, prompts=prompts, modes=modes,

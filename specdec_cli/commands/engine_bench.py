@@ -23,21 +23,23 @@ DIED = 3  # a server died mid-run: the levels finished are written, exit 3
 
 
 def check_engine(engine: str | None, server: str | None, reference: str | None) -> None:
+    """The engine options' combinations, and vLLM's environment, before any model is touched."""
     if engine is not None and engine not in ENGINES:
         raise UserError(f"--engine {engine!r}: the engines specdec can start are {', '.join(ENGINES)}")
     if engine and server:
         raise UserError("--engine starts servers and --server attaches to one: give one of them")
     if reference and not server:
         raise UserError("--reference is the plain server --server is compared with: give --server too")
+    if engine:
+        from ..serving.environment import vllm_python
+
+        vllm_python()
 
 
 def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency, rate, repeats, max_new_tokens,
                  slo, json_out, markdown, plot, models, pair, target, draft, threads, port, requests) -> None:
-    from ..serving import bench as engine_bench_core
-    from ..serving import configs as serving_configs
-    from ..serving.server import attach
-
     check_engine(engine, server, reference)
+    from ..serving import bench as engine_bench_core
     if rate and concurrency:
         raise UserError("--concurrency is a closed loop and --rate an open one: give one of them")
     levels_text = rate or concurrency or "1,4"
@@ -49,7 +51,9 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
             check_writable(path, option)
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
-    from ..pairs.loading import transformers_directory
+    from ..pairs.loading import transformers_directory  # torch and transformers: after every cheap check
+    from ..serving import configs as serving_configs
+    from ..serving.server import attach
 
     model_dir = transformers_directory(spec.target.source)
     encoded = [engine_bench_core.Request(str(pid), ids)

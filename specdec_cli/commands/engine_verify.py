@@ -16,7 +16,7 @@ from rich.text import Text
 
 from ..atomic import check_writable, write_atomically
 from ..errors import UserError
-from ..limits import NEAR_TIE_TOLERANCE
+from ..limits import MAX_K, NEAR_TIE_TOLERANCE
 from ..prompts import read_file
 from .common import WRITE_FAILED, error_line, plain_console, resolve_pair, write_output
 from .engine_bench import check_engine
@@ -26,16 +26,19 @@ TOP_LOGPROBS = 2  # the reference's top-2 at every position: the margin that cla
 
 def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concurrency: int, max_new_tokens: int,
                   tolerance, strict: bool, raw: bool, json_out: bool, report, models, pair, target, draft, threads) -> None:
-    from ..serving import configs as serving_configs
-    from ..serving import metrics
-    from ..serving.bench import PLAIN, parse_modes
-    from ..serving.client import ServerDown
-    from ..serving.equivalence import compare, generate_all
-    from ..serving.server import attach
-
     check_engine(engine, server, reference)
     if server and not reference:
         raise UserError("--server is checked against a plain server: give --reference URL too")
+    if engine and not spec_text:
+        raise UserError("--engine vllm needs --spec ngram:K or draft:K: the speculative server to check")
+    from ..serving.bench import PLAIN, parse_modes
+
+    try:
+        modes = parse_modes(f"{PLAIN},vllm-{spec_text}") if engine else []
+        if engine and len(modes) < 2:
+            raise UserError("plain")
+    except UserError:
+        raise UserError(f"--spec {spec_text!r}: expected ngram:K or draft:K (K from 1 to {MAX_K})") from None
     if concurrency < 2:
         raise UserError(f"--concurrency is the higher level checked besides 1: at least 2, got {concurrency}")
     if tolerance is not None and tolerance <= 0:
@@ -45,15 +48,17 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
     tolerance = tolerance or NEAR_TIE_TOLERANCE["float32"]  # the servers run float32 (--dtype float32)
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
-    from ..pairs.loading import transformers_directory
+    from ..pairs.loading import transformers_directory  # torch and transformers: after every cheap check
+    from ..serving import configs as serving_configs
+    from ..serving import metrics
+    from ..serving.client import ServerDown
+    from ..serving.equivalence import compare, generate_all
+    from ..serving.server import attach
 
     model_dir = transformers_directory(spec.target.source)
     encoded = serving_configs.encode_prompts(model_dir, [(str(p.id), p.text) for p in items], raw)
     with ExitStack() as stack:
         if engine:
-            if not spec_text:
-                raise UserError("--engine vllm needs --spec ngram:K or draft:K: the speculative server to check")
-            modes = parse_modes(f"{PLAIN},vllm-{spec_text}")
             configs = serving_configs.server_configs(spec, modes, threads)
             servers = serving_configs.start_all(stack, configs, serving_configs.progress_line)
             plain_end, spec_end = servers[PLAIN].endpoint, servers[modes[1].name].endpoint
@@ -115,7 +120,7 @@ def render(result: dict) -> None:
     console.print(table)
     for level, r in result["levels"].items():
         for d in r["details"]:
-            console.print(Text(f"concurrency {level}, prompt {d['prompt_id']}: token {d['position']} is "
+            console.print(Text(f"concurrency {level}, prompt {d['prompt_id']}, generated token {d['position']}: "
                                f"{d['speculative_token']} instead of {d['reference_token']} (plain's top-2 margin "
                                f"{'n/a' if d['margin'] is None else format(d['margin'], '.3g')}): {d['kind']}"))
     console.print(Text(result["verdict"], style="bold green" if result["equivalent"] else "bold red"), soft_wrap=True)

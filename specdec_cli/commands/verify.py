@@ -101,7 +101,7 @@ def verify_equivalence(
     """
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_count("--threads", threads, 1)
-    if engine or server:  # a serving engine's speculative output against its plain output: commands/engine_verify.py
+    if engine or server or reference:  # a serving engine's speculative output against its plain output: commands/engine_verify.py
         return engine_verify(engine=engine, server=server, reference=reference, spec_text=spec_mode, prompts=prompts,
                              concurrency=concurrency, max_new_tokens=max_new_tokens, tolerance=tolerance, strict=strict,
                              raw=raw, json_out=json_out, report=report, models=models, pair=pair, target=target,

@@ -1,0 +1,56 @@
+"""The engine commands' user mistakes: one `specdec: error:` line and exit 2, answered before any
+model or server is touched (no vLLM needed)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from vllm_support import error_lines, write_prompts
+
+
+def run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specdec_cli", *args], capture_output=True, text=True, timeout=120,
+                          env=os.environ | env, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    return str(write_prompts(tmp_path))
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["bench", "--engine", "vllm"], {"SPECDEC_VLLM_ENV": "/nonexistent/vllm-env"},
+     "vLLM is not installed at /nonexistent/vllm-env: run `bash install.sh vllm` (or point $SPECDEC_VLLM_ENV at a "
+     "virtual environment that has it)"),
+    (["bench", "--engine", "sglang"], {}, "--engine 'sglang': the engines specdec can start are vllm"),
+    (["bench", "--reference", "http://127.0.0.1:9"], {}, "--reference is the plain server --server is compared with: give --server too"),
+    (["bench", "--engine", "vllm", "--server", "http://127.0.0.1:9"], {}, "--engine starts servers and --server attaches to one: give one of them"),
+    (["bench", "--engine", "vllm", "--modes", "ngram:4"], {}, "--modes: unknown engine mode 'ngram:4'; engine modes are "
+     "vllm-plain, vllm-ngram:K, vllm-draft:K (K from 1 to 32)"),
+    (["bench", "--engine", "vllm", "--concurrency", "1,x"], {}, "--concurrency '1,x': expected comma-separated positive integers"),
+    (["bench", "--engine", "vllm", "--concurrency", "1", "--rate", "2"], {}, "--concurrency is a closed loop and --rate an open one: give one of them"),
+    (["bench", "--engine", "vllm", "--slo", "ttft:fast"], {}, "--slo 'ttft:fast': expected ttft:MS, tpot:MS and/or e2el:MS, comma-separated"),
+    (["verify-equivalence", "--engine", "vllm"], {}, "--engine vllm needs --spec ngram:K or draft:K: the speculative server to check"),
+    (["verify-equivalence", "--engine", "vllm", "--spec", "plain"], {}, "--spec 'plain': expected ngram:K or draft:K (K from 1 to 32)"),
+    (["verify-equivalence", "--server", "http://127.0.0.1:9"], {}, "--server is checked against a plain server: give --reference URL too"),
+])
+def test_engine_option_mistakes_are_one_line_and_exit_2(prompts, args, env, message):
+    done = run(*args, "--prompts", prompts, **env)
+    assert done.returncode == 2
+    assert error_lines(done.stderr) == [f"specdec: error: {message}"] and "Traceback" not in done.stderr
+
+
+def test_watch_names_a_server_that_does_not_answer():
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = run("watch", f"http://127.0.0.1:{port}", "--once")
+    assert done.returncode == 2
+    assert error_lines(done.stderr) == [f"specdec: error: no server answers at http://127.0.0.1:{port}: [Errno 111] Connection refused"]
+    bad = run("watch", "127.0.0.1:8000", "--once")
+    assert error_lines(bad.stderr) == ["specdec: error: --server '127.0.0.1:8000': give a URL such as http://127.0.0.1:8000"]
