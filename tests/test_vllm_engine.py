@@ -35,12 +35,16 @@ def prompts(tmp_path_factory):
     return write_prompts(tmp_path_factory.mktemp("vllm"))
 
 
-def test_bench_against_real_servers_at_concurrency_1_and_4(servers, prompts):
+def test_bench_against_real_servers_at_concurrency_1_and_4(servers, prompts, tmp_path):
     plain, ngram = servers["vllm-plain"].endpoint.url, servers["vllm-ngram:4"].endpoint.url
+    page = tmp_path / "bench.md"
     done = specdec("bench", "--server", ngram, "--reference", plain, "--prompts", str(prompts), "--concurrency", "1,4",
-                   "--max-new-tokens", "16", "--json", timeout=TIMEOUT)
+                   "--max-new-tokens", "16", "--json", "--markdown", str(page), timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
+    rows = [line for line in page.read_text().splitlines() if line.startswith(("| 1 |", "| 4 |"))]
+    assert [row.split(" | ")[:2] for row in rows] == [["| 1", "vllm-plain"], ["| 1", "server"], ["| 4", "vllm-plain"],
+                                                      ["| 4", "server"]]
     assert result["levels"] == [1, 4]
     for mode in ("vllm-plain", "server"):
         for level in ("1", "4"):
@@ -102,3 +106,16 @@ def test_watch_without_url_finds_the_server_specdec_started(servers, tmp_path):
     assert shown["url"] == running_servers()[0]["url"]  # the newest still running (another test's may be newer)
     assert servers["vllm-ngram:4"].endpoint.url in [entry["url"] for entry in running_servers()]
     assert shown["break_even"]["paying"] is True and "1.50× plain" in shown["break_even"]["text"]
+
+
+def test_open_loop_bench_at_a_rate(servers, prompts):
+    plain, ngram = servers["vllm-plain"].endpoint.url, servers["vllm-ngram:4"].endpoint.url
+    done = specdec("bench", "--server", ngram, "--reference", plain, "--prompts", str(prompts), "--rate", "4",
+                   "--requests", "4", "--max-new-tokens", "8", "--slo", "ttft:60000,tpot:60000", "--json", timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["manifest"]["loop"] == "open (Poisson arrivals, requests/s)" and result["levels"] == [4]
+    for mode in ("vllm-plain", "server"):
+        figures = result["modes"][mode]["4"]
+        assert figures["requests"] == 4 and figures["failed"] == 0
+        assert figures["goodput"] == figures["request_throughput"]  # limits of a minute: every request meets them
