@@ -1,4 +1,4 @@
-"""The engine statistics, metrics parsing and equivalence classification on exact numbers (pure
+"""The engine statistics, metrics parsing, equivalence classification and server flags on exact numbers (pure
 functions: no server needed; the real-server tests are test_vllm_engine.py and test_vllm_faults.py)."""
 
 import math
@@ -128,3 +128,50 @@ def test_engine_modes_levels_and_slos_parsed():
     assert parse_slos("ttft:500,tpot:50") == {"ttft": 500.0, "tpot": 50.0}
     with pytest.raises(UserError, match="--slo"):
         parse_slos("latency:5")
+
+
+def test_server_flags_and_environment_as_the_issue_measured_them(monkeypatch):
+    from pathlib import Path
+
+    from specdec_cli.serving.environment import server_environment, vllm_env
+    from specdec_cli.serving.server import ServerConfig, speculative_config
+
+    config = ServerConfig("vllm-ngram:4", Path("/m"), "pair", speculative_config("ngram", 4), threads=2)
+    assert config.arguments(8001) == [
+        "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--served-model-name", "pair", "--host", "127.0.0.1",
+        "--port", "8001", "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--disable-uvicorn-access-log",
+        "--max-logprobs", "20", "--speculative-config",
+        '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":2,"prompt_lookup_max":4}']
+    assert speculative_config("draft_model", 3, Path("/d")) == {"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}
+    assert speculative_config("plain", 0) is None
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    env = server_environment(2)
+    assert {k: env[k] for k in ("TORCHDYNAMO_DISABLE", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "KMP_INIT_AT_FORK",
+                                "VLLM_WORKER_MULTIPROC_METHOD")} == {
+        "TORCHDYNAMO_DISABLE": "1", "OMP_NUM_THREADS": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+        "KMP_INIT_AT_FORK": "FALSE", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    monkeypatch.setenv("SPECDEC_VLLM_ENV", "/opt/vllm")
+    assert vllm_env() == Path("/opt/vllm")
+    monkeypatch.delenv("SPECDEC_VLLM_ENV")
+    monkeypatch.setenv("SPECDEC_CACHE", "/c")
+    assert vllm_env() == Path("/c/vllm-env")
+
+
+@pytest.mark.parametrize("env", [{}, {"SPECDEC_CACHE": "/c"}, {"SPECDEC_VLLM_ENV": "/v"}, {"HF_HOME": "/h"},
+                                 {"XDG_CACHE_HOME": "/x"}])
+def test_install_sh_builds_vllm_where_specdec_looks(env, monkeypatch):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from specdec_cli.serving.environment import vllm_env
+
+    root = Path(__file__).resolve().parents[1]
+    clean = {k: v for k, v in os.environ.items() if k not in ("SPECDEC_CACHE", "SPECDEC_VLLM_ENV", "HF_HOME", "XDG_CACHE_HOME")}
+    script = f'eval "$(sed -n "/^vllm_env()/,/^}}/p" {root / "install.sh"})"; vllm_env'
+    shell = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=clean | env, check=True).stdout.strip()
+    for name in ("SPECDEC_CACHE", "SPECDEC_VLLM_ENV", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert Path(shell) == vllm_env()

@@ -80,7 +80,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
             failure = None
         except engine_bench_core.BenchInterrupted as exc:
             result, failure = exc.report, str(exc)
-    result["manifest"] = manifest | {"machine": _machine()}
+    result["manifest"] = manifest | {"target": _target_entry(spec, model_dir, threads), "machine": _machine()}
     if failure:
         result["interrupted"] = failure
     _emit(result, json_out, markdown, plot)
@@ -95,6 +95,18 @@ def _engine_entry(servers) -> dict:
     return {"name": engine_version(), "environment": str(vllm_env()),
             "servers": {name: {"arguments": s.config.arguments(s.endpoint.port)[2:], "start_s": round(s.started_s, 2),
                                "log": str(s.log_path)} for name, s in servers.items()}}
+
+
+def _target_entry(spec, model_dir: Path, threads: int | None) -> dict:
+    """The target's source, the directory the servers read, and its weight files' sha256."""
+    from types import SimpleNamespace
+
+    from ..pairs import manifest
+    from ..serving.environment import server_environment
+
+    return {"source": str(spec.target.source), "directory": str(model_dir),
+            "files": manifest.file_hashes(SimpleNamespace(files=model_dir)),
+            "server_threads": int(server_environment(threads)["OMP_NUM_THREADS"])}
 
 
 def _machine() -> dict:
