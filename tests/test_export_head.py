@@ -10,7 +10,7 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.export.eagle3 import Eagle3Head, aux_layer_ids, load_eagle3, vocab_maps
+from specdec_cli.export.eagle3 import aux_layer_ids, load_eagle3, vocab_maps
 
 H, VOCAB, HEADS, KV, HEAD_DIM, INTER = 32, 98, 4, 2, 8, 64  # the tiny target of conftest.py
 

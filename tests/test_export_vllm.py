@@ -58,3 +58,24 @@ def test_the_exported_vllm_config_starts_a_real_server_that_drafts(exported):
     assert not [o.error for o in outputs if o.error]
     assert window.value(metrics.DRAFTS) > 0 and window.value(metrics.DRAFT_TOKENS) > 0
     assert "num_speculative_tokens_per_batch_size" in log  # the table reached the engine's config
+
+
+def test_the_exported_head_loads_in_vllm_as_eagle3_and_its_drafts_are_accepted(tmp_path):
+    """The shipped head through export-head into a real vLLM: it loads as LlamaForCausalLMEagle3 and
+    drafts; some drafts are accepted, which random weights in the same layout never are (0 of 189)."""
+    require_vllm()
+    out = tmp_path / "eagle3"
+    result = CliRunner().invoke(app, ["export-head", "specdec_cli/trained/smollm2-135m-head", "--format", "eagle3", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    pair = load_registry().pair("smollm2-135m")
+    model_dir = transformers_directory(pair.target.source)
+    prompts = encode_prompts(model_dir, [(p["id"], p["prompt"]) for p in PROMPTS])
+    config = {"method": "eagle3", "model": str(out), "num_speculative_tokens": 3}
+    with ManagedServer(ServerConfig("vllm-eagle3", model_dir, "smol", config, threads=2)) as server:
+        before = metrics.scrape(server.endpoint)
+        outputs = [complete(server.endpoint, ids, 32) for _, ids in prompts]
+        window = metrics.scrape(server.endpoint).minus(before)
+        log = server.log_path.read_text(errors="replace")
+    assert not [o.error for o in outputs if o.error]
+    assert "Resolved architecture: LlamaForCausalLMEagle3" in log
+    assert window.value(metrics.DRAFT_TOKENS) > 0 and window.value(metrics.ACCEPTED) > 0

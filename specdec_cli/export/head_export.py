@@ -70,6 +70,7 @@ def target_states(model, ids: list[int]) -> tuple[torch.Tensor, ...]:
     return (*(h[0].float() for h in out.hidden_states), caught[-1][0].float())
 
 
+@torch.no_grad()
 def measure_stats(spec: dict[str, torch.Tensor], feature_layers, states: list, embed) -> Stats:
     """The magnitudes map_head needs, averaged over positions of the sample prompts."""
     h = spec["fc.weight"].shape[0]
