@@ -230,7 +230,7 @@ def test_a_pair_without_a_profile_says_how_to_make_one(pair_dir, tmp_path):
 def test_a_bench_without_the_pairs_method_is_refused(setup, tmp_path):
     pair_dir, profile = setup
     path = tmp_path / "b.json"
-    path.write_text(json.dumps({"results": [{"mode": "vllm-plain", "concurrency": 1, "output_tok_s": 20},
-                                            {"mode": "vllm-ngram:4", "concurrency": 1, "output_tok_s": 30}]}))
+    path.write_text(json.dumps({"levels": [1], "modes": {"vllm-plain": {"1": {"output_tok_s": 20}},
+                                                         "vllm-ngram:4": {"1": {"output_tok_s": 30}}}}))
     result = export(pair_dir, profile, "--engine", "vllm", "--from-bench", str(path))
     assert result.exit_code == 2 and "no concurrency level with both vllm-plain and a draft_model mode" in result.stderr

@@ -66,8 +66,7 @@ def table(levels: list[Level], last_batch: int = LAST_BATCH) -> list[list[int]]:
 
 def read_levels(path: Path, method: str) -> list[Level]:
     """The levels of an engine bench JSON for one drafting method (vLLM's name: ngram, draft_model,
-    eagle3) beside plain. Reads the engine bench's ``modes: {MODE: {LEVEL: {output_tok_s}}}``, or
-    ``results: [{mode, concurrency, output_tok_s}, ...]``."""
+    eagle3) beside plain. Reads the engine bench's ``modes: {MODE: {LEVEL: {output_tok_s}}}``."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
@@ -93,70 +92,14 @@ def _aliases(method: str) -> tuple[str, ...]:
 
 
 def _rows(data) -> list[tuple[int, str, float]]:
+    """(concurrency, mode, output tok/s) from `specdec bench --engine vllm --json`'s ``modes``."""
     rows = []
-    if isinstance(data, dict) and isinstance(data.get("modes"), dict):  # `specdec bench --engine vllm --json`
-        for mode, by_level in data["modes"].items():
-            for concurrency, figures in (by_level or {}).items():
-                speed = _speed(figures) if isinstance(figures, dict) else None
-                if speed is not None:
-                    rows.append((int(float(concurrency)), str(mode), speed))
-    elif isinstance(data, dict) and isinstance(data.get("results"), list):
-        for row in data["results"]:
-            if isinstance(row, dict) and "mode" in row and "concurrency" in row:
-                speed = _speed(row)
-                if speed is not None:
-                    rows.append((int(row["concurrency"]), str(row["mode"]), speed))
-    return rows
-
-
-def read_levels(path: Path, method: str) -> list[Level]:
-    """The levels of an engine bench JSON for one drafting method (vLLM's name: ngram, draft_model,
-    eagle3) beside plain. Reads the engine bench's ``modes: {MODE: {LEVEL: {output_tok_s}}}``, or
-    ``results: [{mode, concurrency, output_tok_s}, ...]``."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UserError(f"--from-bench {path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"--from-bench {path}: not JSON ({exc})") from None
-    by_level: dict[int, dict[int, float]] = {}
-    for concurrency, mode, speed in _rows(data):
-        parsed = mode_k(mode)
-        if parsed is None or parsed[0] not in (PLAIN, *_aliases(method)):
-            continue
-        by_level.setdefault(concurrency, {})[parsed[1]] = speed
-    levels = [Level(c, speeds) for c, speeds in sorted(by_level.items()) if 0 in speeds and len(speeds) > 1]
-    if not levels:
-        raise UserError(f"--from-bench {path}: no concurrency level with both vllm-plain and a {method} mode "
-                        "(run `specdec bench --engine vllm --concurrency 1,2,4,... --modes vllm-plain,...`)")
-    return levels
-
-
-def _aliases(method: str) -> tuple[str, ...]:
-    """The bench's mode names for a vLLM method (vllm-draft:K is draft_model)."""
-    return {"draft_model": ("draft", "draft_model"), "eagle3": ("eagle3", "eagle", "head")}.get(method, (method,))
-
-
-def _rows(data) -> list[tuple[int, str, float]]:
-    rows = []
-    if isinstance(data, dict) and isinstance(data.get("modes"), dict):  # `specdec bench --engine vllm --json`
-        for mode, by_level in data["modes"].items():
-            for concurrency, figures in (by_level or {}).items():
-                speed = _speed(figures) if isinstance(figures, dict) else None
-                if speed is not None:
-                    rows.append((int(float(concurrency)), str(mode), speed))
-    elif isinstance(data, dict) and isinstance(data.get("results"), list):
-        for row in data["results"]:
-            if isinstance(row, dict) and "mode" in row and "concurrency" in row:
-                speed = _speed(row)
-                if speed is not None:
-                    rows.append((int(row["concurrency"]), str(row["mode"]), speed))
-    elif isinstance(data, dict) and isinstance(data.get("levels"), dict):
-        for concurrency, modes in data["levels"].items():
-            for mode, figures in (modes or {}).items():
-                speed = _speed(figures) if isinstance(figures, dict) else None
-                if speed is not None:
-                    rows.append((int(concurrency), str(mode), speed))
+    modes = data.get("modes") if isinstance(data, dict) else None
+    for mode, by_level in (modes if isinstance(modes, dict) else {}).items():
+        for concurrency, figures in (by_level or {}).items():
+            speed = _speed(figures) if isinstance(figures, dict) else None
+            if speed is not None:
+                rows.append((int(float(concurrency)), str(mode), speed))
     return rows
 
 
