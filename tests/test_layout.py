@@ -1,4 +1,5 @@
-"""The package's stages import downward only: commands → measure | training → decoding → pairs → runtime → base."""
+"""The package's stages import downward only (docs/design.md, "Layout"): commands → measure | training | export →
+decoding | serving → pairs → runtime → base."""
 
 import ast
 from pathlib import Path
@@ -18,7 +19,7 @@ def stage(module: str) -> str:
         return "top"
     if parts[0] in BASE:
         return "base"
-    assert parts[0] in RANK, f"{module} belongs to no declared stage: add it to the layout (README, this test)"
+    assert parts[0] in RANK, f"{module} belongs to no declared stage: add it to the layout (docs/design.md, this test)"
     return parts[0]
 
 
