@@ -4,7 +4,7 @@ traffic mix, as small pure functions.
 An engine runs one K for every request, so the scenarios' Ks have to become one. The right one is
 not an average of the Ks: it is the K that makes the whole mix fastest. With ``w_s`` the share of
 output tokens from scenario s, a token of the mix costs on average Σ w_s · cost_s(K) / E_s(K) plain
-forwards (cost per round over tokens per round, decoding/speedup.py's model with each scenario's
+forwards (cost per round over tokens per round, decoding/control/speedup.py's model with each scenario's
 α, c and verify costs from the profile), so the mix's speed-up is the inverse of that sum and K
 maximises it. K = 0 (plain decoding) costs exactly 1 per token, so the fold says "off" when no K
 beats plain.
