@@ -23,7 +23,7 @@ from collections import defaultdict
 
 import torch
 
-from specdec_cli.decoding.drafters import Draft, LookupFirst, NgramDrafter
+from specdec_cli.decoding.drafters import Draft, Drafter, LookupFirst, NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import HeadDrafter, load_head
 from specdec_cli.decoding.runtime import prepare
@@ -60,7 +60,7 @@ def frequent_ids(size: int):
     return torch.tensor(sorted(token for token, _ in counts.most_common(size)), dtype=torch.long)
 
 
-class LookupInChain:
+class LookupInChain(Drafter):
     """A probe, not a drafter we ship: the head's greedy chain, where from the second token on prompt
     lookup takes over whenever the context and the draft so far end in an n-gram of at least
     ``min_ngram`` tokens seen earlier (per-token fusion of the two). On the 34

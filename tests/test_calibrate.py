@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.decoding.drafters import Draft, ModelDrafter
+from specdec_cli.decoding.drafters import Draft, Drafter, ModelDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.errors import UserError
 from specdec_cli.measure.calibration import measure, parse_ks, summarise_all
@@ -40,7 +40,7 @@ PROMPTS = [("code", [0, 5, 6, 7, 8, 5, 6, 7, 9]), ("code", [0, 40, 41, 42, 40]),
            ("chat", [0, 60, 61, 62])]
 
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """Knows the target's greedy continuation of each prompt and proposes it: free, and always right."""
 
     name = "oracle"

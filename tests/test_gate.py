@@ -9,7 +9,7 @@ from exactness import VOCAB, assert_same_distribution, exact_two_token_distribut
 from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter, autoregress
-from specdec_cli.decoding.engine import RoundEvent, SpeculativeEngine
+from specdec_cli.decoding.engine import KSchedule, RoundEvent, SpeculativeEngine
 from specdec_cli.decoding.control.estimates import Acceptance, Calibration
 from specdec_cli.decoding.control.gate import DraftGate, gated_rounds
 from specdec_cli.decoding.control.priors import Prior
@@ -121,8 +121,10 @@ def test_gated_greedy_rounds_are_token_identical_to_plain_decoding(target, simil
     assert gated and any(len(e.confidence) > len(e.drafted) for e in gated)  # the gate stopped some drafts
 
 
-class GatedLearned:
+class GatedLearned(KSchedule):
     """The learned drafter every round, under a fixed gate."""
+
+    picks_drafter = True
 
     def __init__(self, gate):
         self.fixed, self.stopped = gate, 0

@@ -9,14 +9,16 @@ from exactness import VOCAB, assert_same_distribution, exact_two_token_distribut
 
 from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter
-from specdec_cli.decoding.engine import SpeculativeEngine
+from specdec_cli.decoding.engine import KSchedule, SpeculativeEngine
 from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config
 
 PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
 
 
-class Scripted:
+class Scripted(KSchedule):
     """A schedule that plans each round from a script: 'none', 'offer' or 'learned' (K 3)."""
+
+    picks_drafter = True
 
     def __init__(self, script):
         self.script, self.round, self.seen = list(script), 0, []

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.drafters import Draft, LookupFirst, ModelDrafter
+from specdec_cli.decoding.drafters import Draft, Drafter, LookupFirst, ModelDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config, load_head, read_meta
 from specdec_cli.errors import UserError
@@ -174,7 +174,7 @@ def test_bench_reports_head_mode_with_every_field(trained, pair_dir, prompt_file
 # --- the engine's feature hand-over and the head's cache ----------------------------------------
 
 
-class Recorder:
+class Recorder(Drafter):
     """Drafts with the target itself, and keeps every feature the engine hands over."""
 
     uses_target_features = True
@@ -337,7 +337,7 @@ def test_bad_data_sources_are_exit_code_2(trained, pair_dir, prompt_file, tmp_pa
 
 
 def test_lookup_first_drafts_from_a_repeat_and_otherwise_asks_the_learned_drafter():
-    class Learned:
+    class Learned(Drafter):
         name, calls = "stub", 0
 
         def reset(self):

@@ -13,7 +13,7 @@ from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.blocks import relative_costs
 from specdec_cli.decoding.control.controller import AdaptiveController, sibling_prior
 from specdec_cli.decoding.drafters import LookupFirst
-from specdec_cli.decoding.engine import RoundEvent, SpeculativeEngine
+from specdec_cli.decoding.engine import KSchedule, RoundEvent, SpeculativeEngine
 from specdec_cli.decoding.control.estimates import Acceptance, Siblings
 from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config
 from specdec_cli.decoding.control.priors import Prior
@@ -173,10 +173,10 @@ def test_the_profiles_tree_findings_seed_the_sibling_prior():
     assert controller.schedule(None).trees
 
 
-class Planned:
+class Planned(KSchedule):
     """A schedule that plans from a script: none, offer, learned (a chain of 3) or tree (6 nodes)."""
 
-    trees = True
+    picks_drafter = trees = True
 
     def __init__(self, script):
         self.script, self.round = list(script), 0

@@ -9,7 +9,7 @@ from exactness import VOCAB, assert_lossless, small_models
 
 from specdec_cli.decoding import engine as engine_module
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.drafters import Draft
+from specdec_cli.decoding.drafters import Draft, Drafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import DraftHead, HeadDrafter, HeadTree, head_config
 from specdec_cli.decoding.kv import reserved_cache
@@ -28,7 +28,7 @@ def plain(target):
     return run(target, None, 0)[0]
 
 
-class OracleTree:
+class OracleTree(Drafter):
     """Random trees of up to K nodes in which the target's true continuation is one branch, hidden at
     a random depth and sibling rank: acceptance deep in later branches, so the kept path is rarely a
     prefix of the block and the cache must be gathered, not cropped."""
@@ -159,7 +159,7 @@ def test_a_tree_round_reports_its_path_and_the_children_it_refused(target, plain
     truth = plain[0]
     wrong = [t for t in (20, 21, 22) if t != truth]
 
-    class Fixed:
+    class Fixed(Drafter):
         name = "fixed"
 
         def reset(self):
@@ -174,7 +174,7 @@ def test_a_tree_round_reports_its_path_and_the_children_it_refused(target, plain
     assert event.rejected == wrong[1:] and event.judged == 3 and event.nodes == 4
 
 
-class FixedTree:
+class FixedTree(Drafter):
     """The same tree whatever the context: candidates the target may find unlikely, tried first."""
 
     name = "fixed"

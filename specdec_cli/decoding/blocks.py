@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 
 from ..pairs.manifest import cpu_name
 from .kv import crop_cache, input_device, reserved_cache
+from .tree import Tree
 
 MEASURED_LENGTHS = 10  # blocks of 1..10 tokens: K up to 9, where speculation on a CPU can pay
 MEASURE_TRIES = 3  # measurements before giving up on a busy machine (``disturbed``)
@@ -41,6 +42,25 @@ def plan(costs: dict[int, float]) -> dict[int, int]:
                 best = m
         chosen[n] = best
     return chosen
+
+
+def padded_chain(block: torch.Tensor, length: int) -> torch.Tensor:
+    """A chain's block run at ``length``: lengthened with copies of its last token. The padding sits
+    after every real position, so causal attention keeps it out of their logits; its cache entries
+    are cropped with the rejected drafts."""
+    if length <= block.shape[0]:
+        return block
+    return torch.cat([block, block[-1:].expand(length - block.shape[0])])
+
+
+def padded_tree(tree: Tree, length: int) -> Tree:
+    """A tree's block run at ``length``: copies of the root hung under it. No real node sees them
+    (the mask shows a node only its ancestors), acceptance reads the real nodes alone, and their cache
+    entries are dropped with the rest of the unaccepted tree."""
+    if length <= len(tree):
+        return tree
+    extra = length - len(tree)
+    return Tree(torch.cat([tree.tokens, tree.tokens[:1].expand(extra)]), tree.parents + (0,) * extra)
 
 
 @torch.inference_mode()

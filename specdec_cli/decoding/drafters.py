@@ -8,7 +8,7 @@ then verifies what it got. Which tokens survive is never the drafter's business.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 from .acceptance import SamplingParams, distribution
 from .control.gate import DraftGate, confidence
 from .kv import crop_cache, input_device, reserved_cache
+from .tree import TreeShape
 
 
 @dataclass
@@ -45,15 +46,21 @@ class Draft:
         return int(self.tokens.shape[0])
 
 
-class Drafter(Protocol):
-    """``propose`` and ``reset``; a drafter that reads the target's features (a draft head) also sets
-    ``uses_target_features = True`` and has ``add_features(rows)``: the engine then hands it the
-    target's post-norm last hidden states of every position that became confirmed, in cache order.
-    A drafter that proposes trees (Draft.parents) sets ``drafts_trees = True``: K is then its node
-    budget, not its depth.
+class Drafter:
+    """What every drafter is: ``name``, ``reset`` and ``propose``; the optional parts are declared
+    here with their defaults, and a drafter that has them overrides them (no attribute is probed for).
+
+    ``uses_target_features`` (a draft head): the engine hands ``add_features(rows)`` the target's
+    hidden states named in ``feature_layers`` (by default the last one, post-norm) of every position
+    that became confirmed, in cache order. ``drafts_trees``: ``propose`` returns trees
+    (Draft.parents), and K is its node budget, not its depth. ``propose_tree``: a learned drafter
+    that also drafts a tree when a schedule names one (tree.tree_source).
     """
 
     name: str
+    uses_target_features: bool = False
+    feature_layers: tuple[int, ...] = (-1,)
+    drafts_trees: bool = False
 
     def reset(self) -> None:
         """Forget the previous prompt."""
@@ -64,9 +71,17 @@ class Drafter(Protocol):
         """Up to ``k`` tokens that might follow ``context`` (1-D token ids, CPU). A drafter with a
         distribution of its own (a model, a head) also takes ``gate=DraftGate``, and stops drafting
         where the gate finds its next guess not worth verifying (possibly before the first)."""
+        raise NotImplementedError
+
+    def add_features(self, rows: torch.Tensor) -> None:
+        """The target's features of newly confirmed positions (only called when ``uses_target_features``)."""
+
+    def propose_tree(self, context: torch.Tensor, shape: TreeShape) -> Draft:
+        """A tree of at most ``shape.nodes`` nodes after ``context``."""
+        raise ValueError(f"drafter {self.name!r} drafts no trees")
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Prompt lookup: find the latest earlier occurrence of the context's last n tokens and
     propose what followed it. Free to run, and strong wherever output copies input (code edits,
     summaries, quoting).
@@ -122,7 +137,7 @@ def lookup_source(n: int) -> str:
     return "lookup" if n >= 3 else f"lookup-{n}"
 
 
-class LookupFirst:
+class LookupFirst(Drafter):
     """Prompt lookup where the text repeats itself, a learned drafter everywhere else.
 
     A lookup hit costs nothing to draft and runs long (code edits, quoting); the learned drafter
@@ -137,7 +152,7 @@ class LookupFirst:
         # tagged by their length; it weighs them against the learned drafter on its own estimates.
         self.any_match = NgramDrafter(max_ngram=self.lookup.max_ngram, min_ngram=1)
         self.name = f"ngram+{learned.name}"
-        self.uses_target_features = bool(getattr(learned, "uses_target_features", False))
+        self.uses_target_features = learned.uses_target_features
 
     def reset(self) -> None:
         self.lookup.reset()
@@ -168,7 +183,7 @@ def parts(drafter: Drafter | None) -> tuple[Callable | None, Drafter | None]:
     return None, drafter
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """A small causal LM drafting autoregressively with its own KV cache.
 
     The cache is kept across rounds and cropped to the longest prefix it shares with the new

@@ -1,4 +1,12 @@
-"""The speculative loop: draft → verify in one target forward → accept/reject → roll the cache back.
+"""The speculative loop: draft → verify in one target forward → accept → keep the accepted path.
+
+A chain of drafts is a tree with one child per node, so every round runs the same steps: the
+drafter proposes a chain or a tree, the target scores the root (the last emitted token) and every
+node in one forward, the acceptance rule picks the path it keeps, and the cache and the drafter's
+features keep exactly that path. Two steps look at the shape. Verify: a chain is fed causally, on
+the kernels whose rows equal one-token forwards bit for bit (runtime/rowwise_attention.py), a tree
+under its ancestor mask (tree.py). Accept: a chain's drafts were drawn from q, so sampling tests
+them against it (and lossy rules apply); a tree's are deterministic candidates (the point-mass rule).
 
 It knows nothing of terminals or command lines. ``SpeculativeEngine.generate`` yields one
 ``RoundEvent`` per verify round; the live view, JSON output and statistics all consume those.
@@ -8,8 +16,7 @@ K = 0 is plain decoding through the very same loop, which is what makes the two 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Iterator
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -17,86 +24,14 @@ from transformers import DynamicCache, PreTrainedModel
 from ..errors import UserError
 from ..limits import MAX_K
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept, speculative_accept
+from .blocks import padded_chain, padded_tree
 from .drafters import Draft, Drafter, parts
-from .kv import crop_cache, input_device, keep_positions, reserved_cache
+from .events import RoundEvent
+from .kv import context_length, input_device, keep_rows, reserved_cache
+from .schedule import FixedK, KSchedule
 from .tree import Tree, TreeShape, greedy_tree_accept, tree_sample_accept, tree_source, verify_tree
 
-
-@dataclass
-class RoundEvent:
-    """What one verify round did.
-
-    ``drafted`` are the proposed ids, of which the first ``accepted`` passed the target's test;
-    ``token`` is the one the target chose itself (correction after a rejection, or bonus after full
-    acceptance), None when EOS or the token budget ended the block before it. ``emitted`` is what
-    the round appended to the output.
-    """
-
-    k: int
-    drafted: list[int]
-    accepted: int
-    token: int | None
-    emitted: list[int]
-    draft_s: float
-    verify_s: float
-    finished: bool
-    logits: torch.Tensor | None = field(default=None, repr=False)  # raw target rows for `emitted`, on request
-    source: str = ""  # the drafter that drafted (Draft.source); "" when none was asked (or none drafted ungated)
-    other_s: float = 0.0  # the round's bookkeeping after verifying (cache crop, features, the schedule's own work)
-    catchup_s: float = 0.0  # part of draft_s: a head catching up after rounds without it (paid once per gap)
-    confidence: list[float] | None = None  # under a gate: the drafter's confidence per position weighed (Draft)
-    # A tree round (tree.py): ``drafted`` are its nodes, ``parents`` their parents as block indices
-    # (0 the root), ``accepted`` the length of the kept path, ``turned_down`` the children of the
-    # path's last node, every one of which the target tested and refused. None for a chain.
-    parents: tuple[int, ...] | None = None
-    turned_down: list[int] | None = None
-    path: list[int] | None = None  # a tree round's kept nodes, as block indices (1 the first draft node)
-
-    @property
-    def nodes(self) -> int:
-        """Draft tokens the target verified in this round's one forward (a chain's K, a tree's size)."""
-        return len(self.drafted)
-
-    @property
-    def rejected(self) -> list[int]:
-        if self.parents is not None:
-            return list(self.turned_down or [])
-        return self.drafted[self.accepted :]
-
-    @property
-    def judged(self) -> int:
-        """Drafts the target tested: the kept ones and the first turned down. The speed-up formula's
-        α is kept / judged; kept / drafted would also count drafts after a rejection, never tested.
-        In a tree: the path's nodes and the refused children at its end."""
-        if self.parents is not None:
-            return self.accepted + len(self.turned_down or [])
-        return self.accepted + (self.accepted < len(self.drafted))
-
-
-class KSchedule(Protocol):
-    """Chooses K before each round and sees how the round went (a fixed K, or an adaptive controller).
-
-    A schedule may also have ``plan(offer, offer_source, learned, room) -> (k, source)``: it is then
-    shown prompt lookup's match first (``offer`` tokens long, 0 for none; free to find) and picks the
-    round's drafter itself: the match (its first k tokens), the learned drafter (k tokens), or nothing;
-    or, naming ``tree_source(learned)``, the learned drafter's tree of at most k nodes (a head's).
-    Each round's draft still comes whole from one drafter, with its q, so acceptance is unchanged.
-    """
-
-    def choose(self) -> int: ...
-
-    def observe(self, event: RoundEvent) -> None: ...
-
-
-@dataclass
-class FixedK:
-    k: int
-
-    def choose(self) -> int:
-        return self.k
-
-    def observe(self, event: RoundEvent) -> None:
-        pass
+__all__ = ["FixedK", "KSchedule", "RoundEvent", "SpeculativeEngine"]
 
 
 class SpeculativeEngine:
@@ -108,14 +43,14 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.eos_token_ids = set(eos_token_ids)
         self.vocab_size = target.config.get_text_config().vocab_size
-        self.context_length = getattr(target.config.get_text_config(), "max_position_embeddings", None)
+        self.context_length = context_length(target)
         # Only a drafter that reads the target's features gets them (the hidden states it names in
         # feature_layers, by default the last one, post-norm): plain decoding and the other drafters pay nothing.
-        self.wants_features = bool(getattr(drafter, "uses_target_features", False))
+        self.wants_features = drafter is not None and drafter.uses_target_features
         self._offer, self._learned = parts(drafter)
-        self.feature_layers = tuple(getattr(self._learned, "feature_layers", None) or (-1,))
+        self.feature_layers = tuple(self._learned.feature_layers if self._learned is not None else (-1,))
         self._extra = {"output_hidden_states": list(self.feature_layers)} if self.wants_features else {}
-        self.drafts_trees = bool(getattr(drafter, "drafts_trees", False))
+        self.drafts_trees = drafter is not None and drafter.drafts_trees
 
     @torch.inference_mode()
     def generate(
@@ -132,18 +67,7 @@ class SpeculativeEngine:
         """``rule`` other than exact is a lossy acceptance rule (acceptance.py): opt-in, and every
         caller that passes one must say so in its output."""
         schedule = FixedK(k) if isinstance(k, int) else k
-        if (self.drafts_trees or getattr(schedule, "trees", False)) and not rule.lossless:
-            raise UserError(f"acceptance rule {rule} applies to chains of drafts; trees are verified exactly")
-        if not prompt_ids:
-            raise UserError("the prompt is empty")
-        budget = max_new_tokens
-        if self.context_length:
-            if len(prompt_ids) >= self.context_length:
-                raise UserError(
-                    f"the prompt is {len(prompt_ids)} tokens; the target's context holds {self.context_length}"
-                )
-            budget = min(budget, self.context_length - len(prompt_ids))
-
+        budget = self._budget(prompt_ids, max_new_tokens, schedule, rule)
         device = input_device(self.target)
         generator = torch.Generator(device=device).manual_seed(seed)
         tokens = torch.tensor(prompt_ids, dtype=torch.long)
@@ -151,67 +75,59 @@ class SpeculativeEngine:
             self.drafter.reset()
         cache, out = self.prompt_cache(tokens)
         if out is not None:
-            self._hand_features(out, len(prompt_ids) - 1)
+            self._hand_features(out, slice(0, len(prompt_ids) - 1))
 
         produced = 0
         while produced < budget:
-            # A round emits at most k + 1 tokens; drafting past the budget is wasted work.
-            room = max(0, min(MAX_K, self._room(budget - produced)))
-            started = time.perf_counter()
-            if hasattr(schedule, "plan") and self.drafter is not None:
-                want, draft = self._planned(schedule, tokens, room, sampling, generator)
-            else:
-                want = max(0, min(schedule.choose(), room))
-                draft = self._draft(tokens, want, sampling, generator)
-            drafted_at = time.perf_counter()
-            if draft.parents is not None:  # a tree: verified in one forward, its best path kept (tree.py)
-                event = self._tree_round(cache, tokens, draft, want, budget - produced, sampling, generator,
-                                         drafted_at - started, record_logits)
-                produced += len(event.emitted)
-                tokens = torch.cat([tokens, torch.tensor(event.emitted, dtype=torch.long)])
-                schedule.observe(event)
-                yield event
-                if event.finished:
-                    return
-                continue
-
-            block = self._padded(torch.cat([tokens[-1:], draft.tokens]), tokens.shape[0] - 1)
-            out = self.target(block[None].to(device), cache=cache, use_cache=True, logits_to_keep=block.shape[0], **self._extra)
-            logits = out.logits[0, : len(draft) + 1, : self.vocab_size].float()
-            if not rule.lossless:
-                accepted, token = relaxed_accept(rule, draft.tokens.to(logits.device), draft.probs, logits, sampling, generator)
-            elif sampling.greedy:
-                accepted, token = greedy_accept(draft.tokens.to(logits.device), logits)
-            else:
-                accepted, token = speculative_accept(
-                    draft.tokens.to(logits.device), draft.probs, distribution(logits, sampling), generator
-                )
-            verified_at = time.perf_counter()
-
-            emitted, finished = self._cut(draft.tokens[:accepted].tolist() + [token], budget - produced)
-            produced += len(emitted)
-            tokens = torch.cat([tokens, torch.tensor(emitted, dtype=torch.long)])
-            crop_cache(cache, tokens.shape[0] - 1)
-            self._hand_features(out, len(emitted))  # the block's first len(emitted) positions stay cached
-            event = RoundEvent(
-                source=draft.source if len(draft) or draft.confidence else "",
-                catchup_s=draft.catchup_s,
-                confidence=draft.confidence,
-                k=want,
-                drafted=draft.tokens.tolist(),
-                accepted=min(accepted, len(emitted)),  # drafts past an EOS or the budget were not used
-                token=token if len(emitted) == accepted + 1 else None,
-                emitted=emitted,
-                draft_s=drafted_at - started,
-                verify_s=verified_at - drafted_at,
-                finished=finished or produced >= budget,
-                logits=logits[: len(emitted)].cpu() if record_logits else None,
-            )
-            event.other_s = time.perf_counter() - verified_at  # before observe: the schedule's work is its own
+            event = self._round(schedule, cache, tokens, budget - produced, device, sampling, generator, rule,
+                                record_logits)
+            produced += len(event.emitted)
+            tokens = torch.cat([tokens, torch.tensor(event.emitted, dtype=torch.long)])
             schedule.observe(event)
             yield event
             if event.finished:
                 return
+
+    def _round(self, schedule: KSchedule, cache, tokens: torch.Tensor, left: int, device, sampling, generator,
+               rule: AcceptRule, record_logits: bool) -> RoundEvent:
+        """One round: draft (a chain or a tree), verify in one forward, accept, keep the accepted path."""
+        started = time.perf_counter()
+        want, draft = self._draft(schedule, tokens, left, sampling, generator)
+        drafted_at = time.perf_counter()
+        cached = tokens.shape[0] - 1
+        block = torch.cat([tokens[-1:], draft.tokens])  # block index 0 the root, i the i-th draft node
+        tree = None if draft.parents is None else Tree(block, (-1, *draft.parents))  # None: a chain
+        out = self._verify(cache, block, tree, cached, device)
+        logits = out.logits[0, : block.shape[0], : self.vocab_size].float()
+        path, token = self._accept(draft, tree, logits, rule, sampling, generator)
+        verified_at = time.perf_counter()
+
+        kept = draft.tokens[: len(path)] if tree is None else block[path]
+        emitted, finished = self._cut(kept.tolist() + [token], left)
+        rows = [0, *path][: len(emitted)]  # block positions that stay cached: the root and the kept nodes
+        keep_rows(cache, cached, rows)
+        rows_kept = slice(0, len(rows)) if rows[-1] == len(rows) - 1 else rows  # a prefix: sliced, not gathered
+        self._hand_features(out, rows_kept)
+        complete = len(emitted) == len(path) + 1  # neither EOS nor the budget cut the path short
+        event = RoundEvent(
+            source=draft.source if len(draft) or draft.confidence else "",
+            catchup_s=draft.catchup_s,
+            confidence=draft.confidence,
+            k=want,
+            drafted=draft.tokens.tolist(),
+            accepted=min(len(path), len(emitted)),  # drafts past an EOS or the budget were not used
+            token=token if complete else None,
+            emitted=emitted,
+            draft_s=drafted_at - started,
+            verify_s=verified_at - drafted_at,
+            finished=finished or len(emitted) >= left,
+            logits=logits[rows_kept].cpu() if record_logits else None,
+        )
+        if tree is not None:
+            event.parents, event.path = tuple(draft.parents), rows[1:]
+            event.turned_down = [int(tree.tokens[c]) for c in tree.children(rows[-1])] if complete else []
+        event.other_s = time.perf_counter() - verified_at  # before observe: the schedule's work is its own
+        return event
 
     @torch.inference_mode()
     def prompt_cache(self, tokens: torch.Tensor) -> tuple[DynamicCache, object]:
@@ -226,88 +142,39 @@ class SpeculativeEngine:
                           logits_to_keep=1, **self._extra)
         return cache, out
 
-    def _room(self, left: int) -> int:
-        """The most drafts worth asking for with ``left`` tokens to go: a chain's K is its depth, so
-        left − 1; a tree's is its node count, however shallow (paths past the budget are cut)."""
-        if self.drafts_trees:
-            return MAX_K if left > 1 else 0
-        return left - 1
+    def _budget(self, prompt_ids: list[int], max_new_tokens: int, schedule: KSchedule, rule: AcceptRule) -> int:
+        """The tokens this run may add, once the request is found sound."""
+        if (self.drafts_trees or schedule.trees) and not rule.lossless:
+            raise UserError(f"acceptance rule {rule} applies to chains of drafts; trees are verified exactly")
+        if not prompt_ids:
+            raise UserError("the prompt is empty")
+        if not self.context_length:
+            return max_new_tokens
+        if len(prompt_ids) >= self.context_length:
+            raise UserError(f"the prompt is {len(prompt_ids)} tokens; the target's context holds {self.context_length}")
+        return min(max_new_tokens, self.context_length - len(prompt_ids))
 
-    def _hand_features(self, out, rows: int | list[int]) -> None:
-        """The target's features of the positions that stay cached: the first ``rows``, or those listed."""
-        if self.wants_features:
-            chosen = slice(0, rows) if isinstance(rows, int) else rows
-            self.drafter.add_features(torch.cat([out.hidden_states[i][0][chosen] for i in self.feature_layers], dim=-1))
+    def _draft(self, schedule: KSchedule, tokens, left: int, sampling, generator) -> tuple[int, Draft]:
+        """The round's K and draft: the drafter the schedule picks (plan), else its K from the drafter as it is."""
+        # A round emits at most k + 1 tokens; drafting past the budget is wasted work. A chain's K is
+        # its depth, so left − 1; a tree's is its node count, however shallow (paths past the budget are cut).
+        room = max(0, min(MAX_K, (MAX_K if left > 1 else 0) if self.drafts_trees else left - 1))
+        if schedule.picks_drafter and self.drafter is not None:
+            return self._planned(schedule, tokens, room, sampling, generator)
+        want = max(0, min(schedule.choose(), room))
+        if want == 0 or self.drafter is None:
+            return want, Draft.empty()
+        draft = self.drafter.propose(tokens, want, sampling, generator)
+        if draft.parents is not None:
+            if len(draft) > want:
+                raise RuntimeError(f"drafter {self.drafter.name} proposed a tree of {len(draft)} nodes, {want} asked for")
+            return want, draft
+        return want, Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source,
+                           draft.catchup_s)
 
-    def _tree_round(self, cache, tokens, draft: Draft, want: int, room: int, sampling, generator, draft_s: float,
-                    record_logits: bool) -> RoundEvent:
-        """One tree round: the root and every node in one target forward, the accepted path kept.
-
-        Acceptance is greedy, or the point-mass rule for deterministic candidates (tree.py); the
-        cache and the head's features keep exactly the root and the accepted nodes, in path order.
-        """
-        started = time.perf_counter()
-        cached = tokens.shape[0] - 1
-        tree = Tree(torch.cat([tokens[-1:], draft.tokens]), (-1, *draft.parents))
-        out = verify_tree(self.target, cache, self._padded_tree(tree, cached), input_device(self.target), **self._extra)
-        logits = out.logits[0, : len(tree), : self.vocab_size].float()
-        if sampling.greedy:
-            path, token = greedy_tree_accept(tree, logits)
-        else:
-            path, token = tree_sample_accept(tree, distribution(logits, sampling), generator)
-        verified_at = time.perf_counter()
-
-        emitted, finished = self._cut([int(tree.tokens[node]) for node in path] + [token], room)
-        rows = [0, *path][: len(emitted)]  # block positions that stay cached: the root and the kept nodes
-        keep_positions(cache, torch.cat([torch.arange(cached), cached + torch.tensor(rows, dtype=torch.long)]))
-        self._hand_features(out, rows)
-        complete = len(emitted) == len(path) + 1  # neither EOS nor the budget cut the path short
-        return RoundEvent(
-            source=draft.source,
-            catchup_s=draft.catchup_s,
-            k=want,
-            drafted=draft.tokens.tolist(),
-            accepted=min(len(path), len(emitted)),
-            token=token if complete else None,
-            emitted=emitted,
-            draft_s=draft_s,
-            verify_s=verified_at - started,
-            finished=finished or len(emitted) >= room,
-            logits=logits[rows].cpu() if record_logits else None,
-            parents=tuple(draft.parents),
-            turned_down=[int(tree.tokens[c]) for c in tree.children(rows[-1])] if complete else [],
-            path=rows[1:],
-        )
-
-    def _padded_tree(self, tree: Tree, cached: int) -> Tree:
-        """The tree, with copies of the root hung under it where a longer forward is cheaper.
-
-        No real node sees them (the mask shows a node only its ancestors), acceptance reads the real
-        nodes alone, and their cache entries are dropped with the rest of the unaccepted tree.
-        """
-        length = self.block_plan.get(len(tree), len(tree))
-        if self.context_length:
-            length = min(length, self.context_length - cached)
-        if length <= len(tree):
-            return tree
-        extra = length - len(tree)
-        return Tree(torch.cat([tree.tokens, tree.tokens[:1].expand(extra)]), tree.parents + (0,) * extra)
-
-    def _padded(self, block: torch.Tensor, cached: int) -> torch.Tensor:
-        """The block, lengthened with copies of its last token where a longer forward is cheaper.
-
-        The padding sits after every real position, so causal attention keeps it out of their
-        logits; its cache entries are cropped with the rejected drafts.
-        """
-        length = self.block_plan.get(block.shape[0], block.shape[0])
-        if self.context_length:
-            length = min(length, self.context_length - cached)
-        if length <= block.shape[0]:
-            return block
-        return torch.cat([block, block[-1:].expand(length - block.shape[0])])
-
-    def _planned(self, schedule, tokens, room, sampling, generator) -> tuple[int, Draft]:
-        """The schedule picks the round's drafter: lookup's match, the learned drafter, or none."""
+    def _planned(self, schedule: KSchedule, tokens, room: int, sampling, generator) -> tuple[int, Draft]:
+        """The schedule picks the round's drafter: lookup's match, the learned drafter (a chain, gated
+        where the schedule says, or a tree), or none."""
         offer = self._offer(tokens, room) if self._offer is not None and room else Draft.empty()
         learned = self._learned.name if self._learned is not None else None
         want, source = schedule.plan(len(offer), offer.source or None, learned, room)
@@ -318,26 +185,51 @@ class SpeculativeEngine:
             return 0, Draft.empty()
         if source == offer.source and want <= len(offer):
             return want, Draft(offer.tokens[:want], None, offer.source)
-        if tree and hasattr(self._learned, "propose_tree"):
-            return want, self._learned.propose_tree(tokens, TreeShape(want))  # verified as a tree: _tree_round
+        if tree:
+            return want, self._learned.propose_tree(tokens, TreeShape(want))
         if source != learned:
             raise ValueError(f"schedule chose drafter {source!r} for {want} tokens; offered {offer.source!r} "
                              f"({len(offer)} tokens) and {learned!r}")
-        # A schedule may gate the draft: the drafter stops where its guesses stop paying (gate.py).
-        gate = schedule.gate(source, want) if hasattr(schedule, "gate") else None
+        gate = schedule.gate(source, want)  # the drafter stops where its guesses stop paying (gate.py)
         draft = self._learned.propose(tokens, want, sampling, generator, **({"gate": gate} if gate else {}))
         return want, Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source,
                            draft.catchup_s, confidence=draft.confidence)
 
-    def _draft(self, tokens, want, sampling, generator) -> Draft:
-        if want == 0 or self.drafter is None:
-            return Draft.empty()
-        draft = self.drafter.propose(tokens, want, sampling, generator)
-        if draft.parents is not None:
-            if len(draft) > want:
-                raise RuntimeError(f"drafter {self.drafter.name} proposed a tree of {len(draft)} nodes, {want} asked for")
-            return draft
-        return Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source, draft.catchup_s)
+    def _verify(self, cache, block: torch.Tensor, tree: Tree | None, cached: int, device):
+        """The target's one forward over the block, where a longer forward is cheaper run longer
+        (blocks.py): a chain causally, padded after its last token; a tree under its ancestor mask,
+        copies of the root hung under the root. No real row sees the padding, acceptance reads the
+        real rows alone, and the padding's cache entries go with the rest of what was not kept."""
+        length = self.block_plan.get(block.shape[0], block.shape[0])
+        if self.context_length:
+            length = min(length, self.context_length - cached)
+        if tree is None:
+            block = padded_chain(block, length)
+            return self.target(block[None].to(device), cache=cache, use_cache=True, logits_to_keep=block.shape[0],
+                               **self._extra)
+        return verify_tree(self.target, cache, padded_tree(tree, length), device, **self._extra)
+
+    def _accept(self, draft: Draft, tree: Tree | None, logits, rule: AcceptRule, sampling, generator):
+        """The kept path (block indices, the root left out) and the target's own next token. A chain's
+        drafts were drawn from q: greedy, exact sampling against q, or a lossy rule (acceptance.py); a
+        tree's are deterministic candidates: greedy, or the point-mass rule (tree.py)."""
+        if tree is not None:
+            if sampling.greedy:
+                return greedy_tree_accept(tree, logits)
+            return tree_sample_accept(tree, distribution(logits, sampling), generator)
+        drafts = draft.tokens.to(logits.device)
+        if not rule.lossless:
+            accepted, token = relaxed_accept(rule, drafts, draft.probs, logits, sampling, generator)
+        elif sampling.greedy:
+            accepted, token = greedy_accept(drafts, logits)
+        else:
+            accepted, token = speculative_accept(drafts, draft.probs, distribution(logits, sampling), generator)
+        return list(range(1, accepted + 1)), token
+
+    def _hand_features(self, out, rows: slice | list[int]) -> None:
+        """The target's features of the block positions that stay cached."""
+        if self.wants_features:
+            self.drafter.add_features(torch.cat([out.hidden_states[i][0][rows] for i in self.feature_layers], dim=-1))
 
     def _cut(self, emitted: list[int], room: int) -> tuple[list[int], bool]:
         """Honour EOS and the token budget inside a block."""

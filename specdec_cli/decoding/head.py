@@ -37,7 +37,7 @@ from ..runtime.lean_forward import LeanDecoder, layer_supported, layer_weights
 from ..pairs.meta import META_FILE, read_meta, write_meta
 from ..runtime.quantize import QUANTISED, output_weight, quantise_model, quantised_weight
 from ..runtime.rowwise_attention import ROWWISE_UP_TO
-from .drafters import Draft, autoregress, common_prefix
+from .drafters import Draft, Drafter, autoregress, common_prefix
 from .control.gate import DraftGate
 from .kv import crop_cache, reserved_cache
 from .tree import TreeShape, best_nodes
@@ -165,7 +165,7 @@ def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(hidden, weight.to(hidden.dtype))
 
 
-class HeadDrafter:
+class HeadDrafter(Drafter):
     """Drafts with a DraftHead on the target's features, which the engine hands over as tokens are confirmed.
 
     The head's KV cache keeps only positions computed from the target's true features; the
@@ -345,7 +345,7 @@ class HeadDrafter:
         return full
 
 
-class HeadTree:
+class HeadTree(Drafter):
     """A HeadDrafter drafting trees: the engine's K is the node budget (``generate --tree N``)."""
 
     uses_target_features = True

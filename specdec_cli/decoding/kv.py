@@ -94,3 +94,18 @@ def keep_positions(cache: Cache, keep: torch.Tensor) -> None:
         index = keep.to(layer.keys.device)
         layer.keys = layer.keys.index_select(-2, index)
         layer.values = layer.values.index_select(-2, index)
+
+
+def keep_rows(cache: Cache, cached: int, rows: list[int]) -> None:
+    """Keep the first ``cached`` positions and, of the verify block after them, the ``rows`` listed
+    (ascending, the root 0 first): a chain's, or a tree path's that is the block's prefix, are cropped,
+    which copies nothing; a tree's path off the prefix is gathered (``keep_positions``)."""
+    if rows[-1] == len(rows) - 1:
+        crop_cache(cache, cached + len(rows))
+    else:
+        keep_positions(cache, torch.cat([torch.arange(cached), cached + torch.tensor(rows, dtype=torch.long)]))
+
+
+def context_length(model: PreTrainedModel) -> int | None:
+    """The most positions the model's configuration says it holds, when it says."""
+    return getattr(model.config.get_text_config(), "max_position_embeddings", None)

@@ -1,4 +1,4 @@
-"""Adaptive speculation: a KSchedule that decides each round which drafter drafts, and how much.
+"""Adaptive speculation: a schedule (schedule.KSchedule) that decides each round which drafter drafts, and how much.
 
 For one scenario (controller.py keeps one per scenario) it keeps, for every drafter it has seen
 (prompt lookup on a match of two or more tokens, on a one-token match, and the learned drafter:
@@ -22,7 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ...limits import MAX_K
-from ..engine import RoundEvent
+from ..events import RoundEvent
+from ..schedule import KSchedule
 from ..tree import TreeShape, best_first, judgements, shape_of, tree_source
 from .estimates import Acceptance, Calibration, Siblings, probe_wait, smooth
 from .gate import DraftGate, gated_rounds
@@ -55,9 +56,11 @@ class Source:
     gated: bool = False
 
 
-class AdaptiveK:
+class AdaptiveK(KSchedule):
     """The controller for one scenario. Its estimates persist across prompts; ``begin`` resets
     only the per-prompt counters reported in the statistics and halves the acceptance evidence."""
+
+    picks_drafter = True  # the engine asks plan (and gate), not choose, when it has a drafter
 
     def __init__(self, prior: Prior, k_max: int = DEFAULT_K_MAX, main: str = "draft", probe_k: int = 2,
                  margin: float = 0.05, smoothing: float = 0.2, trees: bool = False, tree_max: int = TREE_MAX,

@@ -1,0 +1,102 @@
+"""One round for chains and trees: a chain is a tree with one child per node, kept on the chain's
+causal forward; the engine reads its drafter's and schedule's capabilities from their declared
+interface (drafters.Drafter, schedule.KSchedule), never by probing for attributes."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_cli.decoding import engine as engine_module
+from specdec_cli.decoding.acceptance import SamplingParams
+from specdec_cli.decoding.drafters import Draft, Drafter, ModelDrafter
+from specdec_cli.decoding.engine import FixedK, KSchedule, SpeculativeEngine
+from specdec_cli.decoding.tree import TreeShape
+
+PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]
+
+
+class AsTree(Drafter):
+    """A chain drafter's drafts handed over as trees of width one: node i + 1 the only child of node i."""
+
+    def __init__(self, chain: Drafter):
+        self.chain, self.name = chain, chain.name
+
+    def reset(self):
+        self.chain.reset()
+
+    def propose(self, context, k, sampling, generator):
+        draft = self.chain.propose(context, k, sampling, generator)
+        return Draft(draft.tokens, parents=tuple(range(len(draft))), source=draft.source)
+
+
+def spied(monkeypatch, target):
+    """Record whether each target forward got an attention mask (a tree's) or ran causally (a chain's)."""
+    masks = []
+    forward = target.forward
+
+    def spy(*args, **kwargs):
+        masks.append(kwargs.get("attention_mask") is not None)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(target, "forward", spy)
+    return masks
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_a_chain_as_a_tree_of_width_one_keeps_the_chains_tokens_and_acceptance(target, similar, monkeypatch, k):
+    def run(drafter):
+        events = list(SpeculativeEngine(target, drafter, {1}).generate(PROMPT, k=k, max_new_tokens=30))
+        return [t for e in events for t in e.emitted], [(e.drafted, e.accepted, e.token) for e in events], events
+
+    plain, _, _ = run(None)
+    masks = spied(monkeypatch, target)
+    chain_tokens, chain_rounds, chain_events = run(ModelDrafter(similar, target.config.vocab_size))
+    chain_masks, masks[:] = masks[:], []
+    tree_tokens, tree_rounds, tree_events = run(AsTree(ModelDrafter(similar, target.config.vocab_size)))
+    assert chain_tokens == tree_tokens == plain
+    assert chain_rounds == tree_rounds and (k == 1 or any(a < len(d) for d, a, _ in chain_rounds))  # rejections too
+    assert not any(chain_masks)  # a chain is verified causally: the kernels of one-token forwards
+    # the same drafts as trees: each under its ancestor mask (the prompt's forward first, causal)
+    assert masks[1:] == [e.parents is not None for e in tree_events] and sum(masks) > len(tree_events) // 2
+    assert all(e.parents is None and e.path is None and e.turned_down is None for e in chain_events)
+    assert all(e.path == list(range(1, e.accepted + 1)) for e in tree_events if e.drafted)
+    assert [e.judged for e in chain_events] == [e.judged for e in tree_events]
+
+
+def test_the_engine_probes_no_attribute_of_its_drafter_or_schedule():
+    tree = ast.parse(Path(engine_module.__file__).read_text())
+    calls = [node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+    assert not {"hasattr", "getattr"} & set(calls)
+
+
+def test_the_interfaces_declare_their_optional_parts_with_defaults():
+    class Plain(Drafter):
+        name = "plain"
+
+        def propose(self, context, k, sampling, generator):
+            return Draft.empty()
+
+    drafter = Plain()
+    assert (drafter.uses_target_features, drafter.drafts_trees, drafter.feature_layers) == (False, False, (-1,))
+    with pytest.raises(ValueError, match="'plain' drafts no trees"):
+        drafter.propose_tree(torch.tensor(PROMPT), TreeShape(4))
+    schedule = FixedK(3)
+    assert isinstance(schedule, KSchedule) and not schedule.picks_drafter and not schedule.trees
+    assert schedule.gate("head", 3) is None and schedule.choose() == 3
+
+
+def test_a_schedule_that_picks_no_drafter_is_asked_only_for_k(target, similar):
+    class OnlyK(KSchedule):
+        def __init__(self):
+            self.asked = 0
+
+        def choose(self):
+            self.asked += 1
+            return 2
+
+    schedule = OnlyK()
+    events = list(SpeculativeEngine(target, ModelDrafter(similar, target.config.vocab_size), {1}).generate(
+        PROMPT, k=schedule, max_new_tokens=12, sampling=SamplingParams()))
+    assert schedule.asked == len(events) and all(e.k == 2 for e in events[:-1])
