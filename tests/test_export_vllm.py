@@ -34,9 +34,9 @@ def exported(tmp_path):
     write_profile(profile, PairProfile("smol", "2026-12-01T09:00:00+00:00", str(pair.target.source), "ngram",
                                        {"code": section}, section, drafter=drafter_identity(pair)))
     bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"results": [
-        {"mode": "vllm-plain", "concurrency": 1, "output_tok_s": 20.0}, {"mode": "vllm-ngram:4", "concurrency": 1, "output_tok_s": 35.0},
-        {"mode": "vllm-plain", "concurrency": 4, "output_tok_s": 70.0}, {"mode": "vllm-ngram:4", "concurrency": 4, "output_tok_s": 60.0}]}))
+    bench.write_text(json.dumps({"levels": [1, 4], "modes": {  # the shape `specdec bench --engine vllm --json` writes
+        "vllm-plain": {"1": {"output_tok_s": 20.0}, "4": {"output_tok_s": 70.0}},
+        "vllm-ngram:4": {"1": {"output_tok_s": 35.0}, "4": {"output_tok_s": 60.0}}}}))
     out = tmp_path / "spec.json"
     result = CliRunner().invoke(app, ["export", "--engine", "vllm", "--models", str(models), "--profile", str(profile),
                                       "--from-bench", str(bench), "--out", str(out)])
