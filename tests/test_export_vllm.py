@@ -3,6 +3,7 @@ the config `specdec export --engine vllm --from-bench` writes, per-batch-size ta
 accepted, and the server drafts with it. Slow (a server start-up, ~30 s to minutes)."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from typer.testing import CliRunner
@@ -53,11 +54,24 @@ def test_the_exported_vllm_config_starts_a_real_server_that_drafts(exported):
     with ManagedServer(ServerConfig("vllm-export", model_dir, "smol", config, threads=2)) as server:
         before = metrics.scrape(server.endpoint)
         outputs = [complete(server.endpoint, ids, 32) for _, ids in prompts]
-        window = metrics.scrape(server.endpoint).minus(before)
+        mid = metrics.scrape(server.endpoint)
+        window = mid.minus(before)
+        copy = prompts[0][1]
+        outputs.append(complete(server.endpoint, copy, 32, ignore_eos=True))
+        later = metrics.scrape(server.endpoint)
+        alone = later.minus(mid)
+        with ThreadPoolExecutor(8) as pool:  # 8 in flight: the table's K 0 row
+            outputs += pool.map(lambda ids: complete(server.endpoint, ids, 32, ignore_eos=True), [copy] * 8)
+        crowded = metrics.scrape(server.endpoint).minus(later)
         log = server.log_path.read_text(errors="replace")
     assert not [o.error for o in outputs if o.error]
     assert window.value(metrics.DRAFTS) > 0 and window.value(metrics.DRAFT_TOKENS) > 0
     assert "num_speculative_tokens_per_batch_size" in log  # the table reached the engine's config
+    # the engine follows the table: the copy prompt alone drafts (rows 1-3: K 4), eight copies at
+    # once hardly at all (row 4-256: K 0; only ramp-up and ramp-down steps run fewer than 4)
+    assert alone.value(metrics.DRAFTS) > 0
+    per_token = lambda w: w.value(metrics.DRAFTS) / w.value(metrics.GENERATION_TOKENS)  # noqa: E731
+    assert per_token(crowded) < 0.5 * per_token(alone), (per_token(crowded), per_token(alone))
 
 
 def test_the_exported_head_loads_in_vllm_as_eagle3_and_its_drafts_are_accepted(tmp_path):

@@ -175,3 +175,44 @@ def test_install_sh_builds_vllm_where_specdec_looks(env, monkeypatch):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert Path(shell) == vllm_env()
+
+
+def test_eagle3_and_config_modes(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"method": "ngram", "num_speculative_tokens": 4}')
+    modes = parse_modes(f"vllm-eagle3:3,vllm-config:{spec}")
+    assert [(m.name, m.method, m.k) for m in modes] == [("vllm-plain", "plain", 0), ("vllm-eagle3:3", "eagle3", 3),
+                                                        (f"vllm-config:{spec}", "config", 0)]
+    assert modes[2].config == spec
+    with pytest.raises(UserError, match="no such file .*specdec export --engine vllm --out"):
+        parse_modes(f"vllm-config:{tmp_path / 'missing.json'}")
+
+
+def test_a_config_file_is_vllms_speculative_config_or_empty(tmp_path):
+    from specdec_cli.serving.configs import read_speculative_config
+
+    good, empty, bad, broken = (tmp_path / n for n in ("good.json", "empty.json", "bad.json", "broken.json"))
+    good.write_text('{"method": "ngram", "num_speculative_tokens": 4}')
+    empty.write_text("{}\n")
+    bad.write_text('{"num_speculative_tokens": 4}')
+    broken.write_text("{")
+    assert read_speculative_config(good) == {"method": "ngram", "num_speculative_tokens": 4}
+    assert read_speculative_config(empty) is None  # no K pays: a plain server
+    with pytest.raises(UserError, match='with a "method"'):
+        read_speculative_config(bad)
+    with pytest.raises(UserError, match="not JSON"):
+        read_speculative_config(broken)
+
+
+def test_the_k_table_leaves_out_modes_whose_k_is_unknown():
+    from specdec_cli.serving.bench import report
+    from specdec_cli.serving.load import LevelRun
+
+    def run(tokens: int) -> LevelRun:
+        return LevelRun([(None, Completion(output_tokens=tokens, latency_s=1.0, ttft_s=0.1))], duration_s=1.0)
+
+    runs = {"vllm-plain": {1: [run(10)], 4: [run(30)]}, "vllm-ngram:4": {1: [run(15)], 4: [run(20)]},
+            "vllm-config:spec.json": {1: [run(16)], 4: [run(31)]}}
+    result = report(runs, [1, 4], None)
+    assert result["k_table"] == {"vllm-ngram": [[1, 3, 4], [4, 4, 0]]}
+    assert result["gain"]["vllm-config:spec.json"]["4"]["gain"] == pytest.approx(31 / 30, abs=1e-4)

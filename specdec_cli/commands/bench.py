@@ -76,7 +76,7 @@ def bench_command(
     threads: ThreadsOption = None,
     samples: Annotated[int, typer.Option("--samples", metavar="S", help="Runs per prompt and mode, with seeds seed, seed+1, … shared by all modes (paired).")] = 1,
     accept: AcceptOption = "exact",
-    engine: Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE", help="Benchmark a serving engine instead of this loop: 'vllm' starts one vLLM server per --modes entry (vllm-plain, vllm-ngram:K, vllm-draft:K; default vllm-plain,vllm-ngram:4) from vLLM's own environment (`bash install.sh vllm`; docs/engines.md) and stops them at the end.")] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE", help="Benchmark a serving engine instead of this loop: 'vllm' starts one vLLM server per --modes entry (vllm-plain, vllm-ngram:K, vllm-draft:K, vllm-eagle3:K with the pair's head exported once, vllm-config:FILE with a --speculative-config JSON such as `specdec export --out` writes; default vllm-plain,vllm-ngram:4) from vLLM's own environment (`bash install.sh vllm`; docs/engines.md) and stops them at the end.")] = None,
     server: Annotated[Optional[str], typer.Option("--server", metavar="URL", help="Benchmark an OpenAI-compatible server already running at URL (API key from $SPECDEC_API_KEY, never printed).")] = None,
     reference: Annotated[Optional[str], typer.Option("--reference", metavar="URL", help="With --server: the plain server it is compared with (the gain's denominator).")] = None,
     concurrency: Annotated[Optional[str], typer.Option("--concurrency", metavar="N,N,...", help="Engine bench, closed loop: requests kept in flight, one level each (default 1,4).")] = None,
@@ -86,6 +86,7 @@ def bench_command(
     plot: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE.png", help="Engine bench: draw the gain and the latency against the level.")] = None,
     port: Annotated[Optional[int], typer.Option("--port", metavar="P", help="Engine bench: the first managed server's port (the next ones count up; default: free ports).")] = None,
     requests: Annotated[Optional[int], typer.Option("--requests", metavar="N", help="Engine bench: requests per level, the prompts cycled or cut (default: every prompt, and at least 2 per request in flight).")] = None,
+    loop_modes: Annotated[str, typer.Option("--loop-modes", metavar="MODE,MODE,...", help="Engine bench with --engine: specdec's own loop on the concurrency-1 prompts after the servers stop, for reference ('none' to skip).")] = "plain,auto",
 ) -> None:
     """Measure speed, acceptance and latency per mode against plain decoding of the same target.
 
@@ -110,7 +111,7 @@ def bench_command(
         return engine_bench(engine=engine, server=server, reference=reference, prompts=prompts, modes=modes,
                             concurrency=concurrency, rate=rate, repeats=repeats, max_new_tokens=max_new_tokens, slo=slo,
                             json_out=json_out, markdown=markdown, plot=plot, models=models, pair=pair, target=target,
-                            draft=draft, threads=threads, port=port, requests=requests)
+                            draft=draft, threads=threads, port=port, requests=requests, loop=loop_modes)
     check_sampling(temperature, 0, 1.0)
     check_count("--samples", samples, 1)
     rule = accept_rule(accept)

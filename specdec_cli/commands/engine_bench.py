@@ -19,6 +19,7 @@ from ..prompts import read_file
 from .common import WRITE_FAILED, error_line, plain_console, resolve_pair, write_output
 
 ENGINES = ("vllm",)
+DEFAULT_LOOP = "plain,auto"  # specdec's own loop beside an engine bench: plain decoding and the default drafter
 DIED = 3  # a server died mid-run: the levels finished are written, exit 3
 
 
@@ -37,9 +38,14 @@ def check_engine(engine: str | None, server: str | None, reference: str | None) 
 
 
 def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency, rate, repeats, max_new_tokens,
-                 slo, json_out, markdown, plot, models, pair, target, draft, threads, port, requests) -> None:
+                 slo, json_out, markdown, plot, models, pair, target, draft, threads, port, requests,
+                 loop: str | None = DEFAULT_LOOP) -> None:
     check_engine(engine, server, reference)
+    from ..measure.bench import parse_modes as loop_modes
     from ..serving import bench as engine_bench_core
+    loop = None if loop in (None, "", "none") else loop
+    if loop:
+        loop_modes(loop)
     if rate and concurrency:
         raise UserError("--concurrency is a closed loop and --rate an open one: give one of them")
     levels_text = rate or concurrency or "1,4"
@@ -64,7 +70,8 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
                 "loop": "open (Poisson arrivals, requests/s)" if rate else "closed (requests in flight)", "slo_ms": slos}
     with ExitStack() as stack:
         if engine:
-            configs = serving_configs.server_configs(spec, chosen, threads, port)
+            configs = serving_configs.server_configs(spec, chosen, threads, port,
+                                                     eagle3_directory=lambda: served_eagle3(spec, progress))
             servers = serving_configs.start_all(stack, configs, progress)
             targets = {name: serving_configs.as_target(s) for name, s in servers.items()}
             manifest["engine"] = _engine_entry(servers)
@@ -81,12 +88,49 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
         except engine_bench_core.BenchInterrupted as exc:
             result, failure = exc.report, str(exc)
     result["manifest"] = manifest | {"target": _target_entry(spec, model_dir, threads), "machine": _machine()}
+    if engine and loop and not failure:  # after the servers stopped: nothing else runs while it is timed
+        result["own_loop"] = own_loop(spec, items, encoded, requests, max_new_tokens, threads, loop, progress)
     if failure:
         result["interrupted"] = failure
     _emit(result, json_out, markdown, plot)
     if failure:
         error_line(f"{failure}; the levels finished before it are written")
         raise typer.Exit(DIED)
+
+
+def served_eagle3(spec, progress) -> Path:
+    from ..export.served_head import eagle3_directory
+    from ..pairs.registry import HEAD
+
+    return eagle3_directory(spec.alternate(HEAD).head, progress)
+
+
+def own_loop(spec, items, encoded, count, max_new_tokens, threads, modes_text, progress) -> dict:
+    """specdec's own loop on the prompts of a concurrency-1 level (one request at a time),
+    greedy, for reference beside the engine: the pair's dtype, not the servers' float32, and it stops
+    at the end of an answer where the servers' requests ignore it (tok/s compare, lengths may not)."""
+    from ..decoding.runtime import prepare
+    from ..measure import bench
+    from ..pairs.profile import open_profile
+    from ..pairs.tokenization import encode_prompt
+    from ..runtime import threads as thread_policy
+    from ..serving.load import requests_for_level
+    from .common import sampling_params, warning_line
+
+    chosen = bench.parse_modes(modes_text)
+    wanted = dict.fromkeys(r.prompt_id for r in requests_for_level(encoded, 1, count))
+    prompts = [p for p in items if str(p.id) in wanted]
+    thread_policy.apply(threads)
+    watcher = open_profile(None, spec, warn=warning_line) if any(m.kind in bench.AUTO_KINDS for m in chosen) else None
+    progress(f"specdec's own loop ({', '.join(map(str, chosen))}, {spec.target.dtype}) on {len(prompts)} prompts, one at a time")
+    runtime = prepare(spec)
+    runner = bench.Bench(runtime, max_new_tokens, sampling_params(0.0, 0, 1.0), 0, watcher.profile if watcher else None, 1)
+    measured = bench.run(runner, chosen, prompts, lambda p: encode_prompt(runtime.tokenizer, p.text))
+    report = bench.report(measured, 1, 0)
+    keep = ("tokens_per_s", "speedup_vs_plain", "acceptance_rate", "mean_accepted_length", "completion_length",
+            "identical_to_plain", "wall_s")
+    return {"concurrency": 1, "dtype": spec.target.dtype, "prompts": len(prompts), "modes": {
+        mode: {k: figures.get(k) for k in keep} for mode, figures in report["modes"].items()}}
 
 
 def _engine_entry(servers) -> dict:
@@ -176,6 +220,14 @@ def summary_lines(result: dict) -> list[str]:
                                     else "the gain stays at or above 1 at every level measured"))
     for family, k_rows in result["k_table"].items():
         lines.append(f"{family}: num_speculative_tokens_per_batch_size {json.dumps(k_rows)}")
+    own = result.get("own_loop")
+    if own:
+        engine_plain = result["modes"].get("vllm-plain", {}).get("1", {}).get("output_tok_s")
+        shown = ", ".join(f"{mode} {f['tokens_per_s']:.1f} tok/s" + (f" ({f['speedup_vs_plain']:.2f}× its plain)" if mode != "plain" else "")
+                          for mode, f in own["modes"].items())
+        versus = f"; vllm-plain at concurrency 1: {engine_plain:.1f} tok/s" if engine_plain else ""
+        lines.append(f"specdec's own loop at concurrency 1 ({own['dtype']}, {own['prompts']} prompts, stops at the answer's "
+                     f"end): {shown}{versus}")
     return lines
 
 

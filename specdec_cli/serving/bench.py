@@ -6,6 +6,7 @@ per-batch-size K table the curve implies."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError
@@ -15,14 +16,16 @@ from .client import Endpoint, complete
 from .load import LevelRun, Request, ServerDied, level_figures, requests_for_level, run_level
 
 PLAIN = "vllm-plain"
-METHODS = {"ngram": "ngram", "draft": "draft_model"}  # mode prefix → vLLM's method (the export issue adds eagle3)
+METHODS = {"ngram": "ngram", "draft": "draft_model", "eagle3": "eagle3"}  # mode prefix → vLLM's method
+CONFIG = "vllm-config"  # vllm-config:FILE, a server started with the --speculative-config JSON in FILE
 
 
 @dataclass(frozen=True)
 class EngineMode:
-    name: str  # as written: vllm-plain, vllm-ngram:4, vllm-draft:3
-    method: str  # plain, or vLLM's speculative method
+    name: str  # as written: vllm-plain, vllm-ngram:4, vllm-draft:3, vllm-eagle3:3, vllm-config:spec.json
+    method: str  # plain, vLLM's speculative method, or "config" (the JSON in ``config``)
     k: int = 0
+    config: Path | None = None
 
     @property
     def family(self) -> str:
@@ -36,11 +39,17 @@ def parse_modes(text: str) -> list[EngineMode]:
         if part == PLAIN:
             modes.append(EngineMode(PLAIN, "plain"))
             continue
+        if part.startswith(CONFIG + ":"):
+            path = Path(part.partition(":")[2])
+            if not path.is_file():
+                raise UserError(f"--modes {part}: no such file {path} (write one with `specdec export --engine vllm --out FILE`)")
+            modes.append(EngineMode(part, "config", config=path))
+            continue
         prefix, _, k = part.partition(":")
         method = METHODS.get(prefix.removeprefix("vllm-")) if prefix.startswith("vllm-") else None
         if method is None or not k.isdigit() or not 1 <= int(k) <= MAX_K:
             raise UserError(f"--modes: unknown engine mode {part!r}; engine modes are {PLAIN}, vllm-ngram:K, "
-                            f"vllm-draft:K (K from 1 to {MAX_K})")
+                            f"vllm-draft:K, vllm-eagle3:K (K from 1 to {MAX_K}) and {CONFIG}:FILE")
         modes.append(EngineMode(part, method, int(k)))
     if not modes:
         raise UserError("--modes: give at least one engine mode")
@@ -148,8 +157,8 @@ def report(runs: dict[str, dict[int, list[LevelRun]]], levels: list[int], slos: 
                                            plain[str(lv)]["output_tok_s_repeats"]) for lv in done if str(lv) in plain}
         crossovers[mode] = stats.crossover(done, [gains[mode][str(lv)]["gain"] for lv in done if str(lv) in gains[mode]])
     tables = {}
-    for family in dict.fromkeys(m.split(":")[0] for m in gains if ":" in m):  # an attached server's K is unknown
-        by_k = {int(m.split(":")[1]): [gains[m].get(str(lv), {}).get("gain") for lv in done]
-                for m in gains if m.split(":")[0] == family}
+    fixed = {m: (m.split(":")[0], int(m.split(":")[1])) for m in gains if m.split(":")[-1].isdigit()}  # K known
+    for family in dict.fromkeys(f for f, _ in fixed.values()):
+        by_k = {k: [gains[m].get(str(lv), {}).get("gain") for lv in done] for m, (f, k) in fixed.items() if f == family}
         tables[family] = stats.k_table(done, by_k) if done else []
     return {"levels": done, "modes": modes, "gain": gains, "crossover": crossovers, "k_table": tables}

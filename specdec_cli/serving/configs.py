@@ -5,6 +5,7 @@ that every server sees the same tokens specdec's own loop would."""
 
 from __future__ import annotations
 
+import json
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Callable
 
 from ..errors import UserError
 from ..pairs.loading import transformers_directory
-from ..pairs.registry import MODEL, PairSpec
+from ..pairs.registry import HEAD, MODEL, PairSpec
 from .bench import EngineMode, Target
 from .server import ManagedServer, ServerConfig, speculative_config
 
@@ -25,16 +26,44 @@ def draft_directory(pair: PairSpec) -> Path:
 
 
 def server_configs(pair: PairSpec, modes: list[EngineMode], threads: int | None = None,
-                   port: int | None = None, max_model_len: int = 2048) -> dict[str, ServerConfig]:
-    """One server per mode; ``port`` is the first mode's, the next ones count up from it."""
+                   port: int | None = None, max_model_len: int = 2048,
+                   eagle3_directory: Callable[[], Path] | None = None) -> dict[str, ServerConfig]:
+    """One server per mode; ``port`` is the first mode's, the next ones count up from it.
+    ``eagle3_directory()`` gives the pair's head in vLLM's EAGLE-3 layout (export/ writes it)."""
     model_dir = transformers_directory(pair.target.source)
     configs = {}
     for index, mode in enumerate(modes):
-        draft = draft_directory(pair) if mode.method == "draft_model" else None
-        configs[mode.name] = ServerConfig(mode.name, model_dir, pair.name, speculative_config(mode.method, mode.k, draft),
+        if mode.method == "config":
+            speculative = read_speculative_config(mode.config)
+        else:
+            draft = (draft_directory(pair) if mode.method == "draft_model"
+                     else _eagle3(pair, eagle3_directory) if mode.method == "eagle3" else None)
+            speculative = speculative_config(mode.method, mode.k, draft)
+        configs[mode.name] = ServerConfig(mode.name, model_dir, pair.name, speculative,
                                           max_model_len=max_model_len, threads=threads,
                                           port=None if port is None else port + index)
     return configs
+
+
+def _eagle3(pair: PairSpec, eagle3_directory: Callable[[], Path] | None) -> Path:
+    if pair.alternate(HEAD) is None or eagle3_directory is None:
+        raise UserError(f"pair {pair.name} has no draft head for vllm-eagle3:K (add one under `drafters: head:`)")
+    return eagle3_directory()
+
+
+def read_speculative_config(path: Path) -> dict | None:
+    """A --speculative-config JSON file (`specdec export --engine vllm --out FILE`); an empty object
+    (no K pays) starts the server without speculation."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UserError(f"--modes vllm-config:{path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"--modes vllm-config:{path}: not JSON ({exc})") from None
+    if not isinstance(value, dict) or (value and "method" not in value):
+        raise UserError(f"--modes vllm-config:{path}: expected vLLM's --speculative-config object with a \"method\" "
+                        "(or {} for none)")
+    return value or None
 
 
 def start_all(stack: ExitStack, configs: dict[str, ServerConfig], progress: Callable[[str], None],
