@@ -36,6 +36,7 @@ def export(
     traffic: Annotated[Optional[str], typer.Option("--traffic", metavar="MIX", help="Share of output tokens per scenario, like code=0.6,chat=0.4: the scenario Ks are folded into the one K that makes this mix fastest (engines take one K for all requests). Default: the profile's K over all its calibration prompts.")] = None,
     from_bench: Annotated[Optional[Path], typer.Option("--from-bench", metavar="FILE", help="JSON of `specdec bench --engine vllm --concurrency ...`: K from the engine's own measured speed, and (vLLM) the per-batch-size K table from its concurrency levels.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="FILE", help="Write the engine's config file: vLLM's --speculative-config JSON, SGLang's adaptive config (else its command), the llama-server line, transformers' generation_config.json.")] = None,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", metavar="KIND", help="Which of the pair's drafters the engine runs: head (as eagle3), model (draft_model) or ngram. Default: the pair's default drafter.")] = None,
     draft_dir: Annotated[Optional[str], typer.Option("--draft-dir", metavar="DIR", help="Where the engine finds a draft head in EAGLE-3 layout (write it with `specdec export-head`). Default: PAIR-eagle3.")] = None,
     json_out: JsonOption = False,
     models: ModelsOption = None,
@@ -46,7 +47,7 @@ def export(
     the hardware and do not. Without --from-bench, K comes from specdec's own loop and the export
     warns how much the predicted speed-up depends on it. Engines take one K for all requests, so
     per-scenario Ks are folded by --traffic into the K that maximises the mix's expected tokens per
-    second; the output says what was folded.
+    second; the output says what was folded. With --from-bench a calibration profile is optional.
 
     Exit codes: 0 done; 2 bad input; 3 printed but --out could not be written.
     """
@@ -63,8 +64,8 @@ def export(
     if out is not None:
         check_writable(out, "--out")
     spec = resolve_pair(models, pair)
-    pair_profile, path = load_profile(profile, spec, warning_line)
-    plan = make_plan(engine, spec, pair_profile, path, shares, from_bench, draft_dir)
+    pair_profile, path = load_profile(profile, spec, warning_line, required=from_bench is None)
+    plan = make_plan(engine, spec, pair_profile, path, shares, from_bench, draft_dir, drafter)
     result = build(engine, plan, probe() if engine == "llama.cpp" else None,
                    str(out.expanduser().absolute()) if out else None)
     failed = out is not None and not write_output("--out", out, lambda: write_atomically(out, result.artifact))

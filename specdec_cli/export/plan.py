@@ -15,11 +15,15 @@ from .fold import Fold, fold, sensitivity
 VLLM_METHOD = {HEAD: "eagle3", MODEL: "draft_model", NGRAM: "ngram"}
 
 
-def load_profile(explicit: str | None, pair: PairSpec, warn) -> tuple[PairProfile, Path]:
+def load_profile(explicit: str | None, pair: PairSpec, warn, required: bool = True) -> tuple[PairProfile | None, Path]:
+    """The pair's calibration profile; ``required=False`` (an engine bench gives K) allows none,
+    unless one was named on the command line."""
     path = profile_path(explicit, pair)
     if explicit and not path.is_file():
         raise UserError(f"profile file not found: {path}")
     profile = read_profiles(path).get(section_name(pair))
+    if profile is None and not required and not explicit:
+        return None, path
     if profile is None:
         raise UserError(f"no profile of pair {section_name(pair)!r} in {path}; measure one with "
                         f"`specdec calibrate-k --pair {pair.name} --prompts FILE --write`")
@@ -58,18 +62,33 @@ def gguf_file(source) -> str:
     return model_directory(source)
 
 
-def make_plan(engine: str, pair: PairSpec, profile: PairProfile, profile_file: Path, shares: dict[str, float] | None,
-              bench: Path | None, eagle3_dir: str | None) -> Plan:
+def chosen_drafter(pair: PairSpec, kind: str | None) -> DrafterSpec:
+    """The pair's default drafter, or the one of ``kind`` it names (head, model, ngram)."""
+    if kind is None:
+        return pair.drafter
+    if kind not in VLLM_METHOD:
+        raise UserError(f"--drafter {kind!r}: choose one of {', '.join(VLLM_METHOD)}")
+    spec = pair.alternate(kind)
+    if spec is None:
+        raise UserError(f"--drafter {kind}: pair {pair.name} has no {kind} drafter (see its `drafters:` in models.yaml)")
+    return spec
+
+
+def make_plan(engine: str, pair: PairSpec, profile: PairProfile | None, profile_file: Path, shares: dict[str, float] | None,
+              bench: Path | None, eagle3_dir: str | None, drafter_kind: str | None = None) -> Plan:
     eagle3_dir = eagle3_dir or f"{pair.name}-eagle3"
     target = gguf_file(pair.target.source) if engine == "llama.cpp" else model_directory(pair.target.source)
-    drafter = engine_drafter(pair.drafter, eagle3_dir, model_directory)
+    spec = chosen_drafter(pair, drafter_kind)
+    drafter = engine_drafter(spec, eagle3_dir, model_directory)
     fallback = None
-    if pair.drafter.kind == HEAD:
+    if spec.kind == HEAD:
         fallback = engine_drafter(pair.alternate(MODEL), eagle3_dir, model_directory) or engine_drafter(pair.alternate(NGRAM), eagle3_dir, model_directory)
-    scenario_ks = {name: s.k for name, s in profile.scenarios.items()}
-    notes: list[str] = []
+    if profile is None and shares:
+        raise UserError(f"--traffic folds the profile's scenario Ks, and pair {pair.name} has no profile in {profile_file}")
+    scenario_ks = {name: s.k for name, s in profile.scenarios.items()} if profile else {}
+    notes: list[str] = [] if profile else [f"no calibration profile of {pair.name} in {profile_file}: K comes from the engine bench alone"]
     folded: Fold | None = fold(profile, shares) if shares else None
-    where = f"profile {profile_file} (pair {profile.pair!r}, calibrated {profile.calibrated})"
+    where = f"profile {profile_file} (pair {profile.pair!r}, calibrated {profile.calibrated})" if profile else ""
     if folded:
         notes.append(folded.describe())
     if bench is not None:

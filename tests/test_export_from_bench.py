@@ -1,0 +1,61 @@
+"""`specdec export --from-bench` without a calibration profile, and `--drafter` choosing which of
+the pair's drafters the engine runs: K and the per-batch-size table come from the engine bench."""
+
+import json
+
+from typer.testing import CliRunner
+
+from specdec_cli.cli import app
+
+
+def bench(tmp_path, rows):
+    modes: dict = {}
+    for mode, level, speed in rows:  # the shape `specdec bench --engine vllm --json` writes
+        modes.setdefault(mode, {})[str(level)] = {"output_tok_s": speed}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"levels": sorted({r[1] for r in rows}), "modes": modes}))
+    return path
+
+
+def export(pair_dir, tmp_path, *extra):
+    nowhere = tmp_path / "no-profile.yaml"  # the default location, empty
+    return CliRunner(env={"SPECDEC_PROFILE": str(nowhere)}).invoke(
+        app, ["export", "--models", str(pair_dir / "models.yaml"), "--engine", "vllm", "--json", *extra])
+
+
+def test_an_engine_bench_alone_is_enough_and_says_so(pair_dir, tmp_path):
+    rows = [("vllm-plain", 1, 20.0), ("vllm-ngram:4", 1, 30.0), ("vllm-plain", 8, 80.0), ("vllm-ngram:4", 8, 60.0)]
+    result = export(pair_dir, tmp_path, "--pair", "tiny-ngram", "--from-bench", str(bench(tmp_path, rows)))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 7, 4], [8, 256, 0]]
+    assert report["scenario_ks"] == {}
+    assert any(note.startswith("no calibration profile of tiny-ngram in ") for note in report["notes"])
+
+
+def test_without_a_bench_a_profile_is_still_required(pair_dir, tmp_path):
+    result = export(pair_dir, tmp_path, "--pair", "tiny-ngram")
+    assert result.exit_code == 2 and "no profile of pair" in result.output
+
+
+def test_drafter_picks_the_method_the_bench_measured(pair_dir, tmp_path):
+    rows = [("vllm-plain", 1, 20.0), ("vllm-draft:3", 1, 30.0), ("vllm-ngram:4", 1, 25.0)]
+    path = str(bench(tmp_path, rows))
+    result = export(pair_dir, tmp_path, "--pair", "tiny-alt", "--from-bench", path, "--drafter", "model")
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.stdout)["speculative_config"]
+    assert config["method"] == "draft_model" and config["model"] == str(pair_dir / "draft")
+    assert config["num_speculative_tokens"] == 3
+    result = export(pair_dir, tmp_path, "--pair", "tiny-alt", "--from-bench", path, "--drafter", "ngram")
+    assert json.loads(result.stdout)["speculative_config"]["method"] == "ngram"
+    result = export(pair_dir, tmp_path, "--pair", "tiny-ngram", "--from-bench", path, "--drafter", "head")
+    assert result.exit_code == 2 and "--drafter head: pair tiny-ngram has no head drafter" in result.output
+    result = export(pair_dir, tmp_path, "--pair", "tiny-alt", "--from-bench", path, "--drafter", "medusa")
+    assert result.exit_code == 2 and "--drafter 'medusa': choose one of head, model, ngram" in result.output
+
+
+def test_traffic_without_a_profile_is_refused(pair_dir, tmp_path):
+    rows = [("vllm-plain", 1, 20.0), ("vllm-ngram:4", 1, 30.0)]
+    result = export(pair_dir, tmp_path, "--pair", "tiny-ngram", "--from-bench", str(bench(tmp_path, rows)),
+                    "--traffic", "code=1")
+    assert result.exit_code == 2 and "--traffic folds the profile's scenario Ks" in result.output
