@@ -12,12 +12,12 @@ from .metrics import Snapshot
 def figures(cumulative: Snapshot, window: Snapshot) -> dict:
     """Figures over ``window`` (the difference of two snapshots), falling back to ``cumulative``
     for acceptance and latency where the window saw nothing."""
-    spec = window if window.value(metrics.DRAFTS) > 0 else cumulative
+    spec, scope = acceptance_scope(cumulative, window)
     sglang = cumulative.has(metrics.SGLANG["accept_length"])
     out = {
         "engine": "sglang" if sglang else "vllm",
         "window_s": round(window.taken, 3),
-        "acceptance_scope": "interval" if spec is window else "since start",
+        "acceptance_scope": scope,
         "acceptance": stats.acceptance(spec.value(metrics.DRAFTS), spec.value(metrics.DRAFT_TOKENS),
                                        spec.value(metrics.ACCEPTED), spec.per_position()),
         "generation_tok_s": round(window.value(metrics.GENERATION_TOKENS) / window.taken, 3) if window.taken > 0 else None,
@@ -34,6 +34,12 @@ def figures(cumulative: Snapshot, window: Snapshot) -> dict:
         out[name] = {f"p{q}_ms": _ms(stats.histogram_quantile(buckets, q / 100)) for q in (50, 90, 99)}
         out[name]["scope"] = "interval" if source is window else "since start"
     return out
+
+
+def acceptance_scope(cumulative: Snapshot, window: Snapshot) -> tuple[Snapshot, str]:
+    """The window when it drafted anything, else the server's whole life: what acceptance (and the
+    drafted K, drift.py) are measured over."""
+    return (window, "interval") if window.value(metrics.DRAFTS) > 0 else (cumulative, "since start")
 
 
 def _ms(seconds: float | None) -> float | None:
