@@ -9,12 +9,14 @@ from contextlib import ExitStack
 
 import pytest
 
+from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, write_profile
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.serving.bench import parse_modes
-from specdec_cli.serving.configs import server_configs, start_all
+from specdec_cli.serving.client import complete
+from specdec_cli.serving.configs import encode_prompts, server_configs, start_all
 from specdec_cli.serving.server import running_servers
 
-from vllm_support import error_lines, group_alive, require_vllm, specdec, write_prompts
+from vllm_support import PROMPTS, error_lines, group_alive, require_vllm, specdec, write_prompts
 
 TIMEOUT = 600  # seconds any one command may take on a loaded 2-core machine
 
@@ -93,6 +95,34 @@ def test_watch_once_json_reads_the_real_counters(servers):
     assert shown["acceptance"]["drafts"] > 0 and shown["acceptance"]["mean_acceptance_length"] > 1.0
     assert shown["running"] == 0 and shown["waiting"] == 0
     assert shown["ttft"]["p50_ms"] > 0 and shown["break_even"]["paying"] is None
+
+
+def test_watch_compares_the_server_with_its_export_and_profile(servers, tmp_path):
+    """`watch --export`: the K the server drafts (its counters) equals the exported K, and its α on copy
+    prompts is far above a profile calibrated at α 0, so the verdict is drift with the warning."""
+    server = servers["vllm-ngram:4"]
+    ids = encode_prompts(server.config.model_dir, [(p["id"], p["prompt"]) for p in PROMPTS])
+    done = [complete(server.endpoint, tokens, 48, ignore_eos=True) for _, tokens in ids]  # a few requests that draft
+    assert [c.error for c in done] == [None] * len(PROMPTS)
+    spec = tmp_path / "spec.json"  # what `specdec export --engine vllm --out` writes, for the server's K
+    spec.write_text(json.dumps({**server.config.speculative, "num_speculative_tokens_per_batch_size": [[1, 256, 4]]}))
+    profile = tmp_path / "profile.yaml"
+    calibrated = ScenarioProfile(k=4, verdict="speculate", best_k=4, speedup=1.2, alpha=0.0, c=0.0, verify_cost={4: 1.5})
+    write_profile(profile, PairProfile(pair="copy", calibrated="2026-12-01T00:00:00+00:00", target="t", draft="ngram",
+                                       scenarios={"copy": calibrated}, overall=calibrated,
+                                       settings={"prompt_count": 10, "max_new_tokens": 32, "k": "0,4"},
+                                       drafter={"kind": "ngram", "lookup": False, "source": "ngram 2-4"}))
+    watched = specdec("watch", server.endpoint.url, "--once", "--json", "--interval", "0.5", "--export", str(spec),
+                      "--profile", str(profile), timeout=120)
+    assert watched.returncode == 0, watched.stderr
+    shown = json.loads(watched.stdout)["recommendation"]
+    assert shown["recommended_k"] == 4 and shown["recommended_from"] == "table row [1, 256, 4]"
+    assert 3.5 <= shown["measured_k"] <= 4.0 and shown["agree"] is True  # draft tokens / drafts from the counters
+    drift = shown["drift"]
+    assert drift["draft_tokens"] >= drift["min_draft_tokens"] and drift["profile_interval"][0] == 0.0
+    assert drift["verdict"] == "above" and drift["warning"] is True and drift["interval"][0] > drift["profile_interval"][1]
+    assert drift["text"].startswith(f"traffic drifted: α {drift['alpha']:.2f} is above the profile's 0.00")
+    assert "specdec calibrate-k" in drift["text"]
 
 
 def test_watch_without_url_finds_the_server_specdec_started(servers, tmp_path):

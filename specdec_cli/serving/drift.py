@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from . import metrics
 from .metrics import Snapshot
 
-MIN_DRAFT_TOKENS = 100  # drafted tokens in the window below which α's interval is too wide to judge drift
+MIN_DRAFT_TOKENS = 100  # fewer drafted tokens in the window: too few to judge drift (100 judged give α about ±0.1)
 K_SLACK = 0.5  # a measured mean K this close to the recommendation agrees (n-gram drafts run short near a text's end)
 Z95 = 1.959964  # two-sided 95 % normal quantile
 INSIDE, ABOVE, BELOW, TOO_FEW, NO_PROFILE = "inside", "above", "below", "too few drafts to tell", "no profile"
