@@ -31,12 +31,12 @@ def prompts(tmp_path):
     (["bench", "--reference", "http://127.0.0.1:9"], {}, "--reference is the plain server --server is compared with: give --server too"),
     (["bench", "--engine", "vllm", "--server", "http://127.0.0.1:9"], {}, "--engine starts servers and --server attaches to one: give one of them"),
     (["bench", "--engine", "vllm", "--modes", "ngram:4"], {}, "--modes: unknown engine mode 'ngram:4'; engine modes are "
-     "vllm-plain, vllm-ngram:K, vllm-draft:K (K from 1 to 32)"),
+     "vllm-plain, vllm-ngram:K, vllm-draft:K, vllm-eagle3:K (K from 1 to 32) and vllm-config:FILE"),
     (["bench", "--engine", "vllm", "--concurrency", "1,x"], {}, "--concurrency '1,x': expected comma-separated positive integers"),
     (["bench", "--engine", "vllm", "--concurrency", "1", "--rate", "2"], {}, "--concurrency is a closed loop and --rate an open one: give one of them"),
     (["bench", "--engine", "vllm", "--slo", "ttft:fast"], {}, "--slo 'ttft:fast': expected ttft:MS, tpot:MS and/or e2el:MS, comma-separated"),
-    (["verify-equivalence", "--engine", "vllm"], {}, "--engine vllm needs --spec ngram:K or draft:K: the speculative server to check"),
-    (["verify-equivalence", "--engine", "vllm", "--spec", "plain"], {}, "--spec 'plain': expected ngram:K or draft:K (K from 1 to 32)"),
+    (["verify-equivalence", "--engine", "vllm"], {}, "--engine vllm needs --spec ngram:K, draft:K or eagle3:K: the speculative server to check"),
+    (["verify-equivalence", "--engine", "vllm", "--spec", "plain"], {}, "--spec 'plain': expected ngram:K, draft:K or eagle3:K (K from 1 to 32)"),
     (["verify-equivalence", "--server", "http://127.0.0.1:9"], {}, "--server is checked against a plain server: give --reference URL too"),
 ])
 def test_engine_option_mistakes_are_one_line_and_exit_2(prompts, args, env, message):

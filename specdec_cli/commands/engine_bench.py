@@ -74,7 +74,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
                                                      eagle3_directory=lambda: served_eagle3(spec, progress))
             servers = serving_configs.start_all(stack, configs, progress)
             targets = {name: serving_configs.as_target(s) for name, s in servers.items()}
-            manifest["engine"] = _engine_entry(servers)
+            manifest["engine"] = engine_entry(servers)
         else:
             targets = {}
             if reference:
@@ -133,7 +133,7 @@ def own_loop(spec, items, encoded, count, max_new_tokens, threads, modes_text, p
         mode: {k: figures.get(k) for k in keep} for mode, figures in report["modes"].items()}}
 
 
-def _engine_entry(servers) -> dict:
+def engine_entry(servers) -> dict:
     from ..serving.environment import engine_version, vllm_env
 
     return {"name": engine_version(), "environment": str(vllm_env()),

@@ -6,7 +6,10 @@ server's top-2 logprob margin; the check fails when the speculative server draft
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from contextlib import ExitStack
+from datetime import datetime, timezone
 from pathlib import Path
 
 import typer
@@ -19,7 +22,7 @@ from ..errors import UserError
 from ..limits import MAX_K, NEAR_TIE_TOLERANCE
 from ..prompts import read_file
 from .common import WRITE_FAILED, error_line, plain_console, resolve_pair, write_output
-from .engine_bench import check_engine
+from .engine_bench import check_engine, engine_entry, served_eagle3
 
 TOP_LOGPROBS = 2  # the reference's top-2 at every position: the margin that classifies a divergence
 
@@ -30,7 +33,7 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
     if server and not reference:
         raise UserError("--server is checked against a plain server: give --reference URL too")
     if engine and not spec_text:
-        raise UserError("--engine vllm needs --spec ngram:K or draft:K: the speculative server to check")
+        raise UserError("--engine vllm needs --spec ngram:K, draft:K or eagle3:K: the speculative server to check")
     from ..serving.bench import PLAIN, parse_modes
 
     try:
@@ -38,7 +41,7 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
         if engine and len(modes) < 2:
             raise UserError("plain")
     except UserError:
-        raise UserError(f"--spec {spec_text!r}: expected ngram:K or draft:K (K from 1 to {MAX_K})") from None
+        raise UserError(f"--spec {spec_text!r}: expected ngram:K, draft:K or eagle3:K (K from 1 to {MAX_K})") from None
     if concurrency < 2:
         raise UserError(f"--concurrency is the higher level checked besides 1: at least 2, got {concurrency}")
     if tolerance is not None and tolerance <= 0:
@@ -57,14 +60,20 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
 
     model_dir = transformers_directory(spec.target.source)
     encoded = serving_configs.encode_prompts(model_dir, [(str(p.id), p.text) for p in items], raw)
+    manifest = {"command": "specdec " + shlex.join(sys.argv[1:]),
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     with ExitStack() as stack:
         if engine:
-            configs = serving_configs.server_configs(spec, modes, threads)
-            servers = serving_configs.start_all(stack, configs, serving_configs.progress_line)
+            progress = serving_configs.progress_line
+            configs = serving_configs.server_configs(spec, modes, threads,
+                                                     eagle3_directory=lambda: served_eagle3(spec, progress))
+            servers = serving_configs.start_all(stack, configs, progress)
             plain_end, spec_end = servers[PLAIN].endpoint, servers[modes[1].name].endpoint
             label = modes[1].name
+            manifest["engine"] = engine_entry(servers)
         else:
             plain_end, spec_end, label = attach(reference), attach(server), server
+            manifest["engine"] = {"attached": {PLAIN: plain_end.url, "server": spec_end.url}}
         levels = {}
         try:
             for level in (1, concurrency):
@@ -80,7 +89,8 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
             raise UserError(f"a server stopped answering mid-check: {exc}") from None
     equivalent, verdict = decide(levels, strict)
     result = {"pair": spec.name, "speculative": label, "prompts": len(encoded), "max_new_tokens": max_new_tokens,
-              "tolerance": tolerance, "strict": strict, "levels": levels, "equivalent": equivalent, "verdict": verdict}
+              "tolerance": tolerance, "strict": strict, "levels": levels, "equivalent": equivalent, "verdict": verdict,
+              "manifest": manifest}
     if json_out:
         print(json.dumps(result), flush=True)
     else:
