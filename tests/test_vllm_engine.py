@@ -102,7 +102,7 @@ def test_watch_compares_the_server_with_its_export_and_profile(servers, tmp_path
     prompts is far above a profile calibrated at α 0, so the verdict is drift with the warning."""
     server = servers["vllm-ngram:4"]
     ids = encode_prompts(server.config.model_dir, [(p["id"], p["prompt"]) for p in PROMPTS])
-    done = [complete(server.endpoint, tokens, 48, ignore_eos=True) for _, tokens in ids]  # a few requests that draft
+    done = [complete(server.endpoint, tokens, 96, ignore_eos=True) for _, tokens in ids]  # three requests that draft
     assert [c.error for c in done] == [None] * len(PROMPTS)
     spec = tmp_path / "spec.json"  # what `specdec export --engine vllm --out` writes, for the server's K
     spec.write_text(json.dumps({**server.config.speculative, "num_speculative_tokens_per_batch_size": [[1, 256, 4]]}))
