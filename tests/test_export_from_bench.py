@@ -31,6 +31,7 @@ def test_an_engine_bench_alone_is_enough_and_says_so(pair_dir, tmp_path):
     assert report["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 7, 4], [8, 256, 0]]
     assert report["scenario_ks"] == {}
     assert any(note.startswith("no calibration profile of tiny-ngram in ") for note in report["notes"])
+    assert report["profile"] is None  # what `watch --export` would judge drift against: nothing
 
 
 def test_without_a_bench_a_profile_is_still_required(pair_dir, tmp_path):
@@ -59,3 +60,17 @@ def test_traffic_without_a_profile_is_refused(pair_dir, tmp_path):
     result = export(pair_dir, tmp_path, "--pair", "tiny-ngram", "--from-bench", str(bench(tmp_path, rows)),
                     "--traffic", "code=1")
     assert result.exit_code == 2 and "--traffic folds the profile's scenario Ks" in result.output
+
+
+def test_the_json_names_the_profile_it_used(pair_dir, tmp_path):
+    from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, drafter_identity, write_profile
+    from specdec_cli.pairs.registry import load_registry
+
+    pair = load_registry(pair_dir / "models.yaml").pair("tiny-ngram")
+    section = ScenarioProfile(k=4, verdict="speculate", best_k=4, speedup=1.5, alpha=0.7, c=0.02, verify_cost={4: 1.4})
+    profile = tmp_path / "profile.yaml"
+    write_profile(profile, PairProfile("tiny-ngram", "2026-12-01T09:00:00+00:00", str(pair.target.source), "ngram",
+                                       {"chat": section}, section, drafter=drafter_identity(pair)))
+    result = export(pair_dir, tmp_path, "--pair", "tiny-ngram", "--profile", str(profile))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["profile"] == {"path": str(profile), "section": "tiny-ngram"}

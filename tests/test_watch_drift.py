@@ -213,6 +213,8 @@ def test_profile_named_by_the_export_or_given(tmp_path):
     assert command._calibrated(str(profile), EXPORT["speculative_config"]).band == found.band  # --out file, --profile
     missing = command._calibrated(None, {**EXPORT, "origin": f"profile {tmp_path}/none.yaml (pair 'p', calibrated x)"})
     assert missing.band is None and missing.about == f"no calibration profile at {tmp_path}/none.yaml"
+    recorded = {**EXPORT, "profile": {"path": str(profile), "section": "smollm2-135m@int4"}}  # export --json's own field
+    assert command._calibrated(None, recorded).band == found.band
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

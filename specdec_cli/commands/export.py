@@ -57,6 +57,7 @@ def export(
     from ..export.fold import parse_traffic
     from ..export.llama_flags import probe
     from ..export.plan import load_profile, make_plan
+    from ..pairs.profile import section_name
 
     shares = parse_traffic(traffic) if traffic is not None else None
     if from_bench is not None and not from_bench.is_file():
@@ -71,7 +72,8 @@ def export(
     failed = out is not None and not write_output("--out", out, lambda: write_atomically(out, result.artifact))
     if json_out:
         print(json.dumps({"engine": result.engine, "pair": plan.pair, "k": plan.k, "origin": plan.origin,
-                          "scenario_ks": plan.scenario_ks, "per_batch_size": plan.table, "commands": list(result.commands),
+                          "scenario_ks": plan.scenario_ks, "per_batch_size": plan.table,
+                          "profile": {"path": str(path), "section": section_name(spec)} if pair_profile else None, "commands": list(result.commands),
                           "notes": list(result.notes), **result.extra, "out": str(out) if out and not failed else None}, indent=2))
     else:
         console = plain_console()

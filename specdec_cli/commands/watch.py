@@ -143,7 +143,11 @@ def _calibrated(explicit: str | None, data) -> Calibrated:
     from ..pairs.profile import profile_path, read_profiles, section_name
     from ..serving.drift import profile_band
 
-    named = ORIGIN.search(str(data.get("origin", ""))) if isinstance(data, dict) else None
+    named = None
+    if isinstance(data, dict):  # the export's own record of its profile, else the one its origin names
+        recorded = data.get("profile")
+        named = recorded if isinstance(recorded, dict) and {"path", "section"} <= set(recorded) else \
+            ORIGIN.search(str(data.get("origin", "")))
     path = Path(explicit).expanduser() if explicit else Path(named["path"]) if named else None
     if explicit and not path.is_file():
         raise UserError(f"--profile file not found: {path}")
