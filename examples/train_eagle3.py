@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from specdec_cli.export.eagle3 import load_eagle3, save_eagle3
+from specdec_cli.export.head_export import aux_states, target_forward
 from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.registry import load_registry
 
@@ -42,18 +43,8 @@ def sequences(paths, limit: int, seed: int = 0) -> list[tuple[list[int], int]]:
 
 def teacher(model, head, ids: list[int], start: int, top: int = 32):
     """Per position: vLLM's aux states, the embeddings, the target's top draft-vocabulary log-probs."""
-    caught = []
-    hook = model.model.layers[-1].register_forward_hook(
-        lambda module, args, output: caught.append(output[0] if isinstance(output, tuple) else output))
-    try:
-        with torch.no_grad():
-            out = model(torch.tensor([ids]), output_hidden_states=True)
-    finally:
-        hook.remove()
-    hidden = (*(h[0].float() for h in out.hidden_states), caught[-1][0].float())
-    aux_ids = head.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-    aux = torch.cat([hidden[i] if i < len(hidden) - 2 else hidden[-1] for i in aux_ids], dim=-1)
-    logits = out.logits[0].float()
+    hidden, logits = target_forward(model, ids, for_training=True)  # no_grad: fc trains on these states
+    aux = aux_states(hidden, head.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     allowed = head.d2t + torch.arange(head.d2t.numel())
     logp = torch.log_softmax(logits[:, allowed], dim=-1)
     values, index = logp.topk(top, dim=-1)

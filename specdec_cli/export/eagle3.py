@@ -17,9 +17,12 @@ post-attention norm, the target's lm_head rows (``top_vocab`` as the draft vocab
 norm (a positive scale, which leaves the greedy argmax alone), the aux layers 2 and 15 (transformers'
 ``hidden_states[i]`` is vLLM's aux i). Where they do not, ``map_head`` approximates with scales
 measured on the target's own states (``Stats``): the post-norm last state (``-1``, mapped to vLLM's
-pre-norm aux L), the norm of the sum against vLLM's two norms, the residual (vLLM's lacks fc's
-embedding part and bias), and the feedback (vLLM's skips fc). A head trained in this layout
-(examples/train_eagle3.py) needs no such approximation.
+pre-norm aux L), the norm of the sum against vLLM's two norms, and the residual (vLLM's is h alone).
+Which space vLLM's h stands for (``map_head``'s ``space``) decides the rest: specdec's fc output
+("fc": the residual keeps fc's feature half, but a drafted position, fed the raw output as h, skips
+it) or specdec's fused feature ("feature": drafted positions are fed back exactly as specdec's are;
+the residual lacks fc entirely). benchmarks/export/eagle3_gap.py prices each approximation. A head
+trained in this layout (examples/train_eagle3.py) needs no such approximation.
 """
 
 from __future__ import annotations
@@ -174,11 +177,25 @@ class Stats:
     embed_over_x: float  # rms(embedding) / rms(x), x = specdec's fc output
     hidden_over_x: float  # rms(h) / rms(x), h = vLLM's combined state
     inverse_x: float  # 1 / rms(x)
+    feature_over_x: float | None = None  # rms(f) / rms(x), f = specdec's fused feature (the "feature" space)
+
+
+SPACES = ("fc", "feature")
 
 
 def map_head(specdec: dict[str, torch.Tensor], feature_layers: tuple[int, ...], config: dict, final_norm: torch.Tensor,
-             lm_rows: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, stats: Stats) -> Eagle3Head:
-    """specdec's head weights (decoding/head.py's state dict) → an Eagle3Head (see the module docstring)."""
+             lm_rows: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, stats: Stats, space: str = "fc") -> Eagle3Head:
+    """specdec's head weights (decoding/head.py's state dict) → an Eagle3Head (see the module docstring).
+
+    ``space``: what vLLM's h stands for. "fc": specdec's fc applied to the fused feature (fc's
+    feature half folded into vLLM's fc), so a drafted position, fed the layer's output as h, skips
+    that half. "feature": specdec's fused feature itself (fc's feature half folded into q/k/v), the
+    space specdec's drafted positions feed back in too, so the feedback is exact and only the
+    residual (h instead of fc's whole sum) is approximated."""
+    if space not in SPACES:
+        raise ValueError(f"space must be one of {SPACES}, not {space!r}")
+    if space == "feature" and stats.feature_over_x is None:
+        raise ValueError("the feature space needs Stats.feature_over_x")
     h = config["hidden_size"]
     head = Eagle3Head(config)
     fc_w, fc_b = specdec["fc.weight"], specdec["fc.bias"]
@@ -191,12 +208,14 @@ def map_head(specdec: dict[str, torch.Tensor], feature_layers: tuple[int, ...], 
     s = {"q": specdec["layer.self_attn.q_proj.weight"], "k": specdec["layer.self_attn.k_proj.weight"],
          "v": specdec["layer.self_attn.v_proj.weight"]}
     with torch.no_grad():
-        head.fc.weight.copy_(feature_part @ torch.cat(columns, dim=1))
+        fused = torch.cat(columns, dim=1)
+        head.fc.weight.copy_(feature_part @ fused if space == "fc" else fused)
         attn = head.midlayer.self_attn
         for name, weight in s.items():
             scaled = weight * w_in[None]
             proj = getattr(attn, f"{name}_proj")
-            proj.weight.copy_(torch.cat([scaled @ embed_part * stats.embed_over_x, scaled * stats.hidden_over_x], dim=1))
+            hidden = scaled * stats.hidden_over_x if space == "fc" else scaled @ feature_part * stats.feature_over_x
+            proj.weight.copy_(torch.cat([scaled @ embed_part * stats.embed_over_x, hidden], dim=1))
             if proj.bias is not None:
                 proj.bias.copy_(scaled @ fc_b * stats.inverse_x)
         attn.o_proj.weight.copy_(specdec["layer.self_attn.o_proj.weight"])

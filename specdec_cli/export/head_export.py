@@ -56,25 +56,38 @@ def sample_ids(directory: Path, tokenizer, count: int = 12) -> list[list[int]]:
     return [encode_prompt(tokenizer, text, False) for text in (texts or FALLBACK_TEXTS)]
 
 
-def target_states(model, ids: list[int]) -> tuple[torch.Tensor, ...]:
+def target_forward(model, ids: list[int], for_training: bool = False) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """transformers' hidden_states (each (T, H)) and, appended, the last layer's output before the
-    final norm (vLLM's aux L), caught by a hook: transformers hands only the normed one."""
+    final norm (vLLM's aux L), caught by a hook (transformers hands only the normed one); and the
+    (T, vocab) logits. ``for_training``: under no_grad rather than inference_mode, because
+    inference-mode tensors cannot be saved for backward and a head trained on these states needs that."""
     caught = []
     hook = model.model.layers[-1].register_forward_hook(
         lambda module, args, output: caught.append(output[0] if isinstance(output, tuple) else output))
     try:
-        with torch.inference_mode():
+        with torch.no_grad() if for_training else torch.inference_mode():
             out = model(torch.tensor([ids]), output_hidden_states=True)
     finally:
         hook.remove()
-    return (*(h[0].float() for h in out.hidden_states), caught[-1][0].float())
+    return (*(h[0].float() for h in out.hidden_states), caught[-1][0].float()), out.logits[0].float()
+
+
+def target_states(model, ids: list[int]) -> tuple[torch.Tensor, ...]:
+    """target_forward's states alone."""
+    return target_forward(model, ids)[0]
+
+
+def aux_states(hidden: tuple[torch.Tensor, ...], aux_ids: list[int]) -> torch.Tensor:
+    """vLLM's concatenated aux states from target_forward's: id i is hidden_states[i], id L the
+    appended pre-norm last state."""
+    return torch.cat([hidden[i] if i < len(hidden) - 2 else hidden[-1] for i in aux_ids], dim=-1)
 
 
 @torch.no_grad()
 def measure_stats(spec: dict[str, torch.Tensor], feature_layers, states: list, embed) -> Stats:
     """The magnitudes map_head needs, averaged over positions of the sample prompts."""
     h = spec["fc.weight"].shape[0]
-    last, over_e, over_h, inverse = [], [], [], []
+    last, over_e, over_h, inverse, over_f = [], [], [], [], []
     for hidden, ids in states:
         last.append(hidden[-1].pow(2).mean(-1).sqrt())
         feature = torch.cat([hidden[:-1][i] for i in feature_layers], dim=-1)[:-1]
@@ -84,8 +97,9 @@ def measure_stats(spec: dict[str, torch.Tensor], feature_layers, states: list, e
         h0 = fused @ spec["fc.weight"][:, h:].T
         norm = lambda t: t.pow(2).mean(-1).sqrt()
         over_e.append(norm(e) / norm(x)), over_h.append(norm(h0) / norm(x)), inverse.append(1 / norm(x))
+        over_f.append(norm(fused) / norm(x))
     mean = lambda parts: float(torch.cat(parts).mean())
-    return Stats(mean(last), mean(over_e), mean(over_h), mean(inverse))
+    return Stats(mean(last), mean(over_e), mean(over_h), mean(inverse), mean(over_f))
 
 
 def agreement(model, spec_head: DraftHead, eagle, feature_layers, aux_ids, states: list, embed) -> tuple[float, float, int]:
@@ -99,7 +113,7 @@ def agreement(model, spec_head: DraftHead, eagle, feature_layers, aux_ids, state
             feature = torch.cat([hidden[:-1][i] for i in feature_layers], dim=-1)[:-1]
             guess = spec_head(e[None], spec_head.fused(feature)[None])[0]
             spec_top = allowed[(guess @ rows.T).argmax(-1)]
-            aux = torch.cat([hidden[i] if i < len(hidden) - 2 else hidden[-1] for i in aux_ids], dim=-1)[:-1]
+            aux = aux_states(hidden, aux_ids)[:-1]
             prenorm = eagle(e, eagle.combine(aux))
             eagle_top = eagle.target_logits(prenorm).argmax(-1)
             want = _greedy(model, ids)[1:]
@@ -114,8 +128,9 @@ def _greedy(model, ids) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0].argmax(-1)
 
 
-def export_head(directory: Path, out: Path, fmt: str, load_target) -> HeadExport:
-    """Write ``out`` from the head in ``directory``; ``load_target(source)`` gives (model, tokenizer)."""
+def export_head(directory: Path, out: Path, fmt: str, load_target, space: str = "fc") -> HeadExport:
+    """Write ``out`` from the head in ``directory``; ``load_target(source)`` gives (model, tokenizer);
+    ``space``: eagle3.map_head's."""
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     meta, spec = read_head(directory)
@@ -134,12 +149,12 @@ def export_head(directory: Path, out: Path, fmt: str, load_target) -> HeadExport
     states = [(target_states(model, ids), ids) for ids in sample_ids(directory, tokenizer)]
     stats = measure_stats(spec, feature_layers, states, embed)
     allowed = d2t + torch.arange(d2t.numel())
-    eagle = map_head(spec, feature_layers, config, final_norm, output_weight(model)[allowed].detach().float(), d2t, t2d, stats)
+    eagle = map_head(spec, feature_layers, config, final_norm, output_weight(model)[allowed].detach().float(), d2t, t2d, stats, space)
     spec_head = DraftHead(meta["layer"], feature_layers).eval()
     spec_head.load_state_dict(spec)
     kept, mapped, positions = agreement(model, spec_head, eagle, feature_layers, aux_ids, states, embed)
     provenance = {"from": str(directory), "target": meta["target"], "feature_layers": list(feature_layers),
-                  "aux_layer_ids": aux_ids, "stats": stats.__dict__, "map": "approximate (specdec_cli/export/eagle3.py)",
+                  "aux_layer_ids": aux_ids, "stats": stats.__dict__, "map": f"approximate (specdec_cli/export/eagle3.py), h in the {space!r} space",
                   "teacher_forced_agreement": {"specdec_head": round(kept, 4), "exported": round(mapped, 4), "positions": positions}}
     save_eagle3(Path(out), eagle, provenance)
     return HeadExport(Path(out), aux_ids, d2t.numel(), kept, mapped, positions)
