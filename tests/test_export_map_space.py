@@ -51,7 +51,7 @@ def vllm_q(eagle, embed: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 def test_a_drafted_position_reads_what_specdec_reads_only_in_the_feature_space(space, drafted_exact):
     head, state = spec_head()
     eagle = mapped(state, space)
-    embed, guess, fused = torch.randn(4, H), torch.randn(4, H), torch.randn(4, H)
+    embed, guess = torch.randn(4, H), torch.randn(4, H)
     assert torch.allclose(vllm_q(eagle, embed, guess), specdec_q(head, embed, guess), atol=1e-4) is drafted_exact
 
 
