@@ -74,3 +74,19 @@ def test_the_json_names_the_profile_it_used(pair_dir, tmp_path):
     result = export(pair_dir, tmp_path, "--pair", "tiny-ngram", "--profile", str(profile))
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["profile"] == {"path": str(profile), "section": "tiny-ngram"}
+
+
+def test_an_ngram_export_keeps_the_lookup_bounds_the_bench_measured(pair_dir, tmp_path):
+    rows = [("vllm-plain", 1, 20.0), ("vllm-ngram:4", 1, 30.0), ("vllm-plain", 4, 70.0), ("vllm-ngram:4", 4, 60.0)]
+    path = bench(tmp_path, rows)
+    data = json.loads(path.read_text())
+    measured = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    data["manifest"] = {"engine": {"servers": {"vllm-plain": {"arguments": ["--model", "m"]}, "vllm-ngram:4": {
+        "arguments": ["--model", "m", "--speculative-config", json.dumps(measured)]}}}}
+    path.write_text(json.dumps(data))
+    result = export(pair_dir, tmp_path, "--pair", "tiny-ngram", "--from-bench", str(path))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    config = report["speculative_config"]
+    assert (config["prompt_lookup_min"], config["prompt_lookup_max"]) == (2, 4)  # the pair's own are 1-3
+    assert "prompt lookup 2-4 as the engine bench measured it (the pair's own bounds are 1-3)" in report["notes"]

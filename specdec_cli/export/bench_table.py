@@ -86,6 +86,24 @@ def read_levels(path: Path, method: str) -> list[Level]:
     return levels
 
 
+def measured_lookup_bounds(path: Path) -> tuple[int, int] | None:
+    """The prompt-lookup bounds the bench's ngram servers ran with (its manifest keeps every server's
+    arguments), so that an export from it configures what was measured; None when it does not say."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    servers = (((data.get("manifest") or {}).get("engine") or {}).get("servers") or {}) if isinstance(data, dict) else {}
+    for mode, server in sorted(servers.items()):
+        arguments = (server or {}).get("arguments") or []
+        if "--speculative-config" not in arguments[:-1]:
+            continue
+        try:
+            config = json.loads(arguments[arguments.index("--speculative-config") + 1])
+        except (json.JSONDecodeError, TypeError):
+            continue
+        if isinstance(config, dict) and config.get("method") == "ngram" and {"prompt_lookup_min", "prompt_lookup_max"} <= set(config):
+            return int(config["prompt_lookup_min"]), int(config["prompt_lookup_max"])
+    return None
+
+
 def _aliases(method: str) -> tuple[str, ...]:
     """The bench's mode names for a vLLM method (vllm-draft:K is draft_model)."""
     return {"draft_model": ("draft", "draft_model"), "eagle3": ("eagle3", "eagle", "head")}.get(method, (method,))

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UserError
 from ..pairs.profile import PairProfile, profile_path, read_profiles, section_name
 from ..pairs.registry import HEAD, MODEL, NGRAM, DrafterSpec, PairSpec
-from .bench_table import read_levels, table
+from .bench_table import measured_lookup_bounds, read_levels, table
 from .engines import Drafter, Plan
 from .fold import Fold, fold, sensitivity
 
@@ -93,6 +94,11 @@ def make_plan(engine: str, pair: PairSpec, profile: PairProfile | None, profile_
         notes.append(folded.describe())
     if bench is not None:
         levels = read_levels(bench, VLLM_METHOD[drafter.kind])
+        bounds = measured_lookup_bounds(bench) if drafter.kind == NGRAM else None
+        if bounds and bounds != (drafter.min_ngram, drafter.max_ngram):
+            notes.append(f"prompt lookup {bounds[0]}-{bounds[1]} as the engine bench measured it (the pair's own "
+                         f"bounds are {drafter.min_ngram}-{drafter.max_ngram})")
+            drafter = replace(drafter, min_ngram=bounds[0], max_ngram=bounds[1])
         first = levels[0]
         k = first.best_k
         origin = (f"K {k} from the engine bench {bench}: the engine's own measured speed at concurrency "
