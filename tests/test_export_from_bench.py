@@ -30,6 +30,7 @@ def test_an_engine_bench_alone_is_enough_and_says_so(pair_dir, tmp_path):
     report = json.loads(result.stdout)
     assert report["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 7, 4], [8, 256, 0]]
     assert report["scenario_ks"] == {}
+    assert report["notes"][-1].startswith("a K 0 row stops the drafting, not the cost of the speculative path")
     assert any(note.startswith("no calibration profile of tiny-ngram in ") for note in report["notes"])
     assert report["profile"] is None  # what `watch --export` would judge drift against: nothing
 

