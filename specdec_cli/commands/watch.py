@@ -15,7 +15,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from ..errors import UserError
+from ..errors import UserError, read_json
 from .common import plain_console, resolve_pair, stderr_console, user_errors
 
 
@@ -112,12 +112,7 @@ def _read_curve(path: Path) -> dict:
 def _read_export(path: Path):
     from ..serving.drift import schedule_from
 
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UserError(f"--export {path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"--export {path}: not JSON ({exc})") from None
+    data = read_json(path, "--export")
     try:
         return data, schedule_from(data)
     except ValueError as exc:

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, read_json
 
 LAST_BATCH = 256  # vLLM's default --max-num-seqs: the last range reaches it
 PLAIN = "plain"
@@ -67,12 +67,7 @@ def table(levels: list[Level], last_batch: int = LAST_BATCH) -> list[list[int]]:
 def read_levels(path: Path, method: str) -> list[Level]:
     """The levels of an engine bench JSON for one drafting method (vLLM's name: ngram, draft_model,
     eagle3) beside plain. Reads the engine bench's ``modes: {MODE: {LEVEL: {output_tok_s}}}``."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UserError(f"--from-bench {path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"--from-bench {path}: not JSON ({exc})") from None
+    data = read_json(path, "--from-bench")
     by_level: dict[int, dict[int, float]] = {}
     for concurrency, mode, speed in _rows(data):
         parsed = mode_k(mode)

@@ -5,13 +5,12 @@ that every server sees the same tokens specdec's own loop would."""
 
 from __future__ import annotations
 
-import json
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable
 
-from ..errors import UserError
+from ..errors import UserError, read_json
 from ..pairs.loading import transformers_directory
 from ..pairs.registry import HEAD, MODEL, PairSpec
 from .bench import EngineMode, Target
@@ -54,12 +53,7 @@ def _eagle3(pair: PairSpec, eagle3_directory: Callable[[], Path] | None) -> Path
 def read_speculative_config(path: Path) -> dict | None:
     """A --speculative-config JSON file (`specdec export --engine vllm --out FILE`); an empty object
     (no K pays) starts the server without speculation."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UserError(f"--modes vllm-config:{path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"--modes vllm-config:{path}: not JSON ({exc})") from None
+    value = read_json(path, "--modes vllm-config")
     if not isinstance(value, dict) or (value and "method" not in value):
         raise UserError(f"--modes vllm-config:{path}: expected vLLM's --speculative-config object with a \"method\" "
                         "(or {} for none)")
