@@ -109,7 +109,8 @@ def generate(
     watcher = _profile_watcher(spec, fixed_k, profile, console)
     live = not json_lines and console.is_terminal
     with console.status(f"loading {spec.name}…") if live else nullcontext():
-        runtime = prepare(spec)
+        # -k 0 loads no drafter; decoding needs no transformers model class (pairs/loading.py)
+        runtime = prepare(spec, drafting=fixed_k != 0, lean=True)
     controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
     if isinstance(tree, int):
         from ..decoding.runtime import as_tree
@@ -167,7 +168,8 @@ def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, 
             emitted += event.emitted
         stats.finish()
     else:
-        title = f"{runtime.pair.name} · {runtime.drafter.name} drafter · prompt {item.id}"
+        drafting = f"{runtime.drafter.name} drafter" if runtime.drafter is not None else "plain decoding"
+        title = f"{runtime.pair.name} · {drafting} · prompt {item.id}"
         with LiveView(console, tokenizer, title) as view:  # transient: gone when the prompt is done
             for event in events:
                 stats.add(event)

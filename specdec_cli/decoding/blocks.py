@@ -15,14 +15,17 @@ import hashlib
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import transformers
-from transformers import PreTrainedModel
 
 from ..pairs.manifest import cpu_name
 from .kv import crop_cache, input_device, reserved_cache
 from .tree import Tree
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 MEASURED_LENGTHS = 10  # blocks of 1..10 tokens: K up to 9, where speculation on a CPU can pay
 MEASURE_TRIES = 3  # measurements before giving up on a busy machine (``disturbed``)

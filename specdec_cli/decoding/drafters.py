@@ -8,15 +8,17 @@ then verifies what it got. Which tokens survive is never the drafter's business.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
-from transformers import PreTrainedModel
 
 from .acceptance import SamplingParams, distribution
 from .control.gate import DraftGate, confidence
 from .kv import crop_cache, input_device, reserved_cache
 from .tree import TreeShape
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass

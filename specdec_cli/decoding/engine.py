@@ -16,10 +16,10 @@ K = 0 is plain decoding through the very same loop, which is what makes the two 
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicCache
 
 from ..errors import UserError
 from ..limits import MAX_K
@@ -30,6 +30,9 @@ from .events import RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
 from .schedule import FixedK, KSchedule
 from .tree import Tree, TreeShape, greedy_tree_accept, tree_sample_accept, tree_source, verify_tree
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["FixedK", "KSchedule", "RoundEvent", "SpeculativeEngine"]
 

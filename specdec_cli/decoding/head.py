@@ -22,14 +22,13 @@ import hashlib
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import DynamicCache, LlamaConfig, PreTrainedModel
-from transformers.masking_utils import create_causal_mask
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+from transformers.cache_utils import DynamicCache
 
 from ..errors import UserError
 from ..limits import MAX_K
@@ -38,6 +37,7 @@ from ..pairs.meta import META_FILE, read_meta, write_meta
 from ..runtime.quantize import QUANTISED, output_weight, quantise_model, quantised_weight
 from ..runtime.rowwise_attention import ROWWISE_UP_TO
 from .drafters import Draft, Drafter, autoregress, common_prefix
+from .head_layer import default_rotary, layer_config, layer_skeleton, transformers_layer
 from .control.gate import DraftGate
 from .kv import crop_cache, reserved_cache
 from .tree import TreeShape, best_nodes
@@ -46,30 +46,56 @@ WEIGHTS_FILE = "head.safetensors"
 FORMAT = 2  # meta "format": 1 (absent) = the last hidden state only; 2 adds "feature_layers"
 TOP_ONLY = (-1,)
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class DraftHead(nn.Module):
-    def __init__(self, layer: dict, feature_layers: tuple[int, ...] = TOP_ONLY):
+    def __init__(self, layer: dict, feature_layers: tuple[int, ...] = TOP_ONLY, skeleton: bool = False):
         """``layer``: LlamaConfig fields of the decoder layer (see ``head_config``), saved with the weights;
-        ``feature_layers``: the target's hidden states it reads (indices into ``hidden_states``)."""
+        ``feature_layers``: the target's hidden states it reads (indices into ``hidden_states``);
+        ``skeleton``: the layer's parameters without transformers' classes, on the meta device until
+        weights are assigned (head_layer.py), for a head loaded to draft quantised."""
         super().__init__()
         self.config_dict = dict(layer)
         self.feature_layers = tuple(int(i) for i in feature_layers)
-        config = LlamaConfig(**layer)
-        config._attn_implementation = "sdpa"
+        if skeleton:
+            config = layer_config(layer)
+        else:
+            from transformers import LlamaConfig
+
+            config = LlamaConfig(**layer)
+            config._attn_implementation = "sdpa"
         self.config = config
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden)
         width = len(self.feature_layers) * hidden
         self.fuse = nn.Linear(width, hidden, bias=False) if len(self.feature_layers) > 1 else None
-        self.layer = LlamaDecoderLayer(config, layer_idx=0)
-        self.rotary = LlamaRotaryEmbedding(config)
+        if skeleton:
+            self.layer, self.rotary = layer_skeleton(config), default_rotary(config)
+        else:
+            from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+            self.layer = LlamaDecoderLayer(config, layer_idx=0)
+            self.rotary = LlamaRotaryEmbedding(config)
+        self.skeleton = skeleton
         self.lean: tuple | None = None
+        self.__dict__["_transformers"] = None  # (layer, config) for a skeleton's other paths, built once
 
     def go_lean(self) -> None:
         """Once quantised (fused q/k/v and gate/up): run the decoder layer as lean_forward's flat
         function where it can, without transformers' per-call dispatch, which is most of a chain step."""
         if layer_supported(self.layer):
             self.lean = (LeanDecoder(self.config), layer_weights(self.layer, self.config.intermediate_size))
+
+    def transformers_layer(self) -> tuple[nn.Module, object]:
+        """transformers' decoder layer and its config: the layer itself, or for a skeleton one built
+        once on the same (quantised) modules."""
+        if not self.skeleton:
+            return self.layer, self.config
+        if self._transformers is None:
+            self.__dict__["_transformers"] = transformers_layer(self.layer, self.config_dict)
+        return self._transformers
 
     def fused(self, features: torch.Tensor) -> torch.Tensor:
         """The target's (concatenated) hidden states → the H-wide feature the head reads."""
@@ -90,10 +116,13 @@ class DraftHead(nn.Module):
             decoder, weights = self.lean
             cos, sin = decoder.rotary_tables(self.rotary, x, positions)
             return decoder.layer(x[0], weights, 0, cos, sin, cache, None)[None]
+        from transformers.masking_utils import create_causal_mask
+
+        layer, config = self.transformers_layer()
         if mask is None:
-            mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache, position_ids=positions)
-        return self.layer(x, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,
-                          position_embeddings=self.rotary(x, positions))
+            mask = create_causal_mask(config=config, inputs_embeds=x, attention_mask=None, cache=cache, position_ids=positions)
+        return layer(x, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,
+                     position_embeddings=self.rotary(x, positions))
 
 
 def head_config(target: PreTrainedModel) -> dict:
@@ -149,8 +178,9 @@ def load_head(directory: str | Path, target: PreTrainedModel, source, precision:
         )
     if meta.get("format", 1) > FORMAT:
         raise UserError(f"draft head {directory} has format {meta['format']}, newer than this specdec reads ({FORMAT}); upgrade specdec")
-    head = DraftHead(meta["layer"], tuple(meta.get("feature_layers", TOP_ONLY)))
-    head.load_state_dict(load_file(Path(directory) / WEIGHTS_FILE))
+    quantised = precision in QUANTISED  # drafts with the lean forward: no transformers layer unless asked for
+    head = DraftHead(meta["layer"], tuple(meta.get("feature_layers", TOP_ONLY)), skeleton=quantised)
+    head.load_state_dict(load_file(Path(directory) / WEIGHTS_FILE), assign=quantised)
     top = meta.get("top_vocab")
     return HeadDrafter(head, target, None if top is None else torch.tensor(top, dtype=torch.long), precision)
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import torch
-from transformers import Cache, DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from typing import TYPE_CHECKING
+
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 RESERVE_STEP = 256  # positions a reserved layer grows by, at least
 

@@ -2,7 +2,9 @@
 wired into an engine. (Command-line overrides of the registry live in pairs/registry.py.)
 
 The pair's other drafters (``drafters:`` in models.yaml) load only when asked for
-(``drafter_of``), so a command that uses one drafter never pays for the rest."""
+(``drafter_of``), so a command that uses one drafter never pays for the rest; plain decoding
+(``prepare(..., drafting=False)``) loads none. The draft head's module, which imports transformers'
+modeling code, is imported only when a head is loaded."""
 
 from __future__ import annotations
 
@@ -20,14 +22,13 @@ from .blocks import cached_costs, plan, relative_costs
 from .control.controller import AdaptiveController
 from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
-from .head import HeadDrafter, HeadTree, load_head
 
 
 @dataclass
 class Runtime:
     pair: PairSpec
     target: LoadedModel
-    drafter: Drafter
+    drafter: Drafter | None  # None: prepared for plain decoding only
     draft: LoadedModel | None  # the draft model, when the drafter is one
     block_plan: dict[int, int] = field(default_factory=dict)  # verify-block padding (blocks.py)
     block_costs: dict[int, float] = field(default_factory=dict)  # seconds per block length, measured (blocks.py)
@@ -78,6 +79,8 @@ class Runtime:
 def as_tree(drafter: Drafter) -> Drafter:
     """The running drafter made to draft trees (`--tree N`): its draft head, prompt lookup still first
     where the pair puts it there. Only a head drafts trees."""
+    from .head import HeadDrafter, HeadTree
+
     if isinstance(drafter, LookupFirst) and isinstance(drafter.learned, HeadDrafter):
         return LookupFirst(HeadTree(drafter.learned), drafter.lookup)
     if isinstance(drafter, HeadDrafter):
@@ -86,11 +89,16 @@ def as_tree(drafter: Drafter) -> Drafter:
                     "choose the pair's head with --drafter head")
 
 
-def prepare(pair: PairSpec) -> Runtime:
-    target = load(pair.target)
-    drafter, draft = _drafter(pair.drafter, target)
-    running = LookupFirst(drafter) if pair.drafter.lookup else drafter
-    runtime = Runtime(pair, target, running, draft, _by_kind={pair.drafter.kind: (drafter, draft)})
+def prepare(pair: PairSpec, drafting: bool = True, lean: bool = False) -> Runtime:
+    """``drafting=False``: no drafter is loaded (plain decoding, `-k 0`); ``lean``: the target may
+    come without transformers' model class (pairs/loading.py), for a command that only decodes."""
+    target = load(pair.target, lean)
+    if not drafting:
+        runtime = Runtime(pair, target, None, None)
+    else:
+        drafter, draft = _drafter(pair.drafter, target)
+        running = LookupFirst(drafter) if pair.drafter.lookup else drafter
+        runtime = Runtime(pair, target, running, draft, _by_kind={pair.drafter.kind: (drafter, draft)})
     if pair.pad_blocks:
         runtime.block_costs = cached_costs(target.model, f"{target.source} {pair.target.dtype}", cache_root())
         runtime.block_plan = plan(runtime.block_costs)
@@ -99,6 +107,8 @@ def prepare(pair: PairSpec) -> Runtime:
 
 def _drafter(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedModel | None]:
     if spec.head is not None:
+        from .head import load_head
+
         return load_head(spec.head, target.model, target.source, target.precision), None
     if spec.model is None:
         return NgramDrafter(spec.max_ngram, spec.min_ngram), None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -18,20 +19,22 @@ import tempfile
 from contextlib import redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import transformers
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel,
-                          PreTrainedTokenizerBase)
 
 from ..errors import UserError
 from ..runtime import dense_prefill, prepared
-from ..runtime.gguf_int4 import gguf_int4_blocks
 from ..runtime.lean_forward import use_lean_forward
+from ..runtime.lean_model import LeanCausalLM, lean_config
 from ..runtime.quantize import QUANTISED, quantise_model
 from ..runtime.rowwise_attention import use_rowwise_attention
 from .registry import ModelSpec
 from .sources import ModelSource
+
+if TYPE_CHECKING:  # transformers' modeling code is imported only where a model of its own is built
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
@@ -54,7 +57,9 @@ def cache_root() -> Path:
     return Path(HF_HOME) / "specdec"
 
 
-def load(spec: ModelSpec) -> LoadedModel:
+def load(spec: ModelSpec, lean: bool = False) -> LoadedModel:
+    """``lean``: a prepared int8/int4 Llama target may come without transformers' model class
+    (runtime/lean_model.py), for a command that only decodes; it builds that class if asked to."""
     directory, gguf_file = _resolve(spec.source)
     original = Path(directory) / gguf_file if gguf_file and spec.source.kind != "hub" else None
     if gguf_file:
@@ -63,10 +68,12 @@ def load(spec: ModelSpec) -> LoadedModel:
         _check_files(Path(directory))
     quantised = spec.dtype in QUANTISED
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory)
+        tokenizer = load_tokenizer(directory)
         if quantised:
-            model = prepared_target(spec, directory, original)
+            model = prepared_target(spec, directory, original, lean)
         else:
+            from transformers import AutoModelForCausalLM
+
             model = AutoModelForCausalLM.from_pretrained(directory, dtype=_dtype(spec.dtype), device_map=spec.device_map)
     except (OSError, ValueError) as exc:
         raise UserError(f"could not load {spec.source}: {_first_line(exc)}") from None
@@ -87,21 +94,46 @@ def transformers_directory(source: ModelSource) -> Path:
     return Path(directory)
 
 
-def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None) -> PreTrainedModel:
+def load_tokenizer(directory: str) -> PreTrainedTokenizerBase:
+    """The model's tokenizer. One whose files name transformers' tokenizers backend is built as that
+    class directly: what AutoTokenizer builds, without importing transformers' model registry."""
+    try:
+        declared = json.loads((Path(directory) / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        declared = None
+    if declared == "TokenizersBackend" and (Path(directory) / "tokenizer.json").is_file():
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(directory)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lean_model: bool = False) -> PreTrainedModel:
     """The int8/int4 target (``_quantised``), mapped from its prepared file under the cache directory
     when one was written for this source, dtype and code (runtime/prepared.py), else built and saved
-    there; an unusable file is reported on one line and built again, never used."""
+    there; an unusable file is reported on one line and built again, never used. ``lean_model``: a
+    Llama comes as runtime/lean_model.py's skeleton, transformers' model built only when asked for."""
     lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
     dense_dtype = dense_prefill.dense_dtype() if lean else None
     key = _prepared_key(spec, directory, gguf_path, dense_dtype)
     path = _prepared_path(key, Path(directory).name) if key else None
     if path is not None and path.is_file():
         try:
-            model, dense = prepared.restore(path, _skeleton(directory), key)
-            return _finish(model, dense, lean)
+            tensors, layout = prepared.read(path, key)
+            dense = prepared.dense_copies(tensors, layout)
+            config = lean_config(directory) if lean and lean_model else None
+            if config is not None:
+                model = _lean_skeleton(config, directory, tensors, layout, dense)
+                if use_lean_forward(model, dense):
+                    return model
+            return _finish(prepared.assemble(_skeleton(directory), tensors, layout), dense, lean)
         except prepared.Unusable as exc:
             print(f"specdec: warning: the prepared target is unusable ({_first_line(exc)}); preparing it again",
                   file=sys.stderr)
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
     if path is not None and sum(p.numel() for p in model.parameters()) >= SLOW_TO_PREPARE:
         print(f"specdec: preparing the {spec.dtype} target once (later runs map it from {path})", file=sys.stderr)
@@ -147,8 +179,28 @@ def _prepared_key(spec: ModelSpec, directory: str, gguf_path: Path | None, dense
     return "|".join([identity, spec.dtype, str(dense_dtype), prepared.code_digest(), transformers.__version__])
 
 
+def _lean_skeleton(config, directory: str, tensors: dict, layout: dict, dense) -> LeanCausalLM:
+    """runtime/lean_model.py's skeleton filled with the prepared tensors; transformers' model, when
+    asked for, is the ordinary skeleton filled with the same tensors."""
+    def full() -> PreTrainedModel:
+        return _finish(prepared.assemble(_skeleton(directory), tensors, layout), dense, True)
+
+    return prepared.assemble(LeanCausalLM(config, _generation_config(directory, config), full), tensors, layout).eval()
+
+
+def _generation_config(directory: str, config):
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(directory)
+    except OSError:
+        return GenerationConfig.from_model_config(config)  # what from_pretrained derives without the file
+
+
 def _skeleton(directory: str) -> PreTrainedModel:
     """The float model's structure without its weights (meta device), with its generation settings."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
     config = AutoConfig.from_pretrained(directory)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -175,6 +227,8 @@ def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None, dense_
     then runs the lean forward (lean_forward.py: transformers' ops, bit for bit, without its
     dispatch); ``SPECDEC_LEAN_FORWARD=0`` keeps transformers' forward. Its prompts run on dense copies
     of the float weights: bfloat16 where this CPU multiplies it fast, else float32 (dense_prefill.py)."""
+    from ..runtime.gguf_int4 import gguf_int4_blocks
+
     dense = dense_prefill.dense_weights(model, dense_dtype) if dense_dtype is not None else None
     blocks = gguf_int4_blocks(gguf_path, model) if kind == "int4" and gguf_path is not None else {}
     return quantise_model(model, kind, blocks), dense
@@ -218,6 +272,8 @@ def _converted(source: ModelSource, directory: str, gguf_file: str) -> str:
     if (target / "config.json").is_file():
         return str(target)
     print(f"specdec: converting {gguf_file} once (later runs read {target})", file=sys.stderr)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         with redirect_stderr(io.StringIO()):  # the GGUF reader draws its own progress bar
             tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)

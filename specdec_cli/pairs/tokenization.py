@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def check_compatible(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase) -> None:

@@ -21,7 +21,7 @@ else — long inputs otherwise, other kwargs, other architectures — runs trans
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .dense_prefill import DENSE_FROM, lean_layer

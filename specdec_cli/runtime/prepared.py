@@ -79,6 +79,13 @@ def save(path: Path, model: nn.Module, dense: list[tuple[torch.Tensor, ...]] | N
 def restore(path: Path, skeleton: nn.Module, key: str) -> tuple[nn.Module, list[tuple[torch.Tensor, ...]] | None]:
     """``skeleton`` (the float model's structure, on the meta device) made the model saved at
     ``path``, and the dense prompt copies; ``Unusable`` if the file cannot be trusted."""
+    tensors, layout = read(path, key)
+    return assemble(skeleton, tensors, layout), dense_copies(tensors, layout)
+
+
+def read(path: Path, key: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors saved at ``path`` (mapped, not copied) and their layout; ``Unusable`` if the file
+    does not parse or was written under another key."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -88,11 +95,30 @@ def restore(path: Path, skeleton: nn.Module, key: str) -> tuple[nn.Module, list[
                 raise Unusable(f"{path} was prepared under another key")
             layout = json.loads(metadata["layout"])
             tensors = handle.get_tensors() if hasattr(handle, "get_tensors") else {n: handle.get_tensor(n) for n in handle.keys()}
-        return _assemble(skeleton, tensors, layout), _dense(tensors, layout.get("dense"))
+        return tensors, layout
     except Unusable:
         raise
     except (OSError, SafetensorError, KeyError, ValueError, TypeError, RuntimeError, AttributeError) as exc:
         raise Unusable(f"{path}: {exc}") from None
+
+
+def assemble(skeleton: nn.Module, tensors: dict[str, torch.Tensor], layout: dict) -> nn.Module:
+    """``skeleton`` with ``read``'s tensors in place; ``Unusable`` when they do not fit it. Two
+    skeletons assembled from the same tensors share them."""
+    try:
+        return _assemble(skeleton, tensors, layout)
+    except Unusable:
+        raise
+    except (KeyError, ValueError, TypeError, RuntimeError, AttributeError) as exc:
+        raise Unusable(f"the prepared tensors do not fit the model: {exc}") from None
+
+
+def dense_copies(tensors: dict[str, torch.Tensor], layout: dict) -> list[tuple[torch.Tensor, ...]] | None:
+    """The dense prompt copies among ``read``'s tensors, per layer, or None when none were saved."""
+    try:
+        return _dense(tensors, layout.get("dense"))
+    except KeyError as exc:
+        raise Unusable(f"a prompt copy is missing: {exc}") from None
 
 
 def _flatten(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict]:

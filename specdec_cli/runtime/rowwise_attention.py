@@ -15,9 +15,6 @@ speculative decoding.
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 NAME = "specdec_rowwise"
 ROWWISE_UP_TO = 64  # query rows; verify blocks are at most MAX_K + 1
@@ -73,15 +70,20 @@ def attend_rows(query, key, value, scaling, groups: int, seen: list | None = Non
 def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     rows, keys = query.shape[2], key.shape[2]
     if rows > ROWWISE_UP_TO or query.shape[0] != 1 or module.training:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     # transformers passes no mask to a one-token forward
     seen = None if attention_mask is None else visible_keys_once(attention_mask, rows, keys)
     return attend_rows(query, key, value, scaling, getattr(module, "num_key_value_groups", 1), seen), None
 
 
-AttentionInterface.register(NAME, rowwise_attention)
-ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # long inputs go to sdpa with its own mask
-
-
 def use_rowwise_attention(model) -> None:
+    """Make ``model`` (a transformers model) attend row by row. Registered here, not on import: the
+    lean forward uses this module's functions without transformers' attention and masking code."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(NAME, rowwise_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # long inputs go to sdpa with its own mask
     model.set_attn_implementation(NAME)

@@ -1,0 +1,77 @@
+"""The draft head's decoder layer for drafting with a quantised head: its parameters without
+transformers' Llama classes, whose import (the model registry, ``modeling_utils``) costs more
+than loading the head. A quantised head runs the lean forward (runtime/lean_forward.py), which
+only reads the layer's kernels and norms; what it does not run (a tree's mask, a catch-up longer
+than ``ROWWISE_UP_TO`` rows) goes to transformers' LlamaDecoderLayer, built once on the same
+modules. Training and float heads keep transformers' layer from the start (head.py)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..runtime.lean_model import Norm, Rotary
+
+
+def layer_config(layer: dict):
+    """The head's LlamaConfig fields as a generic transformers configuration (for its cache and the
+    lean forward's shapes), without importing the Llama one."""
+    from transformers.configuration_utils import PretrainedConfig
+
+    config = PretrainedConfig.from_dict(dict(layer))
+    config.model_type = "llama"
+    return config
+
+
+def layer_skeleton(config) -> nn.Module:
+    """LlamaDecoderLayer's parameters, on the meta device until the head's weights are assigned."""
+    hidden, inner = config.hidden_size, config.intermediate_size
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or hidden // heads
+    bias = getattr(config, "attention_bias", False)
+    mlp_bias = getattr(config, "mlp_bias", False)
+    with torch.device("meta"):
+        attention, mlp, layer = nn.Module(), nn.Module(), nn.Module()
+        attention.q_proj = nn.Linear(hidden, heads * dim, bias=bias)
+        attention.k_proj = nn.Linear(hidden, kv_heads * dim, bias=bias)
+        attention.v_proj = nn.Linear(hidden, kv_heads * dim, bias=bias)
+        attention.o_proj = nn.Linear(heads * dim, hidden, bias=bias)
+        mlp.gate_proj = nn.Linear(hidden, inner, bias=mlp_bias)
+        mlp.up_proj = nn.Linear(hidden, inner, bias=mlp_bias)
+        mlp.down_proj = nn.Linear(inner, hidden, bias=mlp_bias)
+        layer.self_attn, layer.mlp = attention, mlp
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            norm = Norm(config.rms_norm_eps)
+            norm.weight = nn.Parameter(torch.empty(hidden))
+            setattr(layer, name, norm)
+    return layer
+
+
+def default_rotary(config) -> Rotary:
+    """transformers' default rope for the head's shape: its inverse frequencies, computed as
+    LlamaRotaryEmbedding.compute_default_rope_parameters computes them."""
+    rope = config.rope_parameters
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"rope type {rope['rope_type']!r}")
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    inv_freq = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    rotary = Rotary()
+    rotary.inv_freq, rotary.original_inv_freq = inv_freq, inv_freq.clone()
+    return rotary
+
+
+def transformers_layer(skeleton: nn.Module, layer: dict):
+    """transformers' LlamaDecoderLayer (and its config) holding ``skeleton``'s modules, quantised or not."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    config = LlamaConfig(**layer)
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        real = LlamaDecoderLayer(config, layer_idx=0)
+    for part in ("self_attn", "mlp"):
+        for name, child in getattr(skeleton, part).named_children():
+            setattr(getattr(real, part), name, child)
+    for name in ("input_layernorm", "post_attention_layernorm"):
+        getattr(real, name).weight = getattr(skeleton, name).weight
+    return real.eval(), config

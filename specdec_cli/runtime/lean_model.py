@@ -1,0 +1,120 @@
+"""A prepared Llama target without transformers' modeling code: the module tree its prepared file is
+mapped into, and transformers' model built from the same tensors only when something asks for it.
+
+Importing transformers' modeling code (``modeling_utils``, the model registry, the masking
+functions, and through them torch.distributed, torch._dynamo and scipy) takes longer than loading
+the whole prepared target; a command that only decodes never runs any of it, because the lean
+forward (lean_forward.py) is all the engine calls. So the skeleton here has transformers' module
+names (``model.layers.N.self_attn``, ``lm_head``, ...) and nothing else: prepared.assemble fills it
+as it fills transformers' own skeleton, and the lean forward reads the same kernels and norms from
+it. The rotary module computes what transformers' default rope computes, op for op (tested bit
+for bit). Anything the lean forward does not handle (``forward``'s fallback, ``generate``) builds
+transformers' model once, from the same mapped tensors (no copy), and runs there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+def lean_config(directory: str | Path):
+    """The directory's config.json as a transformers configuration without its model class (whose
+    import is what this module avoids), or None when the lean skeleton cannot stand for the model:
+    not a Llama, or a rope that is not the default one."""
+    from transformers.configuration_utils import PretrainedConfig
+
+    path = Path(directory) / "config.json"
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    rope = values.get("rope_parameters") or {}
+    if values.get("model_type") != "llama" or rope.get("rope_type") != "default" or values.get("rope_scaling"):
+        return None
+    config = PretrainedConfig.from_dict(values)
+    config.use_cache = values.get("use_cache", True)  # LlamaConfig's own default; the generic class drops it
+    return config
+
+
+class Norm(nn.Module):
+    """An RMSNorm's weight and epsilon, which is all the lean forward reads of one."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.variance_epsilon = eps
+
+
+class Rotary(nn.Module):
+    """transformers' default rope (LlamaRotaryEmbedding.forward), on the saved ``inv_freq``."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention_scaling = 1.0  # the default rope's: cos and sin unscaled
+        self.register_buffer("inv_freq", torch.empty(0, device="meta"), persistent=False)
+        self.register_buffer("original_inv_freq", torch.empty(0, device="meta"), persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def _container(**children: nn.Module) -> nn.Module:
+    module = nn.Module()
+    for name, child in children.items():
+        setattr(module, name, child)
+    return module
+
+
+class LeanCausalLM(nn.Module):
+    """transformers' LlamaForCausalLM module tree, empty (prepared.assemble fills it), with the
+    attributes the decoding engine reads. ``full``: builds transformers' model from the same
+    tensors, called at most once."""
+
+    def __init__(self, config, generation_config, full: Callable[[], nn.Module]):
+        super().__init__()
+        self.config, self.generation_config = config, generation_config
+        eps = config.rms_norm_eps
+        layers = [_container(self_attn=nn.Module(), mlp=nn.Module(), input_layernorm=Norm(eps),
+                             post_attention_layernorm=Norm(eps)) for _ in range(config.num_hidden_layers)]
+        embed = nn.Embedding(config.vocab_size, config.hidden_size, device="meta")  # a drafter looks tokens up in it
+        self.model = _container(embed_tokens=embed, layers=nn.ModuleList(layers), norm=Norm(eps),
+                                rotary_emb=Rotary())
+        self.lm_head = nn.Module()
+        self.__dict__["_build_full"] = full  # not a submodule: built on demand
+        self.__dict__["_full"] = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def transformers_model(self) -> nn.Module:
+        """transformers' model on the same tensors, built the first time it is asked for."""
+        if self._full is None:
+            self.__dict__["_full"] = self._build_full().eval()
+        return self._full
+
+    def forward(self, *args, **kwargs):
+        """What the lean forward hands back (lean_forward.py): transformers' own forward."""
+        full = self.transformers_model()
+        return type(full).forward(full, *args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        return self.transformers_model().generate(*args, **kwargs)

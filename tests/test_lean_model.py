@@ -1,0 +1,171 @@
+"""A prepared target without transformers' model class (runtime/lean_model.py): the full model's
+logits bit for bit, transformers' model built only when something outside the lean forward asks,
+and `generate -k 0` that never imports transformers' modeling code."""
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import char_tokenizer, save_random_head
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+from specdec_cli.decoding.engine import SpeculativeEngine
+from specdec_cli.decoding.head import DraftHead, HeadDrafter, HeadTree, load_head
+from specdec_cli.pairs import loading
+from specdec_cli.pairs.meta import read_meta
+from specdec_cli.pairs.registry import ModelSpec
+from specdec_cli.pairs.sources import ModelSource
+from specdec_cli.runtime.lean_model import LeanCausalLM, Rotary, lean_config
+from specdec_cli.runtime.quantize import quantise_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    torch.manual_seed(12)
+    config = LlamaConfig(vocab_size=98, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         bos_token_id=0, eos_token_id=1, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(8.0)
+    root = tmp_path_factory.mktemp("lean") / "target"
+    model.save_pretrained(root)
+    char_tokenizer().save_pretrained(root)
+    return root
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def spec(directory, dtype):
+    return ModelSpec(source=ModelSource.parse(str(directory)), dtype=dtype)
+
+
+def forwards(model) -> list[torch.Tensor]:
+    """A prompt (dense copies), one-token forwards, a verify block, hidden states, a block without a cache."""
+    ids = torch.randint(3, 98, (1, 40), generator=torch.Generator().manual_seed(4))
+    out = []
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        for start, stop in ((0, 30), (30, 31), (31, 32), (32, 38)):
+            keep = 1 if stop - start > 6 else stop - start
+            out.append(model(ids[:, start:stop], cache=cache, use_cache=True, logits_to_keep=keep).logits)
+        hidden = model(ids[:, 38:40], cache=cache, use_cache=True, logits_to_keep=2, output_hidden_states=[-1])
+        out += [hidden.logits, hidden.hidden_states[-1], model(ids[:, :8]).logits]
+    return out
+
+
+def test_the_rotary_module_is_transformers_default_rope_bit_for_bit():
+    config = LlamaConfig(hidden_size=576, num_attention_heads=9, head_dim=64, rope_theta=100000.0)
+    theirs = LlamaRotaryEmbedding(config)
+    ours = Rotary()
+    ours.inv_freq, ours.original_inv_freq = theirs.inv_freq, theirs.original_inv_freq
+    x = torch.randn(1, 5, 576)
+    for positions in (torch.arange(7)[None], torch.tensor([[0, 513, 8000, 3, 3]]), torch.arange(4000, 4064)[None]):
+        for a, b in zip(theirs(x, positions), ours(x, positions)):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_the_lean_target_gives_transformers_models_logits_without_building_it(model_dir, cache, dtype):
+    full = loading.load(spec(model_dir, dtype)).model  # prepares the file
+    lean = loading.load(spec(model_dir, dtype), lean=True).model
+    assert isinstance(lean, LeanCausalLM) and not isinstance(full, LeanCausalLM)
+    assert lean.model.embed_tokens.weight.data_ptr() == lean.lm_head.float_weight.data_ptr()  # still tied
+    assert lean.generation_config.eos_token_id == 1 and lean.config.get_text_config().vocab_size == 98
+    for a, b in zip(forwards(full), forwards(lean)):
+        assert torch.equal(a, b)
+    assert lean._full is None  # every forward above ran lean: transformers' model was never built
+
+
+def test_what_the_lean_forward_does_not_handle_runs_on_transformers_model_built_once(model_dir, cache):
+    full = loading.load(spec(model_dir, "int4")).model
+    lean = loading.load(spec(model_dir, "int4"), lean=True).model
+    ids = torch.tensor([[5, 9, 14, 20, 3]])
+    with torch.inference_mode():
+        want = full(ids, output_attentions=True)  # a kwarg the lean forward hands back
+        got = lean(ids, output_attentions=True)
+        assert torch.equal(want.logits, got.logits)
+        built = lean._full
+        assert built is not None and lean.transformers_model() is built
+        assert built.model.embed_tokens.weight.data_ptr() == lean.model.embed_tokens.weight.data_ptr()  # the same tensors
+        generated = lean.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(generated, full.generate(ids, max_new_tokens=6, do_sample=False))
+
+
+def test_only_a_default_rope_llama_comes_lean(model_dir, tmp_path):
+    assert lean_config(model_dir) is not None
+    for change in ({"model_type": "mistral"}, {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}):
+        copy = tmp_path / "copy"
+        copy.mkdir(exist_ok=True)
+        values = json.loads((model_dir / "config.json").read_text()) | change
+        (copy / "config.json").write_text(json.dumps(values))
+        assert lean_config(copy) is None
+    assert lean_config(tmp_path / "nowhere") is None
+
+
+def test_the_tokenizer_is_the_one_autotokenizer_builds(model_dir):
+    ours, theirs = loading.load_tokenizer(str(model_dir)), AutoTokenizer.from_pretrained(model_dir)
+    assert type(ours) is type(theirs)
+    text = "Hello, world! </s> ~"
+    assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+    assert ours.decode(ours(text)["input_ids"], skip_special_tokens=True) == theirs.decode(theirs(text)["input_ids"], skip_special_tokens=True)
+    assert (ours.eos_token_id, ours.chat_template) == (theirs.eos_token_id, theirs.chat_template)
+
+
+PLAIN_RUN = r"""
+import sys
+from specdec_cli.cli import main
+
+sys.argv = ["specdec", "generate", "--json", "-k", "0", "--max-new-tokens", "3", "--target", sys.argv[1], "--dtype", "int4", "abc"]
+try:
+    main()
+except SystemExit as exit:
+    assert not exit.code, exit.code
+heavy = sorted(m for m in sys.modules if m in ("transformers.modeling_utils", "transformers.masking_utils")
+               or m.startswith("transformers.models.") or m == "specdec_cli.decoding.head")
+print("HEAVY", heavy, file=sys.stderr)
+"""
+
+
+def test_plain_generation_from_a_prepared_target_imports_no_modeling_code(model_dir, cache):
+    loading.load(spec(model_dir, "int4"))  # the prepared file: a warm start
+    env = {"SPECDEC_CACHE": str(cache), "PATH": "/usr/bin:/bin", "HOME": str(cache.parent)}
+    done = subprocess.run([sys.executable, "-c", PLAIN_RUN, str(model_dir)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["stats"]["new_tokens"] == 3
+    assert "HEAVY []" in done.stderr, done.stderr
+
+
+def drafts(drafter, target, prompt, tree: bool = False) -> list[list[int]]:
+    engine = SpeculativeEngine(target, HeadTree(drafter) if tree else drafter, {1})
+    return [e.drafted for e in engine.generate(prompt, k=4 if tree else 3, max_new_tokens=12)]
+
+
+@pytest.mark.parametrize("prompt_length", [9, 80])  # 80: the head's catch-up is longer than the lean forward takes
+def test_a_quantised_head_drafts_the_same_without_transformers_layer(target, tmp_path, prompt_length):
+    save_random_head(tmp_path, target)
+    quantised = quantise_model(copy.deepcopy(target), "int8")
+    skeleton = load_head(tmp_path, quantised, "target", "int8")
+    meta = read_meta(tmp_path)
+    head = DraftHead(meta["layer"])
+    head.load_state_dict(load_file(tmp_path / "head.safetensors"))
+    transformers_built = HeadDrafter(head, quantised, None, "int8")
+    assert skeleton.head.skeleton and not transformers_built.head.skeleton
+    prompt = [0] + [5 + (i * 7) % 60 for i in range(prompt_length - 1)]
+    chains = drafts(skeleton, quantised, prompt)
+    assert chains == drafts(transformers_built, quantised, prompt) and any(chains)
+    assert (skeleton.head._transformers is None) == (prompt_length < 64)  # built only for the long catch-up
+    assert drafts(skeleton, quantised, prompt, tree=True) == drafts(transformers_built, quantised, prompt, tree=True)
