@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..runtime.lean_model import Norm, Rotary
+from ..runtime.lean_model import Norm, Rotary, uninitialised
 
 
 def layer_config(layer: dict):
@@ -30,20 +30,23 @@ def layer_skeleton(config) -> nn.Module:
     dim = getattr(config, "head_dim", None) or hidden // heads
     bias = getattr(config, "attention_bias", False)
     mlp_bias = getattr(config, "mlp_bias", False)
-    with torch.device("meta"):
-        attention, mlp, layer = nn.Module(), nn.Module(), nn.Module()
-        attention.q_proj = nn.Linear(hidden, heads * dim, bias=bias)
-        attention.k_proj = nn.Linear(hidden, kv_heads * dim, bias=bias)
-        attention.v_proj = nn.Linear(hidden, kv_heads * dim, bias=bias)
-        attention.o_proj = nn.Linear(heads * dim, hidden, bias=bias)
-        mlp.gate_proj = nn.Linear(hidden, inner, bias=mlp_bias)
-        mlp.up_proj = nn.Linear(hidden, inner, bias=mlp_bias)
-        mlp.down_proj = nn.Linear(inner, hidden, bias=mlp_bias)
-        layer.self_attn, layer.mlp = attention, mlp
-        for name in ("input_layernorm", "post_attention_layernorm"):
-            norm = Norm(config.rms_norm_eps)
-            norm.weight = nn.Parameter(torch.empty(hidden))
-            setattr(layer, name, norm)
+
+    def linear(width_in: int, width_out: int, bias: bool) -> nn.Linear:
+        return uninitialised(nn.Linear, width_in, width_out, bias)
+
+    attention, mlp, layer = nn.Module(), nn.Module(), nn.Module()
+    attention.q_proj = linear(hidden, heads * dim, bias)
+    attention.k_proj = linear(hidden, kv_heads * dim, bias)
+    attention.v_proj = linear(hidden, kv_heads * dim, bias)
+    attention.o_proj = linear(heads * dim, hidden, bias)
+    mlp.gate_proj = linear(hidden, inner, mlp_bias)
+    mlp.up_proj = linear(hidden, inner, mlp_bias)
+    mlp.down_proj = linear(inner, hidden, mlp_bias)
+    layer.self_attn, layer.mlp = attention, mlp
+    for name in ("input_layernorm", "post_attention_layernorm"):
+        norm = Norm(config.rms_norm_eps)
+        norm.weight = nn.Parameter(torch.empty(hidden, device="meta"))
+        setattr(layer, name, norm)
     return layer
 
 

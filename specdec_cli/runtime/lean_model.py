@@ -66,6 +66,20 @@ class Rotary(nn.Module):
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
+def uninitialised(kind: type[nn.Linear] | type[nn.Embedding], rows_in: int, width: int, bias: bool = False) -> nn.Module:
+    """An nn.Linear (in, out) or nn.Embedding (count, width) whose weight is an empty meta tensor,
+    for prepared.assemble to replace: initialising one, even on the meta device (as torch's
+    ``skip_init`` does), goes through torch._refs, which imports torch._dynamo (over a second)."""
+    if kind is nn.Embedding:  # a given weight is not initialised
+        return nn.Embedding(rows_in, width, _weight=torch.empty(rows_in, width, device="meta"))
+    module = nn.Linear.__new__(nn.Linear)
+    nn.Module.__init__(module)
+    module.in_features, module.out_features = rows_in, width
+    module.weight = nn.Parameter(torch.empty(width, rows_in, device="meta"))
+    module.register_parameter("bias", nn.Parameter(torch.empty(width, device="meta")) if bias else None)
+    return module
+
+
 def _container(**children: nn.Module) -> nn.Module:
     module = nn.Module()
     for name, child in children.items():
@@ -84,7 +98,7 @@ class LeanCausalLM(nn.Module):
         eps = config.rms_norm_eps
         layers = [_container(self_attn=nn.Module(), mlp=nn.Module(), input_layernorm=Norm(eps),
                              post_attention_layernorm=Norm(eps)) for _ in range(config.num_hidden_layers)]
-        embed = nn.Embedding(config.vocab_size, config.hidden_size, device="meta")  # a drafter looks tokens up in it
+        embed = uninitialised(nn.Embedding, config.vocab_size, config.hidden_size)  # a drafter looks tokens up in it
         self.model = _container(embed_tokens=embed, layers=nn.ModuleList(layers), norm=Norm(eps),
                                 rotary_emb=Rotary())
         self.lm_head = nn.Module()
