@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import sys
@@ -135,4 +136,25 @@ app.command("export-head", short_help="A trained draft head in the EAGLE-3 layou
 
 
 def main() -> None:
-    app()
+    """The `specdec` command. One that loaded torch leaves without the interpreter's teardown:
+    freeing torch's and transformers' modules object by object takes most of a second here, after
+    the answer is out. The atexit hooks (stopping servers among them) still run first; the commands
+    close their own files."""
+    try:
+        app()
+        code = 0
+    except SystemExit as exit:
+        code = exit.code
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    if not isinstance(code, int):
+        if code is not None:
+            print(code, file=sys.stderr)
+        code = 0 if code is None else 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -126,11 +126,11 @@ def test_the_tokenizer_is_the_one_autotokenizer_builds(model_dir):
 
 DECODE_ONLY = r"""
 import sys
-from specdec_cli.cli import main
+from specdec_cli.cli import app  # not main(): it leaves without the teardown, before this could look
 
 sys.argv = ["specdec", "generate", "--json", "--max-new-tokens", "3", *sys.argv[1:], "abcabc"]
 try:
-    main()
+    app()
 except SystemExit as exit:
     assert not exit.code, exit.code
 heavy = sorted(m for m in sys.modules if m in ("transformers.modeling_utils", "transformers.masking_utils", "torch._dynamo")
@@ -152,3 +152,29 @@ def test_generation_from_a_prepared_target_imports_no_modeling_code(pair_dir, ca
         assert json.loads(done.stdout)["stats"]["new_tokens"] == 3
     assert "HEAVY []" in runs[1].stderr, runs[1].stderr
     assert json.loads(runs[0].stdout)["token_ids"] == json.loads(runs[1].stdout)["token_ids"]
+
+
+EXIT_AFTER_TORCH = r"""
+import atexit, sys, torch
+
+
+class Teardown:
+    def __del__(self):
+        print("torn down", file=sys.stderr)
+
+
+kept = Teardown()  # freed by the interpreter's teardown, if it runs
+atexit.register(lambda: print("hook ran", file=sys.stderr))
+sys.argv = ["specdec", *sys.argv[1:]]
+from specdec_cli.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize("args, code, text", [(["generate", "-k", "99", "x"], 2, "specdec: error: K must be from 0 to 32"),
+                                              (["models", "--json"], 0, '"name"')])
+def test_a_command_that_loaded_torch_exits_with_its_code_its_output_and_the_atexit_hooks(args, code, text):
+    done = subprocess.run([sys.executable, "-c", EXIT_AFTER_TORCH, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == code, done.stderr
+    assert text in done.stdout + done.stderr
+    assert "hook ran" in done.stderr and "torn down" not in done.stderr  # the hooks ran, the teardown did not
