@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from ..runtime.lean_forward import use_lean_forward
 from ..runtime.lean_model import LeanCausalLM, lean_config
 from ..runtime.quantize import QUANTISED, quantise_model
 from ..runtime.rowwise_attention import use_rowwise_attention
+from . import superseded
 from .registry import ModelSpec
 from .sources import ModelSource
 
@@ -153,8 +153,7 @@ def _prepared_path(key: str, name: str) -> Path:
     """prepared-NAME-SOURCE-CODE.safetensors: SOURCE digests the key's fields but the code's (the last), so
     that a file written under older code for the same source is found and removed."""
     source = key.rsplit("|", 2)[0]  # the code digest and the library version are the key's last fields
-    name = re.sub(r"[^A-Za-z0-9._]+", "_", name)[:48]
-    return cache_root() / f"prepared-{name}-{_short(source)}-{_short(key)}.safetensors"
+    return cache_root() / f"prepared-{superseded.prepared_name(name)}-{_short(source)}-{_short(key)}.safetensors"
 
 
 def _short(text: str) -> str:
@@ -290,13 +289,23 @@ def _converted(source: ModelSource, directory: str, gguf_file: str) -> str:
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        superseded.mark(staging, _gguf_identity(source, directory, gguf_file))
         os.replace(staging, target)  # atomic: a half-written conversion is never found
     except OSError:
         if not (target / "config.json").is_file():
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    removed = superseded.remove_superseded(target.parent, target, _gguf_identity(source, directory, gguf_file))
+    if removed:
+        print(f"specdec: removed {len(removed)} conversion(s) of an earlier copy of {gguf_file} and their prepared targets",
+              file=sys.stderr)
     return str(target)
+
+
+def _gguf_identity(source: ModelSource, directory: str, gguf_file: str) -> str:
+    """Which GGUF file a conversion is of, whatever copy of it (superseded.py)."""
+    return f"{source.location}#{gguf_file}" if source.kind == "hub" else str(Path(directory).resolve() / gguf_file)
 
 
 def _cache_key(source: ModelSource, directory: str, gguf_file: str) -> str:
