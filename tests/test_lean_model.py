@@ -10,17 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import char_tokenizer, save_random_head
+from conftest import save_random_head
+from prepared_support import cache, forwards, spec, tied_target  # noqa: F401  (cache: a fixture)
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import DraftHead, HeadDrafter, HeadTree, load_head
 from specdec_cli.pairs import loading
 from specdec_cli.pairs.meta import read_meta
-from specdec_cli.pairs.registry import ModelSpec
-from specdec_cli.pairs.sources import ModelSource
 from specdec_cli.runtime.lean_model import LeanCausalLM, Rotary, lean_config
 from specdec_cli.runtime.quantize import quantise_model
 
@@ -29,41 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    torch.manual_seed(12)
-    config = LlamaConfig(vocab_size=98, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         bos_token_id=0, eos_token_id=1, tie_word_embeddings=True)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(8.0)
-    root = tmp_path_factory.mktemp("lean") / "target"
-    model.save_pretrained(root)
-    char_tokenizer().save_pretrained(root)
-    return root
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-def spec(directory, dtype):
-    return ModelSpec(source=ModelSource.parse(str(directory)), dtype=dtype)
-
-
-def forwards(model) -> list[torch.Tensor]:
-    """A prompt (dense copies), one-token forwards, a verify block, hidden states, a block without a cache."""
-    ids = torch.randint(3, 98, (1, 40), generator=torch.Generator().manual_seed(4))
-    out = []
-    with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        for start, stop in ((0, 30), (30, 31), (31, 32), (32, 38)):
-            keep = 1 if stop - start > 6 else stop - start
-            out.append(model(ids[:, start:stop], cache=cache, use_cache=True, logits_to_keep=keep).logits)
-        hidden = model(ids[:, 38:40], cache=cache, use_cache=True, logits_to_keep=2, output_hidden_states=[-1])
-        out += [hidden.logits, hidden.hidden_states[-1], model(ids[:, :8]).logits]
-    return out
+    return tied_target(tmp_path_factory.mktemp("lean") / "target", seed=12)
 
 
 def test_the_rotary_module_is_transformers_default_rope_bit_for_bit():
@@ -122,6 +87,29 @@ def test_the_tokenizer_is_the_one_autotokenizer_builds(model_dir):
     assert ours(text)["input_ids"] == theirs(text)["input_ids"]
     assert ours.decode(ours(text)["input_ids"], skip_special_tokens=True) == theirs.decode(theirs(text)["input_ids"], skip_special_tokens=True)
     assert (ours.eos_token_id, ours.chat_template) == (theirs.eos_token_id, theirs.chat_template)
+
+
+def drafts(drafter, target, prompt, tree: bool = False) -> list[list[int]]:
+    engine = SpeculativeEngine(target, HeadTree(drafter) if tree else drafter, {1})
+    return [e.drafted for e in engine.generate(prompt, k=4 if tree else 3, max_new_tokens=12)]
+
+
+@pytest.mark.parametrize("prompt_length", [9, 80])  # 80: the head's catch-up is longer than the lean forward takes
+def test_a_quantised_head_drafts_the_same_without_transformers_layer(target, tmp_path, prompt_length):
+    save_random_head(tmp_path, target)
+    quantised = quantise_model(copy.deepcopy(target), "int8")
+    skeleton = load_head(tmp_path, quantised, "target", "int8")
+    meta = read_meta(tmp_path)
+    head = DraftHead(meta["layer"])
+    head.load_state_dict(load_file(tmp_path / "head.safetensors"))
+    transformers_built = HeadDrafter(head, quantised, None, "int8")
+    assert skeleton.head.skeleton and not transformers_built.head.skeleton
+    prompt = [0] + [5 + (i * 7) % 60 for i in range(prompt_length - 1)]
+    chains = drafts(skeleton, quantised, prompt)
+    assert chains == drafts(transformers_built, quantised, prompt) and any(chains)
+    assert (skeleton.head._transformers is None) == (prompt_length < 64)  # built only for the long catch-up
+    assert drafts(skeleton, quantised, prompt, tree=True) == drafts(transformers_built, quantised, prompt, tree=True)
+
 
 
 DECODE_ONLY = r"""

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import char_tokenizer
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from prepared_support import cache, forwards, spec, tied_target  # noqa: F401  (cache: a fixture)
+from transformers import DynamicCache
 
 from specdec_cli.pairs import loading
 from specdec_cli.pairs.registry import PACKAGED_REGISTRY, ModelSpec, load_registry
@@ -19,41 +19,7 @@ from specdec_cli.runtime.lean_forward import LeanLlama
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A tiny Llama with tied embeddings (the lm_head's float weight is then the embedding, saved once)."""
-    torch.manual_seed(11)
-    config = LlamaConfig(vocab_size=98, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         bos_token_id=0, eos_token_id=1, tie_word_embeddings=True)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(8.0)
-    root = tmp_path_factory.mktemp("prepared") / "target"
-    model.save_pretrained(root)
-    char_tokenizer().save_pretrained(root)
-    return root
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-def spec(directory, dtype):
-    return ModelSpec(source=ModelSource.parse(str(directory)), dtype=dtype)
-
-
-def forwards(model) -> list[torch.Tensor]:
-    """A prompt (dense copies), one-token forwards, a verify block and a block without a cache."""
-    ids = torch.randint(3, 98, (1, 40), generator=torch.Generator().manual_seed(2))
-    out = []
-    with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        for start, stop in ((0, 30), (30, 31), (31, 32), (32, 38)):
-            keep = 1 if stop - start > 6 else stop - start
-            out.append(model(ids[:, start:stop], cache=cache, use_cache=True, logits_to_keep=keep).logits)
-        out.append(model(ids[:, :8]).logits)
-    return out
+    return tied_target(tmp_path_factory.mktemp("prepared") / "target", seed=11)
 
 
 def built_only(monkeypatch) -> list[int]:

@@ -1,0 +1,47 @@
+"""A tiny tied-embedding Llama saved as a model directory, and the forwards that compare two loads of it
+(a prompt on the dense copies, one-token forwards, a verify block, hidden states, a block without a cache)."""
+
+import pytest
+import torch
+from conftest import char_tokenizer
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from specdec_cli.pairs.registry import ModelSpec
+from specdec_cli.pairs.sources import ModelSource
+
+
+def tied_target(root, seed: int):
+    """The lm_head's float weight is then the embedding, saved once."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=98, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         bos_token_id=0, eos_token_id=1, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(8.0)
+    model.save_pretrained(root)
+    char_tokenizer().save_pretrained(root)
+    return root
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def spec(directory, dtype):
+    return ModelSpec(source=ModelSource.parse(str(directory)), dtype=dtype)
+
+
+def forwards(model) -> list[torch.Tensor]:
+    ids = torch.randint(3, 98, (1, 40), generator=torch.Generator().manual_seed(2))
+    out = []
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        for start, stop in ((0, 30), (30, 31), (31, 32), (32, 38)):
+            keep = 1 if stop - start > 6 else stop - start
+            out.append(model(ids[:, start:stop], cache=cache, use_cache=True, logits_to_keep=keep).logits)
+        hidden = model(ids[:, 38:40], cache=cache, use_cache=True, logits_to_keep=2, output_hidden_states=[-1])
+        out += [hidden.logits, hidden.hidden_states[-1], model(ids[:, :8]).logits]
+    return out
