@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.errors import UserError
-from specdec_cli.export.bench_table import Level, mode_k, table
+from specdec_cli.export.bench_table import Level, lookup_bounds, mode_k, table
 from specdec_cli.export.fold import fold, parse_traffic
 from specdec_cli.export.llama_flags import from_help
 from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, drafter_identity, write_profile
@@ -234,3 +234,15 @@ def test_a_bench_without_the_pairs_method_is_refused(setup, tmp_path):
                                                          "vllm-ngram:4": {"1": {"output_tok_s": 30}}}}))
     result = export(pair_dir, profile, "--engine", "vllm", "--from-bench", str(path))
     assert result.exit_code == 2 and "no concurrency level with both vllm-plain and a draft_model mode" in result.stderr
+
+
+def test_the_lookup_bounds_are_those_of_the_server_whose_k_was_chosen():
+    def server(k, low, high):
+        config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": low, "prompt_lookup_max": high}
+        return {"arguments": ["--port", "1", "--speculative-config", json.dumps(config)]}
+
+    data = {"manifest": {"engine": {"servers": {"vllm-plain": {"arguments": ["--port", "2"]},
+                                                "vllm-ngram:2": server(2, 1, 3), "vllm-ngram:4": server(4, 2, 5)}}}}
+    assert lookup_bounds(data, 4) == (2, 5) and lookup_bounds(data, 2) == (1, 3)
+    assert lookup_bounds(data, 0) == (1, 3)  # plain won the first level: the smallest K's server
+    assert lookup_bounds({"manifest": {}}, 4) is None

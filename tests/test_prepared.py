@@ -85,7 +85,7 @@ def test_a_file_prepared_under_other_code_is_not_used(model_dir, cache, monkeypa
     (new,) = files - old_files
     new.write_bytes(old_bytes)
     with pytest.raises(prepared.Unusable, match="another key"):
-        prepared.restore(new, loading._skeleton(str(model_dir)), "wanted key")
+        prepared.read(new, "wanted key")
 
 
 def test_the_key_follows_the_source_files_and_the_dtype(model_dir, cache):

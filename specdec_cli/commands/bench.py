@@ -120,10 +120,8 @@ def bench_command(
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft, dtype=dtype)
 
-    from ..decoding.runtime import prepare
     from ..measure import bench, lossy
     from ..pairs import manifest
-    from ..pairs.tokenization import encode_prompt
 
     thread_policy.apply(threads)
     sampling = sampling_params(temperature, 0, 1.0)
@@ -137,13 +135,10 @@ def bench_command(
     if any(m.kind in bench.AUTO_KINDS for m in chosen):
         watcher = open_profile(profile, spec, warn=warning_line)
         console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
-    runtime = prepare(spec)
-    runner = bench.Bench(runtime, max_new_tokens, sampling, seed, watcher.profile if watcher else None, samples)
-    encode = lambda p: encode_prompt(runtime.tokenizer, p.text)  # noqa: E731
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("benchmarking", total=len(items) * len(chosen) * samples)
-        measured = bench.run(runner, chosen, items, encode, lambda: progress.advance(task))
-    result = bench.report(measured, samples, seed)
+        runtime, result = bench.measure(spec, chosen, items, max_new_tokens, sampling, seed,
+                                        watcher.profile if watcher else None, samples, lambda: progress.advance(task))
     result["manifest"] = {
         "command": "specdec " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "specdec bench",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

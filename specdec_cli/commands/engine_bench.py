@@ -109,10 +109,8 @@ def own_loop(spec, items, encoded, count, max_new_tokens, threads, modes_text, p
     """specdec's own loop on the prompts of a concurrency-1 level (one request at a time),
     greedy, for reference beside the engine: the pair's dtype, not the servers' float32, and it stops
     at the end of an answer where the servers' requests ignore it (tok/s compare, lengths may not)."""
-    from ..decoding.runtime import prepare
     from ..measure import bench
     from ..pairs.profile import open_profile
-    from ..pairs.tokenization import encode_prompt
     from ..runtime import threads as thread_policy
     from ..serving.load import requests_for_level
     from .common import sampling_params, warning_line
@@ -123,10 +121,8 @@ def own_loop(spec, items, encoded, count, max_new_tokens, threads, modes_text, p
     thread_policy.apply(threads)
     watcher = open_profile(None, spec, warn=warning_line) if any(m.kind in bench.AUTO_KINDS for m in chosen) else None
     progress(f"specdec's own loop ({', '.join(map(str, chosen))}, {spec.target.dtype}) on {len(prompts)} prompts, one at a time")
-    runtime = prepare(spec)
-    runner = bench.Bench(runtime, max_new_tokens, sampling_params(0.0, 0, 1.0), 0, watcher.profile if watcher else None, 1)
-    measured = bench.run(runner, chosen, prompts, lambda p: encode_prompt(runtime.tokenizer, p.text))
-    report = bench.report(measured, 1, 0)
+    _, report = bench.measure(spec, chosen, prompts, max_new_tokens, sampling_params(0.0, 0, 1.0),
+                              profile=watcher.profile if watcher else None)
     keep = ("tokens_per_s", "speedup_vs_plain", "acceptance_rate", "mean_accepted_length", "completion_length",
             "identical_to_plain", "wall_s")
     return {"concurrency": 1, "dtype": spec.target.dtype, "prompts": len(prompts), "modes": {

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..runtime.lean_model import Norm, Rotary, uninitialised
+from ..runtime.lean_model import Norm, Rotary, uninitialised_linear as linear
 
 
 def layer_config(layer: dict):
@@ -30,9 +30,6 @@ def layer_skeleton(config) -> nn.Module:
     dim = getattr(config, "head_dim", None) or hidden // heads
     bias = getattr(config, "attention_bias", False)
     mlp_bias = getattr(config, "mlp_bias", False)
-
-    def linear(width_in: int, width_out: int, bias: bool) -> nn.Linear:
-        return uninitialised(nn.Linear, width_in, width_out, bias)
 
     attention, mlp, layer = nn.Module(), nn.Module(), nn.Module()
     attention.q_proj = linear(hidden, heads * dim, bias)

@@ -64,39 +64,51 @@ def table(levels: list[Level], last_batch: int = LAST_BATCH) -> list[list[int]]:
     return rows
 
 
-def read_levels(path: Path, method: str) -> list[Level]:
-    """The levels of an engine bench JSON for one drafting method (vLLM's name: ngram, draft_model,
-    eagle3) beside plain. Reads the engine bench's ``modes: {MODE: {LEVEL: {output_tok_s}}}``."""
+def read_bench(path: Path) -> dict:
+    """An engine bench's JSON (`specdec bench --engine vllm --json`), read once for its levels and
+    its servers' arguments."""
     data = read_json(path, "--from-bench")
+    return data if isinstance(data, dict) else {}
+
+
+def levels(data: dict, method: str, path: Path) -> list[Level]:
+    """The levels of an engine bench (``read_bench``) for one drafting method (vLLM's name: ngram,
+    draft_model, eagle3) beside plain, from its ``modes: {MODE: {LEVEL: {output_tok_s}}}``."""
     by_level: dict[int, dict[int, float]] = {}
     for concurrency, mode, speed in _rows(data):
         parsed = mode_k(mode)
         if parsed is None or parsed[0] not in (PLAIN, *_aliases(method)):
             continue
         by_level.setdefault(concurrency, {})[parsed[1]] = speed
-    levels = [Level(c, speeds) for c, speeds in sorted(by_level.items()) if 0 in speeds and len(speeds) > 1]
-    if not levels:
+    found = [Level(c, speeds) for c, speeds in sorted(by_level.items()) if 0 in speeds and len(speeds) > 1]
+    if not found:
         raise UserError(f"--from-bench {path}: no concurrency level with both vllm-plain and a {method} mode "
                         "(run `specdec bench --engine vllm --concurrency 1,2,4,... --modes vllm-plain,...`)")
-    return levels
+    return found
 
 
-def measured_lookup_bounds(path: Path) -> tuple[int, int] | None:
-    """The prompt-lookup bounds the bench's ngram servers ran with (its manifest keeps every server's
-    arguments), so that an export from it configures what was measured; None when it does not say."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    servers = (((data.get("manifest") or {}).get("engine") or {}).get("servers") or {}) if isinstance(data, dict) else {}
-    for mode, server in sorted(servers.items()):
-        arguments = (server or {}).get("arguments") or []
-        if "--speculative-config" not in arguments[:-1]:
-            continue
-        try:
-            config = json.loads(arguments[arguments.index("--speculative-config") + 1])
-        except (json.JSONDecodeError, TypeError):
-            continue
-        if isinstance(config, dict) and config.get("method") == "ngram" and {"prompt_lookup_min", "prompt_lookup_max"} <= set(config):
-            return int(config["prompt_lookup_min"]), int(config["prompt_lookup_max"])
-    return None
+def lookup_bounds(data: dict, k: int) -> tuple[int, int] | None:
+    """The prompt-lookup bounds the bench's ngram server for K ``k`` ran with (its manifest keeps every
+    server's arguments; another ngram server's where none drafted K ``k``), so that an export from it
+    configures what was measured; None when the bench does not say."""
+    servers = ((data.get("manifest") or {}).get("engine") or {}).get("servers") or {}
+    found = {}
+    for mode, server in servers.items():
+        parsed = mode_k(mode)
+        config = _speculative_config((server or {}).get("arguments") or [])
+        if parsed and config.get("method") == "ngram" and {"prompt_lookup_min", "prompt_lookup_max"} <= set(config):
+            found[parsed[1]] = int(config["prompt_lookup_min"]), int(config["prompt_lookup_max"])
+    return found.get(k) or (found[min(found)] if found else None)
+
+
+def _speculative_config(arguments: list) -> dict:
+    if "--speculative-config" not in arguments[:-1]:
+        return {}
+    try:
+        config = json.loads(arguments[arguments.index("--speculative-config") + 1])
+    except (json.JSONDecodeError, TypeError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _aliases(method: str) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..pairs.profile import PairProfile, profile_path, read_profiles, section_name
 from ..pairs.registry import HEAD, MODEL, NGRAM, DrafterSpec, PairSpec
-from .bench_table import measured_lookup_bounds, read_levels, table
+from .bench_table import levels as bench_levels, lookup_bounds, read_bench, table
 from .engines import Drafter, Plan
 from .fold import Fold, fold, sensitivity
 
@@ -93,8 +93,9 @@ def make_plan(engine: str, pair: PairSpec, profile: PairProfile | None, profile_
     if folded:
         notes.append(folded.describe())
     if bench is not None:
-        levels = read_levels(bench, VLLM_METHOD[drafter.kind])
-        bounds = measured_lookup_bounds(bench) if drafter.kind == NGRAM else None
+        measured = read_bench(bench)
+        levels = bench_levels(measured, VLLM_METHOD[drafter.kind], bench)
+        bounds = lookup_bounds(measured, levels[0].best_k) if drafter.kind == NGRAM else None
         if bounds and bounds != (drafter.min_ngram, drafter.max_ngram):
             notes.append(f"prompt lookup {bounds[0]}-{bounds[1]} as the engine bench measured it (the pair's own "
                          f"bounds are {drafter.min_ngram}-{drafter.max_ngram})")

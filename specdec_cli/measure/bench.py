@@ -32,10 +32,11 @@ from ..decoding.engine import KSchedule, SpeculativeEngine
 from ..decoding.control.estimates import Acceptance
 from ..decoding.head import HeadTree
 from ..decoding.kv import input_device
-from ..decoding.runtime import Runtime
+from ..decoding.runtime import Runtime, prepare
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import PairProfile
+from ..pairs.tokenization import encode_prompt
 from ..pairs.registry import HEAD, MODEL, NGRAM
 from ..prompts import Prompt
 from . import lossy
@@ -346,6 +347,16 @@ def _quantile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def measure(spec, modes: list[Mode], prompts: list[Prompt], max_new_tokens: int, sampling: SamplingParams,
+            seed: int = 0, profile: PairProfile | None = None, samples: int = 1, progress=None) -> tuple[Runtime, dict]:
+    """The pair ``spec`` prepared, ``modes`` run on ``prompts`` (``run``) and ``report``ed: what
+    `specdec bench` and an engine bench's own-loop reference both do. The runtime, for a manifest."""
+    runtime = prepare(spec)
+    bench = Bench(runtime, max_new_tokens, sampling, seed, profile, samples)
+    measured = run(bench, modes, prompts, lambda p: encode_prompt(runtime.tokenizer, p.text), progress)
+    return runtime, report(measured, samples, seed)
 
 
 def report(samples: dict[Mode, list[Sample]], draws: int = 1, seed: int = 0) -> dict:

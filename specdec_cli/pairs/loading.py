@@ -188,25 +188,23 @@ def _lean_skeleton(config, directory: str, tensors: dict, layout: dict, dense) -
 
 
 def _generation_config(directory: str, config):
+    """generation_config.json, else what from_pretrained derives from the model's config."""
     from transformers import GenerationConfig
 
     try:
         return GenerationConfig.from_pretrained(directory)
     except OSError:
-        return GenerationConfig.from_model_config(config)  # what from_pretrained derives without the file
+        return GenerationConfig.from_model_config(config)
 
 
 def _skeleton(directory: str) -> PreTrainedModel:
     """The float model's structure without its weights (meta device), with its generation settings."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(directory)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    try:
-        model.generation_config = GenerationConfig.from_pretrained(directory)
-    except OSError:
-        pass  # no generation_config.json: from_pretrained keeps the one derived from the config too
+    model.generation_config = _generation_config(directory, config)
     return model
 
 

@@ -66,17 +66,15 @@ class Rotary(nn.Module):
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
-def uninitialised(kind: type[nn.Linear] | type[nn.Embedding], rows_in: int, width: int, bias: bool = False) -> nn.Module:
-    """An nn.Linear (in, out) or nn.Embedding (count, width) whose weight is an empty meta tensor,
-    for prepared.assemble to replace: initialising one, even on the meta device (as torch's
-    ``skip_init`` does), goes through torch._refs, which imports torch._dynamo (over a second)."""
-    if kind is nn.Embedding:  # a given weight is not initialised
-        return nn.Embedding(rows_in, width, _weight=torch.empty(rows_in, width, device="meta"))
+def uninitialised_linear(width_in: int, width_out: int, bias: bool = False) -> nn.Linear:
+    """An nn.Linear whose parameters are empty meta tensors, for weights assigned later: initialising
+    one, even on the meta device (as torch's ``skip_init`` does), goes through torch._refs, which
+    imports torch._dynamo (over a second)."""
     module = nn.Linear.__new__(nn.Linear)
     nn.Module.__init__(module)
-    module.in_features, module.out_features = rows_in, width
-    module.weight = nn.Parameter(torch.empty(width, rows_in, device="meta"))
-    module.register_parameter("bias", nn.Parameter(torch.empty(width, device="meta")) if bias else None)
+    module.in_features, module.out_features = width_in, width_out
+    module.weight = nn.Parameter(torch.empty(width_out, width_in, device="meta"))
+    module.register_parameter("bias", nn.Parameter(torch.empty(width_out, device="meta")) if bias else None)
     return module
 
 
@@ -98,7 +96,9 @@ class LeanCausalLM(nn.Module):
         eps = config.rms_norm_eps
         layers = [_container(self_attn=nn.Module(), mlp=nn.Module(), input_layernorm=Norm(eps),
                              post_attention_layernorm=Norm(eps)) for _ in range(config.num_hidden_layers)]
-        embed = uninitialised(nn.Embedding, config.vocab_size, config.hidden_size)  # a drafter looks tokens up in it
+        # A drafter looks tokens up in it; a weight given is not initialised (see uninitialised_linear).
+        embed = nn.Embedding(config.vocab_size, config.hidden_size,
+                             _weight=torch.empty(config.vocab_size, config.hidden_size, device="meta"))
         self.model = _container(embed_tokens=embed, layers=nn.ModuleList(layers), norm=Norm(eps),
                                 rotary_emb=Rotary())
         self.lm_head = nn.Module()

@@ -76,13 +76,6 @@ def save(path: Path, model: nn.Module, dense: list[tuple[torch.Tensor, ...]] | N
         Path(staging).unlink(missing_ok=True)
 
 
-def restore(path: Path, skeleton: nn.Module, key: str) -> tuple[nn.Module, list[tuple[torch.Tensor, ...]] | None]:
-    """``skeleton`` (the float model's structure, on the meta device) made the model saved at
-    ``path``, and the dense prompt copies; ``Unusable`` if the file cannot be trusted."""
-    tensors, layout = read(path, key)
-    return assemble(skeleton, tensors, layout), dense_copies(tensors, layout)
-
-
 def read(path: Path, key: str) -> tuple[dict[str, torch.Tensor], dict]:
     """The tensors saved at ``path`` (mapped, not copied) and their layout; ``Unusable`` if the file
     does not parse or was written under another key."""
