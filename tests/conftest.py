@@ -1,10 +1,38 @@
-"""Tiny seeded Llama-style models, built from a config in the tests: no downloads, milliseconds a forward."""
+"""Tiny seeded Llama-style models, built from a config in the tests: no downloads, milliseconds a forward.
+
+A test run has a specdec cache of its own, so that no test writes into the user's."""
 
 from __future__ import annotations
+
+import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec_cli.serving import environment
+
+TEST_CACHE = "SPECDEC_TEST_CACHE"  # a cache for the tests to keep between runs (conversions and all); a new one if unset
+_made_cache: str | None = None
+
+
+def pytest_configure(config):
+    """``$SPECDEC_CACHE`` is a temporary directory (removed afterwards), or ``$SPECDEC_TEST_CACHE``.
+    vLLM's environment stays where ``install.sh test`` built it, in the user's cache."""
+    global _made_cache
+    os.environ.setdefault(environment.ENV_VAR, str(environment.vllm_env()))
+    if os.environ.get(TEST_CACHE):
+        os.environ["SPECDEC_CACHE"] = os.environ[TEST_CACHE]
+    else:
+        _made_cache = tempfile.mkdtemp(prefix="specdec-test-cache-")
+        os.environ["SPECDEC_CACHE"] = os.environ[TEST_CACHE] = _made_cache  # a nested run shares it
+
+
+def pytest_unconfigure(config):
+    if _made_cache is not None:
+        shutil.rmtree(_made_cache, ignore_errors=True)
 
 
 def tiny_llama(seed: int, vocab_size: int = 98, hidden: int = 32, layers: int = 2, **overrides) -> LlamaForCausalLM:

@@ -6,6 +6,8 @@ from specdec_cli.decoding.blocks import measure, plan
 from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 
+pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
+
 PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]
 PAD_TO_8 = {n: 8 for n in range(2, 9)}  # every multi-token block run as 8 tokens
 

@@ -14,6 +14,8 @@ from specdec_cli.runtime import dense_prefill
 from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.registry import load_registry
 
+pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
+
 PROMPT = torch.randint(3, 98, (1, 24), generator=torch.Generator().manual_seed(11))
 
 

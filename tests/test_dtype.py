@@ -26,6 +26,8 @@ from specdec_cli.pairs.profile import (
 from specdec_cli.runtime.quantize import Int4Linear, Int8Linear, dequantize_int4, int4_groups, output_weight
 from specdec_cli.pairs.registry import load_registry
 
+pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
+
 runner = CliRunner()
 DTYPES = ["float32", "bfloat16", "int8", "int4"]
 Q4 = {"Q4_0": gguf.GGMLQuantizationType.Q4_0, "Q4_1": gguf.GGMLQuantizationType.Q4_1}

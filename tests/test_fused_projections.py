@@ -14,6 +14,8 @@ from specdec_cli.runtime.quantize import Int4Linear, Int8Linear, int4_groups, in
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
 
+pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
+
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 @pytest.mark.parametrize("rows", [1, 5, 17])

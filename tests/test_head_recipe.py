@@ -212,6 +212,7 @@ def test_first_turns_are_finished_greedy_answers_to_known_prompts_and_conversati
 # --- the head at a quantised target's precision -------------------------------------------------
 
 
+@pytest.mark.cpu_kernels
 def test_a_quantised_targets_head_runs_int8_without_touching_the_float_head_and_stays_lossless():
     from specdec_cli.runtime.quantize import Int8Linear, quantise_model
 
@@ -231,6 +232,7 @@ def test_a_quantised_targets_head_runs_int8_without_touching_the_float_head_and_
             assert [t for e in engine.generate(prompt, k=k, max_new_tokens=30) for t in e.emitted] == plain
 
 
+@pytest.mark.cpu_kernels
 def test_sampling_with_an_int8_head_keeps_the_targets_distribution():
     small, _ = small_models()
     torch.manual_seed(0)
@@ -238,6 +240,7 @@ def test_sampling_with_an_int8_head_keeps_the_targets_distribution():
     assert assert_lossless(small, drafter, SamplingParams(1.0)) is None
 
 
+@pytest.mark.cpu_kernels
 def test_the_quantised_heads_lean_layer_computes_what_its_transformers_layer_does():
     from specdec_cli.runtime.quantize import quantise_model
 

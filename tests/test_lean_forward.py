@@ -17,6 +17,8 @@ from specdec_cli.runtime.quantize import quantise_model
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
 
+pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
+
 
 def pair(kind):
     """(transformers' forward, the lean forward) over the same quantised weights."""

@@ -23,6 +23,8 @@ from specdec_cli.pairs.meta import read_meta
 from specdec_cli.runtime.lean_model import LeanCausalLM, Rotary, lean_config
 from specdec_cli.runtime.quantize import quantise_model
 
+pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -16,6 +16,8 @@ from specdec_cli.pairs.sources import ModelSource
 from specdec_cli.runtime import prepared
 from specdec_cli.runtime.lean_forward import LeanLlama
 
+pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
@@ -38,7 +40,7 @@ def built_only(monkeypatch) -> list[int]:
 def test_the_mapped_target_gives_the_built_ones_logits_bit_for_bit(model_dir, cache, monkeypatch, dtype):
     builds = built_only(monkeypatch)
     built = loading.load(spec(model_dir, dtype)).model
-    files = list(cache.glob("prepared-*.safetensors"))
+    files = list(cache.glob("prepared-*.pt"))
     assert builds == [1] and len(files) == 1
     mapped = loading.load(spec(model_dir, dtype)).model
     assert builds == [1]  # not built again
@@ -53,7 +55,7 @@ def test_the_mapped_target_gives_the_built_ones_logits_bit_for_bit(model_dir, ca
 
 def test_a_corrupted_file_is_rebuilt_with_one_warning_and_never_used(model_dir, cache, monkeypatch, capsys):
     want = forwards(loading.load(spec(model_dir, "int4")).model)
-    (path,) = cache.glob("prepared-*.safetensors")
+    (path,) = cache.glob("prepared-*.pt")
     data = path.read_bytes()
     builds = built_only(monkeypatch)
     for damaged in (data[: len(data) // 2], b"\xff" * 16 + data[16:]):  # truncated; a header that does not parse
@@ -72,14 +74,14 @@ def test_a_corrupted_file_is_rebuilt_with_one_warning_and_never_used(model_dir, 
 def test_a_file_prepared_under_other_code_is_not_used(model_dir, cache, monkeypatch):
     loading.load(spec(model_dir, "int4"))
     loading.load(spec(model_dir, "int8"))
-    old = next(cache.glob("prepared-*.safetensors"))
-    old_files = set(cache.glob("prepared-*.safetensors"))
+    old = next(cache.glob("prepared-*.pt"))
+    old_files = set(cache.glob("prepared-*.pt"))
     old_bytes = old.read_bytes()
     monkeypatch.setattr(prepared, "code_digest", lambda: "other code")
     builds = built_only(monkeypatch)
     loading.load(spec(model_dir, "int4"))
     assert builds == [1]
-    files = set(cache.glob("prepared-*.safetensors"))
+    files = set(cache.glob("prepared-*.pt"))
     assert len(files) == 2 and len(files & old_files) == 1  # the old int4 file is gone, the int8 one kept
     # The key is checked inside the file too: one copied under the new name is refused.
     (new,) = files - old_files

@@ -12,6 +12,8 @@ from specdec_cli.decoding.tree import Tree, verify_tree
 from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.registry import load_registry
 
+pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
+
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
 def test_a_tree_scores_each_node_exactly_as_one_token_forwards_along_its_path(pair_dir, dtype):

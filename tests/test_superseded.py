@@ -13,8 +13,8 @@ def conversion(cache, name, source):
     return directory
 
 
-def prepared_file(cache, directory):
-    path = cache / f"prepared-{superseded.prepared_name(directory.name)}-0123456789-abcdefabcd.safetensors"
+def prepared_file(cache, directory, suffix=".pt"):
+    path = cache / f"prepared-{superseded.prepared_name(directory.name)}-0123456789-abcdefabcd{suffix}"
     path.write_bytes(b"x")
     return path
 
@@ -27,8 +27,9 @@ def test_the_older_copys_conversion_and_prepared_targets_go_and_nothing_else(tmp
     kept = conversion(tmp_path, "SmolLM2.Q4_1-dddddddddddd", ours)
     other_model = conversion(tmp_path, "Other.Q4_1-eeeeeeeeeeee", ours.replace("SmolLM2", "Other"))
     files = {d: prepared_file(tmp_path, d) for d in (old, elsewhere, unmarked, kept, other_model)}
+    older_format = prepared_file(tmp_path, old, ".safetensors")
     assert superseded.remove_superseded(tmp_path, kept, ours) == [old]
-    assert not old.exists() and not files[old].exists()
+    assert not old.exists() and not files[old].exists() and not older_format.exists()
     for directory in (elsewhere, unmarked, kept, other_model):
         assert (directory / "config.json").is_file() and files[directory].exists()
     assert superseded.source_of(kept) == ours and superseded.source_of(unmarked) is None

@@ -141,7 +141,7 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lea
     if path is not None:
         try:
             prepared.save(path, model, dense, key)
-            for stale in path.parent.glob(f"{path.name.rsplit('-', 1)[0]}-*.safetensors"):
+            for stale in prepared.files(path.parent, f"{path.name.rsplit('-', 1)[0]}-"):
                 if stale != path:  # the same source, dtype and copies under older code: never read again
                     stale.unlink(missing_ok=True)
         except OSError:
@@ -150,10 +150,10 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lea
 
 
 def _prepared_path(key: str, name: str) -> Path:
-    """prepared-NAME-SOURCE-CODE.safetensors: SOURCE digests the key's fields but the code's (the last), so
+    """prepared-NAME-SOURCE-CODE.pt: SOURCE digests the key's fields but the code's (the last), so
     that a file written under older code for the same source is found and removed."""
     source = key.rsplit("|", 2)[0]  # the code digest and the library version are the key's last fields
-    return cache_root() / f"prepared-{superseded.prepared_name(name)}-{_short(source)}-{_short(key)}.safetensors"
+    return cache_root() / f"prepared-{superseded.prepared_name(name)}-{_short(source)}-{_short(key)}{prepared.SUFFIX}"
 
 
 def _short(text: str) -> str:

@@ -16,6 +16,8 @@ import re
 import shutil
 from pathlib import Path
 
+from ..runtime import prepared
+
 MARK = "specdec-source.json"
 
 
@@ -45,8 +47,8 @@ def remove_superseded(cache: Path, kept: Path, source: str) -> list[Path]:
         if other == kept or not other.is_dir() or source_of(other) != source:
             continue
         if prepared_name(other.name) != prepared_name(kept.name):  # a name cut short could match the kept ones
-            for prepared in cache.glob(f"prepared-{prepared_name(other.name)}-*.safetensors"):
-                prepared.unlink(missing_ok=True)
+            for path in prepared.files(cache, f"prepared-{prepared_name(other.name)}-"):
+                path.unlink(missing_ok=True)
         shutil.rmtree(other, ignore_errors=True)
         removed.append(other)
     return removed

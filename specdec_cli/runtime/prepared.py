@@ -1,13 +1,19 @@
 """A quantised target as it is once prepared — packed int4 / int8 weights and scales, fused
-projections, dense prompt copies, embeddings and norms — saved in one safetensors file and mapped
-back into memory on later runs instead of rebuilt.
+projections, dense prompt copies, embeddings and norms — saved in one file and mapped back into
+memory on later runs instead of rebuilt.
 
 Preparing the project's int4 target re-reads the GGUF (its 49k-token vocabulary fields alone take
 seconds), matches and packs every block and copies the float weights for prompts: most of a warm
 start. Restoring builds the model's skeleton on the meta device (no weights allocated), puts the
-saved modules in place and hands it tensors that safetensors maps from the file: nothing is
+saved modules in place and hands it tensors that torch maps from the file: nothing is
 computed, so the restored model is the prepared one bit for bit (tested), and pages are read when
 a forward first touches them.
+
+The file is torch's own (``torch.save``, mapped by ``torch.load(mmap=True)``), because torch aligns
+every tensor in it to 64 bytes: on AVX-512 the int8 kernel reads its weight (and its input) with
+aligned 16-byte loads and faults on anything less, and safetensors packs tensors back to back at
+whatever offset the ones before leave. ``read`` checks the alignment too, so a file that does not
+give it is rebuilt, never handed to a kernel.
 
 The file's metadata holds the key it was written under (the caller's source fingerprint, dtype and
 ``code_digest``) and the layout (which module is which kernel, which siblings share a projection,
@@ -21,17 +27,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .fused_projections import SIBLINGS, SharedProjection, install
-from .quantize import Int4Linear, Int8Linear
+from .quantize import Int4Linear, Int8Linear, int8_columns
 
-FORMAT = "1"
+FORMAT = "2"
 DENSE = "dense"  # tensor name prefix of the prompt copies: dense.LAYER.INDEX
+SUFFIX = ".pt"
+ALIGNMENT = 64  # bytes: what torch.save gives every tensor, more than any CPU kernel here asks
 
 
 class Unusable(ValueError):
@@ -55,9 +65,6 @@ def code_digest() -> str:
 def save(path: Path, model: nn.Module, dense: list[tuple[torch.Tensor, ...]] | None, key: str) -> None:
     """Write ``model`` (quantised by quantize.quantise_model) and its dense prompt copies to ``path``,
     atomically: a reader finds the whole file or none; OSError when it cannot be written."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
     tensors, layout = _flatten(model)
     for layer, weights in enumerate(dense or []):
         for index, weight in enumerate(weights):
@@ -68,31 +75,37 @@ def save(path: Path, model: nn.Module, dense: list[tuple[torch.Tensor, ...]] | N
     handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(handle)
     try:
-        save_file(tensors, staging, metadata={"key": key, "layout": json.dumps(layout)})
+        torch.save({"format": FORMAT, "key": key, "layout": json.dumps(layout), "tensors": tensors}, staging)
         os.replace(staging, path)
-    except SafetensorError as exc:  # a full disk, for one
+    except RuntimeError as exc:  # a full disk, for one: torch's zip writer raises it
         raise OSError(f"{path}: {exc}") from None
     finally:
         Path(staging).unlink(missing_ok=True)
 
 
+def files(directory: Path, prefix: str) -> list[Path]:
+    """The prepared files in ``directory`` whose names start with ``prefix``: this format's, and the
+    safetensors files of the format before it (never read now; removed as stale files are)."""
+    return [path for path in directory.glob(f"{prefix}*") if path.suffix in (SUFFIX, ".safetensors")]
+
+
 def read(path: Path, key: str) -> tuple[dict[str, torch.Tensor], dict]:
     """The tensors saved at ``path`` (mapped, not copied) and their layout; ``Unusable`` if the file
-    does not parse or was written under another key."""
-    from safetensors import SafetensorError, safe_open
-
+    does not parse, was written under another key, or holds a tensor the kernels could not read."""
     try:
-        with safe_open(path, framework="pt") as handle:
-            metadata = handle.metadata() or {}
-            if metadata.get("key") != key:
-                raise Unusable(f"{path} was prepared under another key")
-            layout = json.loads(metadata["layout"])
-            tensors = handle.get_tensors() if hasattr(handle, "get_tensors") else {n: handle.get_tensor(n) for n in handle.keys()}
-        return tensors, layout
+        saved = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+        if not isinstance(saved, dict) or saved.get("format") != FORMAT or saved.get("key") != key:
+            raise Unusable(f"{path} was prepared under another key")
+        tensors, layout = saved["tensors"], json.loads(saved["layout"])
     except Unusable:
         raise
-    except (OSError, SafetensorError, KeyError, ValueError, TypeError, RuntimeError, AttributeError) as exc:
-        raise Unusable(f"{path}: {exc}") from None
+    except (OSError, EOFError, KeyError, ValueError, TypeError, RuntimeError, AttributeError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as exc:
+        raise Unusable(f"{path}: {_first_line(exc)}") from None
+    misaligned = [name for name, tensor in tensors.items() if tensor.data_ptr() % ALIGNMENT]
+    if misaligned:
+        raise Unusable(f"{path}: {misaligned[0]} is not aligned to {ALIGNMENT} bytes")
+    return tensors, layout
 
 
 def assemble(skeleton: nn.Module, tensors: dict[str, torch.Tensor], layout: dict) -> nn.Module:
@@ -148,10 +161,11 @@ def _assemble(skeleton: nn.Module, tensors: dict[str, torch.Tensor], layout: dic
             in_features, out_features, group = layout["int4"][name]
             return Int4Linear.from_packed(tensors[f"{name}.packed"], tensors[f"{name}.scales_and_zeros"],
                                           in_features, out_features, bias, group)
+        in_features, out_features = layout["int8"][name]
         q, scale = tensors[f"{name}.q"], tensors[f"{name}.scale"]
-        if list(q.shape) != list(layout["int8"][name])[::-1]:
+        if list(q.shape) != [out_features, int8_columns(in_features)]:
             raise Unusable(f"{name}: int8 weight of shape {list(q.shape)}")
-        return Int8Linear(q, scale, bias, scale.dtype)
+        return Int8Linear.from_saved(q, scale, in_features, bias)
 
     fused = set()
     for parent_name, siblings, widths in layout["shared"]:
@@ -199,3 +213,8 @@ def _dense(tensors: dict[str, torch.Tensor], counts: list[int] | None) -> list[t
     if counts is None:
         return None
     return [tuple(tensors[f"{DENSE}.{layer}.{index}"] for index in range(count)) for layer, count in enumerate(counts)]
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

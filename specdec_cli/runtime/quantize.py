@@ -23,6 +23,9 @@ GROUP = 32  # weights per int4 group: a GGUF block
 QUANTISED = ("int8", "int4")
 INNER_K_TILES = 8
 ROWS = 16  # output rows the int4 kernel packs together; others are padded with zero rows
+# Input columns of an int8 weight: on AVX-512 the kernel reads each weight row, and each input row,
+# with aligned 16-byte loads, so a row of other widths faults (even on the heap); zero columns pad it.
+COLUMNS = 16
 
 
 def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,21 +53,45 @@ def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
 
 
 class Int8Linear(nn.Module):
+    """``q`` holds ``int8_columns(in_features)`` columns, zeros past ``in_features``; an input is
+    padded to match (zero times zero adds nothing to a row's sum, so the result is the same)."""
+
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
         super().__init__()
         self.in_features, self.out_features = q.shape[1], q.shape[0]
-        self.register_buffer("q", q.contiguous())
+        self.register_buffer("q", _pad_columns(q, COLUMNS).contiguous())
         self.register_buffer("scale", scale.to(dtype).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach())
 
+    @classmethod
+    def from_saved(cls, q: torch.Tensor, scale: torch.Tensor, in_features: int, bias: torch.Tensor | None = None) -> "Int8Linear":
+        """The module whose (already padded) tensors these are (as saved by prepared.py), copying nothing."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = in_features, q.shape[0]
+        self.register_buffer("q", q)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(self.scale.dtype).contiguous()
+        flat = int8_input(x.reshape(-1, self.in_features).to(self.scale.dtype), self.q.shape[1]).contiguous()
         out = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale).to(x.dtype)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
     def dequantized(self) -> torch.Tensor:
-        return self.q.float() * self.scale.float()[:, None]
+        return self.q[:, : self.in_features].float() * self.scale.float()[:, None]
+
+
+def int8_columns(in_features: int) -> int:
+    """The columns an int8 weight of ``in_features`` is stored with."""
+    return in_features + -in_features % COLUMNS
+
+
+def int8_input(x: torch.Tensor, columns: int) -> torch.Tensor:
+    """[rows, in_features] -> [rows, columns]: zero columns where the weight has them (mostly none)."""
+    return x if x.shape[1] == columns else nn.functional.pad(x, (0, columns - x.shape[1]))
 
 
 class Int4Linear(nn.Module):
@@ -139,6 +166,11 @@ def _dense_forward(linear: Int4Linear | Int8Linear):
 def _pad_rows(tensor: torch.Tensor, multiple: int) -> torch.Tensor:
     missing = -tensor.shape[0] % multiple
     return torch.cat([tensor, tensor.new_zeros(missing, *tensor.shape[1:])]) if missing else tensor
+
+
+def _pad_columns(tensor: torch.Tensor, multiple: int) -> torch.Tensor:
+    missing = -tensor.shape[1] % multiple
+    return nn.functional.pad(tensor, (0, missing)) if missing else tensor
 
 
 def quantised_linear(linear: nn.Linear, kind: str, dtype: torch.dtype, blocks=None) -> nn.Module:

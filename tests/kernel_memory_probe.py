@@ -1,0 +1,107 @@
+"""Runs specdec's weight-only kernels on memory laid out as a mapped file can lay it out, in a process
+of its own: a kernel that reads past its weight, or a weight the kernel cannot read where it lies,
+kills this process (test_kernel_memory.py reads the exit status).
+
+    python kernel_memory_probe.py guard KIND OUT IN    # each kernel tensor ends at an inaccessible page
+    python kernel_memory_probe.py touch                # the guard page itself: must die by SIGSEGV
+    python kernel_memory_probe.py prepared KIND HIDDEN # a tiny target prepared, then mapped back and run
+
+Prints ``ok`` when everything ran.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+import tempfile
+
+import torch
+
+PAGE = mmap.PAGESIZE
+_libc = ctypes.CDLL(None, use_errno=True)
+_keep = []  # the mappings behind guarded tensors live as long as the process
+
+
+def guarded(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` whose last byte is the last byte before a PROT_NONE page."""
+    tensor = tensor.contiguous()
+    size = tensor.numel() * tensor.element_size()
+    pages = -(-size // PAGE) * PAGE
+    region = mmap.mmap(-1, pages + PAGE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    if _libc.mprotect(ctypes.c_void_p(base + pages), PAGE, 0) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect")
+    _keep.append(region)
+    placed = torch.frombuffer(region, dtype=tensor.dtype, count=tensor.numel(), offset=pages - size)
+    return placed.view(tensor.shape).copy_(tensor)
+
+
+def kernel_tensors(linear) -> list[str]:
+    from specdec_cli.runtime.quantize import Int4Linear
+
+    return ["packed", "scales_and_zeros"] if isinstance(linear, Int4Linear) else ["q", "scale"]
+
+
+def guard(kind: str, out_features: int, in_features: int) -> None:
+    """A linear built the project's way, each of its kernel tensors moved against a guard page, run
+    through the lean forward's kernel and the module's forward at every block length up to 8 rows."""
+    from specdec_cli.runtime.lean_forward import kernel
+    from specdec_cli.runtime.quantize import quantised_weight
+
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))
+    linear = quantised_weight(weight, kind)
+    for name in kernel_tensors(linear):
+        linear.register_buffer(name, guarded(getattr(linear, name)))
+    reference = linear.dequantized()
+    run = kernel(linear)
+    for rows in range(1, 9):
+        x = torch.randn(rows, in_features)
+        lean, module = run(x), linear(x)
+        assert lean.shape == (rows, out_features) and torch.equal(lean, module)
+        expected = x.to(torch.bfloat16).float() @ reference.t()
+        assert torch.allclose(lean, expected, rtol=0.02, atol=0.05 * expected.abs().max().item()), (lean - expected).abs().max()
+
+
+def touch() -> None:
+    """Reads the byte after a guarded tensor: the process must die here, or the guard guards nothing."""
+    placed = guarded(torch.zeros(100, dtype=torch.int8))
+    ctypes.string_at(placed.data_ptr() + placed.numel(), 1)
+
+
+def prepared(kind: str, hidden: int) -> None:
+    """A tiny target loaded twice at ``kind``: built and saved, then mapped back from its prepared
+    file. Every mapped tensor must lie where the kernels can read it, and both must score alike."""
+    from conftest import char_tokenizer, tiny_llama
+    from prepared_support import forwards, spec
+
+    from specdec_cli.pairs import loading
+    from specdec_cli.runtime import prepared as prepared_file
+
+    root = tempfile.mkdtemp(prefix="specdec-probe-")
+    os.environ["SPECDEC_CACHE"] = os.path.join(root, "cache")
+    model = tiny_llama(seed=4, hidden=hidden)
+    model.save_pretrained(os.path.join(root, "target"))
+    char_tokenizer().save_pretrained(os.path.join(root, "target"))
+    built = loading.load(spec(os.path.join(root, "target"), kind)).model
+    mapped = loading.load(spec(os.path.join(root, "target"), kind)).model
+    for a, b in zip(forwards(built), forwards(mapped)):
+        assert torch.equal(a, b)
+    (path,) = prepared_file.files(loading.cache_root(), "prepared-")
+    tensors = {n: t for n, t in list(mapped.named_buffers()) + list(mapped.named_parameters())}
+    misaligned = [n for n, t in tensors.items() if t.data_ptr() % prepared_file.ALIGNMENT]
+    assert not misaligned, f"mapped from {path.name} at addresses no kernel is promised: {misaligned[:3]}"
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    if command == "guard":
+        guard(args[0], int(args[1]), int(args[2]))
+    elif command == "touch":
+        touch()
+    elif command == "prepared":
+        prepared(args[0], int(args[1]))
+    else:
+        raise SystemExit(f"unknown probe {command}")
+    print("ok")

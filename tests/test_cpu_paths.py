@@ -1,0 +1,39 @@
+"""The kernel-dependent tests (marked ``cpu_kernels``) once more on AVX2's kernels.
+
+torch picks its CPU kernels by the CPU's capability, and the paths differ in more than speed: on
+AVX-512 the int8 kernel faults on rows that are not 16-byte aligned, where AVX2's reads them. On a
+machine above AVX2 this runs the marked tests again in a pytest of their own under
+``ATEN_CPU_CAPABILITY=avx2``, so that neither path breaks unnoticed on a machine that has the other.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+VARIABLE = "ATEN_CPU_CAPABILITY"
+
+
+@pytest.mark.cpu_kernels
+def test_torch_runs_the_kernels_this_run_asked_for():
+    asked = os.environ.get(VARIABLE)
+    if not asked:
+        pytest.skip(f"{VARIABLE} is not set: torch runs this CPU's best kernels")
+    assert torch.backends.cpu.get_cpu_capability() == asked.upper()
+
+
+def test_the_kernel_tests_pass_on_avx2_kernels_too():
+    if os.environ.get(VARIABLE):
+        pytest.skip(f"this run chose its kernels ({VARIABLE}={os.environ[VARIABLE]})")
+    capability = torch.backends.cpu.get_cpu_capability()
+    if not capability.startswith("AVX512"):
+        pytest.skip(f"this CPU runs {capability} kernels: the marked tests ran on them already")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-m", "cpu_kernels", "-q", "-p", "no:cacheprovider",
+                          str(Path(__file__).parent)], env={**os.environ, VARIABLE: "avx2"},
+                         capture_output=True, text=True, timeout=1800)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+    assert run.returncode == 0, f"on AVX2's kernels: {summary}\n{run.stdout[-6000:]}\n{run.stderr[-2000:]}"
+    assert " passed" in summary, summary
