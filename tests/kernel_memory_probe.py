@@ -79,19 +79,19 @@ def prepared(kind: str, hidden: int) -> None:
     from specdec_cli.pairs import loading
     from specdec_cli.runtime import prepared as prepared_file
 
-    root = tempfile.mkdtemp(prefix="specdec-probe-")
-    os.environ["SPECDEC_CACHE"] = os.path.join(root, "cache")
-    model = tiny_llama(seed=4, hidden=hidden)
-    model.save_pretrained(os.path.join(root, "target"))
-    char_tokenizer().save_pretrained(os.path.join(root, "target"))
-    built = loading.load(spec(os.path.join(root, "target"), kind)).model
-    mapped = loading.load(spec(os.path.join(root, "target"), kind)).model
-    for a, b in zip(forwards(built), forwards(mapped)):
-        assert torch.equal(a, b)
-    (path,) = prepared_file.files(loading.cache_root(), "prepared-")
-    tensors = {n: t for n, t in list(mapped.named_buffers()) + list(mapped.named_parameters())}
-    misaligned = [n for n, t in tensors.items() if t.data_ptr() % prepared_file.ALIGNMENT]
-    assert not misaligned, f"mapped from {path.name} at addresses no kernel is promised: {misaligned[:3]}"
+    with tempfile.TemporaryDirectory(prefix="specdec-probe-") as root:
+        os.environ["SPECDEC_CACHE"] = os.path.join(root, "cache")
+        target = os.path.join(root, "target")
+        tiny_llama(seed=4, hidden=hidden).save_pretrained(target)
+        char_tokenizer().save_pretrained(target)
+        built = loading.load(spec(target, kind)).model
+        mapped = loading.load(spec(target, kind)).model
+        for a, b in zip(forwards(built), forwards(mapped)):
+            assert torch.equal(a, b)
+        (path,) = prepared_file.files(loading.cache_root(), "prepared-")
+        tensors = dict(list(mapped.named_buffers()) + list(mapped.named_parameters()))
+        misaligned = [n for n, t in tensors.items() if t.data_ptr() % prepared_file.ALIGNMENT]
+        assert not misaligned, f"mapped from {path.name} at addresses no kernel is promised: {misaligned[:3]}"
 
 
 if __name__ == "__main__":
