@@ -19,15 +19,19 @@ _made_cache: str | None = None
 
 
 def pytest_configure(config):
-    """``$SPECDEC_CACHE`` is a temporary directory (removed afterwards), or ``$SPECDEC_TEST_CACHE``.
-    vLLM's environment stays where ``install.sh test`` built it, in the user's cache."""
+    """``$SPECDEC_CACHE`` is a temporary directory (removed afterwards), or ``$SPECDEC_TEST_CACHE``,
+    and so are the caches and configuration that libraries keep under ``$XDG_CACHE_HOME`` and
+    ``$XDG_CONFIG_HOME`` (matplotlib's fonts, vLLM's model infos, specdec's profile). vLLM's
+    environment stays where ``install.sh test`` built it, in the user's cache."""
     global _made_cache
     os.environ.setdefault(environment.ENV_VAR, str(environment.vllm_env()))
-    if os.environ.get(TEST_CACHE):
-        os.environ["SPECDEC_CACHE"] = os.environ[TEST_CACHE]
-    else:
-        _made_cache = tempfile.mkdtemp(prefix="specdec-test-cache-")
-        os.environ["SPECDEC_CACHE"] = os.environ[TEST_CACHE] = _made_cache  # a nested run shares it
+    root = os.environ.get(TEST_CACHE)
+    if not root:
+        root = _made_cache = tempfile.mkdtemp(prefix="specdec-test-cache-")
+        os.environ[TEST_CACHE] = root  # a nested run shares it
+    os.environ["SPECDEC_CACHE"] = root
+    for variable, name in (("XDG_CACHE_HOME", ".xdg-cache"), ("XDG_CONFIG_HOME", ".xdg-config")):
+        os.environ[variable] = os.path.join(root, name)
 
 
 def pytest_unconfigure(config):
@@ -57,6 +61,13 @@ def tiny_llama(seed: int, vocab_size: int = 98, hidden: int = 32, layers: int = 
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
     return model.eval()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A specdec cache of the test's own, for a test that counts or damages what is in it."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 @pytest.fixture(scope="session")

@@ -76,6 +76,7 @@ def prepared(kind: str, hidden: int) -> None:
     from conftest import char_tokenizer, tiny_llama
     from prepared_support import forwards, spec
 
+    from specdec_cli.cache_dir import cache_root
     from specdec_cli.pairs import loading
     from specdec_cli.runtime import prepared as prepared_file
 
@@ -88,7 +89,7 @@ def prepared(kind: str, hidden: int) -> None:
         mapped = loading.load(spec(target, kind)).model
         for a, b in zip(forwards(built), forwards(mapped)):
             assert torch.equal(a, b)
-        (path,) = prepared_file.files(loading.cache_root(), "prepared-")
+        (path,) = prepared_file.files(cache_root(), "prepared-")
         tensors = dict(list(mapped.named_buffers()) + list(mapped.named_parameters()))
         misaligned = [n for n, t in tensors.items() if t.data_ptr() % prepared_file.ALIGNMENT]
         assert not misaligned, f"mapped from {path.name} at addresses no kernel is promised: {misaligned[:3]}"

@@ -1,7 +1,6 @@
 """A tiny tied-embedding Llama saved as a model directory, and the forwards that compare two loads of it
 (a prompt on the dense copies, one-token forwards, a verify block, hidden states, a block without a cache)."""
 
-import pytest
 import torch
 from conftest import char_tokenizer
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
@@ -22,12 +21,6 @@ def tied_target(root, seed: int):
     model.save_pretrained(root)
     char_tokenizer().save_pretrained(root)
     return root
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 def spec(directory, dtype):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from prepared_support import cache, forwards, spec, tied_target  # noqa: F401  (cache: a fixture)
+from prepared_support import forwards, spec, tied_target
 from transformers import DynamicCache
 
 from specdec_cli.pairs import loading

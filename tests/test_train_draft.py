@@ -249,7 +249,7 @@ def test_restricted_output_layer_keeps_speculative_sampling_exact(kind):
     outside = torch.ones(VOCAB, dtype=torch.bool)
     outside[SUBSET] = False
     assert (draft.probs[:, outside] == 0).all() and (draft.probs[:, SUBSET] > 0).all()  # q is zero outside the set
-    assert assert_lossless(target, drafter, SamplingParams(1.0)) is None
+    assert_lossless(target, drafter, SamplingParams(1.0))
 
 
 # --- pieces -------------------------------------------------------------------------------------

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from specdec_cli.decoding.engine import SpeculativeEngine
-from specdec_cli.decoding.head import gather_features, load_head
+from specdec_cli.decoding.engine import SpeculativeEngine, gather_features
+from specdec_cli.decoding.head import load_head
 from specdec_cli.export.eagle3 import load_eagle3, map_head
 from specdec_cli.export.head_export import aux_states, export_head, read_head, target_forward
 from specdec_cli.pairs.loading import load

@@ -232,7 +232,7 @@ class SpeculativeEngine:
     def _hand_features(self, out, rows: slice | list[int]) -> None:
         """The target's features of the block positions that stay cached."""
         if self.wants_features:
-            self.drafter.add_features(torch.cat([out.hidden_states[i][0][rows] for i in self.feature_layers], dim=-1))
+            self.drafter.add_features(gather_features(out.hidden_states, self.feature_layers, rows))
 
     def _cut(self, emitted: list[int], room: int) -> tuple[list[int], bool]:
         """Honour EOS and the token budget inside a block."""
@@ -240,3 +240,8 @@ class SpeculativeEngine:
             if token in self.eos_token_ids:
                 return emitted[: i + 1], True
         return emitted[:room], False
+
+
+def gather_features(hidden_states, layers: tuple[int, ...], rows=slice(None)) -> torch.Tensor:
+    """The rows of batch 0 of the chosen hidden states, concatenated along the feature axis: what a head drafts on."""
+    return torch.cat([hidden_states[i][0][rows] for i in layers], dim=-1)

@@ -35,9 +35,9 @@ from ..limits import MAX_K
 from ..runtime.lean_forward import LeanDecoder, layer_supported, layer_weights
 from ..pairs.meta import META_FILE, read_meta, write_meta
 from ..runtime.quantize import QUANTISED, output_weight, quantise_model, quantised_weight
-from ..runtime.rowwise_attention import ROWWISE_UP_TO
+from ..runtime.rowwise_attention import ROWWISE_UP_TO, visible_keys
 from .drafters import Draft, Drafter, autoregress, common_prefix
-from .head_layer import default_rotary, layer_config, layer_skeleton, transformers_layer
+from .head_layer import default_rotary, layer_config, layer_skeleton
 from .control.gate import DraftGate
 from .kv import crop_cache, reserved_cache
 from .tree import TreeShape, best_nodes
@@ -80,22 +80,15 @@ class DraftHead(nn.Module):
             self.rotary = LlamaRotaryEmbedding(config)
         self.skeleton = skeleton
         self.lean: tuple | None = None
-        self.__dict__["_transformers"] = None  # (layer, config) for a skeleton's other paths, built once
 
     def go_lean(self) -> None:
         """Once quantised (fused q/k/v and gate/up): run the decoder layer as lean_forward's flat
-        function where it can, without transformers' per-call dispatch, which is most of a chain step."""
+        function, without transformers' per-call dispatch, which is most of a chain step. A skeleton
+        has no other layer to run: one the lean layer cannot run is refused here, at load time."""
         if layer_supported(self.layer):
             self.lean = (LeanDecoder(self.config), layer_weights(self.layer, self.config.intermediate_size))
-
-    def transformers_layer(self) -> tuple[nn.Module, object]:
-        """transformers' decoder layer and its config: the layer itself, or for a skeleton one built
-        once on the same (quantised) modules."""
-        if not self.skeleton:
-            return self.layer, self.config
-        if self._transformers is None:
-            self.__dict__["_transformers"] = transformers_layer(self.layer, self.config_dict)
-        return self._transformers
+        elif self.skeleton:
+            raise ValueError("the draft head's layer is not a fused, quantised Llama layer without biases")
 
     def fused(self, features: torch.Tensor) -> torch.Tensor:
         """The target's (concatenated) hidden states → the H-wide feature the head reads."""
@@ -112,17 +105,29 @@ class DraftHead(nn.Module):
         x = self.fc(torch.cat([embeds, features], dim=-1))
         if positions is None:
             positions = torch.arange(start, start + x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
-        if self.lean is not None and mask is None and x.shape[0] == 1 and x.shape[1] <= ROWWISE_UP_TO and type(cache) is DynamicCache:
-            decoder, weights = self.lean
-            cos, sin = decoder.rotary_tables(self.rotary, x, positions)
-            return decoder.layer(x[0], weights, 0, cos, sin, cache, None)[None]
+        if self.lean is not None:
+            return self.lean_forward(x, positions, cache, mask)
         from transformers.masking_utils import create_causal_mask
 
-        layer, config = self.transformers_layer()
         if mask is None:
-            mask = create_causal_mask(config=config, inputs_embeds=x, attention_mask=None, cache=cache, position_ids=positions)
-        return layer(x, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,
-                     position_embeddings=self.rotary(x, positions))
+            mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache,
+                                      position_ids=positions)
+        return self.layer(x, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,
+                          position_embeddings=self.rotary(x, positions))
+
+    def lean_forward(self, x: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None) -> torch.Tensor:
+        """The quantised layer on every block a drafter gives it, so that nothing is built or imported
+        mid-decode: each row attends alone (rowwise_attention.py), a tree level's rows to their
+        ancestors, and a catch-up longer than ``ROWWISE_UP_TO`` rows on an empty cache (a long
+        prompt) in one causal call."""
+        if x.shape[0] != 1 or type(cache) is not DynamicCache:
+            raise ValueError("a quantised draft head drafts one sequence at a time, on a DynamicCache")
+        decoder, weights = self.lean
+        rows, past = x.shape[1], cache.get_seq_length()
+        seen = None if mask is None else visible_keys(mask, rows, past + rows)
+        prompt = mask is None and past == 0 and rows > ROWWISE_UP_TO
+        cos, sin = decoder.rotary_tables(self.rotary, x, positions)
+        return decoder.layer(x[0], weights, 0, cos, sin, cache, seen, prompt)[None]
 
 
 def head_config(target: PreTrainedModel) -> dict:
@@ -183,11 +188,6 @@ def load_head(directory: str | Path, target: PreTrainedModel, source, precision:
     head.load_state_dict(load_file(Path(directory) / WEIGHTS_FILE), assign=quantised)
     top = meta.get("top_vocab")
     return HeadDrafter(head, target, None if top is None else torch.tensor(top, dtype=torch.long), precision)
-
-
-def gather_features(hidden_states, layers: tuple[int, ...], rows=slice(None)) -> torch.Tensor:
-    """The rows of batch 0 of the chosen hidden states, concatenated along the feature axis."""
-    return torch.cat([hidden_states[i][0][rows] for i in layers], dim=-1)
 
 
 def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

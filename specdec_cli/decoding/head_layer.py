@@ -1,9 +1,9 @@
 """The draft head's decoder layer for drafting with a quantised head: its parameters without
 transformers' Llama classes, whose import (the model registry, ``modeling_utils``) costs more
-than loading the head. A quantised head runs the lean forward (runtime/lean_forward.py), which
-only reads the layer's kernels and norms; what it does not run (a tree's mask, a catch-up longer
-than ``ROWWISE_UP_TO`` rows) goes to transformers' LlamaDecoderLayer, built once on the same
-modules. Training and float heads keep transformers' layer from the start (head.py)."""
+than loading the head, and, imported mid-decode, stalls a round by 1.5 s. A quantised head runs
+every block through the lean forward's layer (runtime/lean_forward.py, head.py ``lean_forward``),
+which only reads the layer's kernels and norms. Training and float heads keep transformers' layer
+from the start (head.py)."""
 
 from __future__ import annotations
 
@@ -58,20 +58,3 @@ def default_rotary(config) -> Rotary:
     rotary = Rotary()
     rotary.inv_freq, rotary.original_inv_freq = inv_freq, inv_freq.clone()
     return rotary
-
-
-def transformers_layer(skeleton: nn.Module, layer: dict):
-    """transformers' LlamaDecoderLayer (and its config) holding ``skeleton``'s modules, quantised or not."""
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    config = LlamaConfig(**layer)
-    config._attn_implementation = "sdpa"
-    with torch.device("meta"):
-        real = LlamaDecoderLayer(config, layer_idx=0)
-    for part in ("self_attn", "mlp"):
-        for name, child in getattr(skeleton, part).named_children():
-            setattr(getattr(real, part), name, child)
-    for name in ("input_layernorm", "post_attention_layernorm"):
-        getattr(real, name).weight = getattr(skeleton, name).weight
-    return real.eval(), config

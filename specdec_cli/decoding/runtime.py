@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import UserError
-from ..pairs.loading import LoadedModel, cache_root, load
+from ..cache_dir import cache_root
+from ..pairs.loading import LoadedModel, load
 from ..pairs.meta import read_meta
 from ..pairs.profile import PairProfile
 from ..pairs.registry import MISSING, DrafterSpec, PairSpec

