@@ -54,3 +54,28 @@ def test_watch_names_a_server_that_does_not_answer():
     assert error_lines(done.stderr) == [f"specdec: error: no server answers at http://127.0.0.1:{port}: [Errno 111] Connection refused"]
     bad = run("watch", "127.0.0.1:8000", "--once")
     assert error_lines(bad.stderr) == ["specdec: error: --server '127.0.0.1:8000': give a URL such as http://127.0.0.1:8000"]
+
+
+LOOP = "applies to this loop's {}, not to a serving engine's (--engine, --server)"
+ENGINE = "applies to a serving engine's {}: give --engine or --server"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "--engine", "vllm", "--temperature", "0.7"], "--temperature " + LOOP.format("bench")),
+    (["bench", "--server", "http://127.0.0.1:9", "--dtype", "int8"], "--dtype " + LOOP.format("bench")),
+    (["bench", "--engine", "vllm", "--samples", "2"], "--samples " + LOOP.format("bench")),
+    (["bench", "--server", "http://127.0.0.1:9", "--port", "8100"],
+     "--port applies to the servers --engine starts, not to one at --server"),
+    (["bench", "--concurrency", "1,4"], "--concurrency " + ENGINE.format("bench")),
+    (["bench", "--loop-modes", "plain"], "--loop-modes " + ENGINE.format("bench")),
+    (["bench", "--repeats", "1"], "--repeats " + ENGINE.format("bench")),  # given, even at its default
+    (["verify-equivalence", "--engine", "vllm", "--spec", "ngram:3", "-k", "2"], "-k/--k " + LOOP.format("check")),
+    (["verify-equivalence", "--server", "http://127.0.0.1:9", "--reference", "http://127.0.0.1:9", "--sampling", "10"],
+     "--sampling " + LOOP.format("check")),
+    (["verify-equivalence", "--concurrency", "8"], "--concurrency " + ENGINE.format("check")),
+    (["verify-equivalence", "--spec", "ngram:3"], "--spec " + ENGINE.format("check")),
+])
+def test_an_option_the_chosen_branch_does_not_use_is_refused(prompts, args, message):
+    done = run(*args, "--prompts", prompts)
+    assert done.returncode == 2
+    assert error_lines(done.stderr) == [f"specdec: error: {message}"] and "Traceback" not in done.stderr

@@ -37,6 +37,7 @@ from .common import (
     check_sampling,
     lossy_message,
     plain_console,
+    refuse_given,
     resolve_pair,
     sampling_params,
     stderr_console,
@@ -55,6 +56,9 @@ COLUMNS = [
     ("p90 ms", "p90_token_latency_s"), ("p99 ms", "p99_token_latency_s"), ("= plain", "identical_to_plain"),
     ("mean K", "mean_k"), ("drafted", "mean_drafted"), ("nodes", "mean_nodes"),
 ]
+# Parameters one branch of the command reads and the other does not: given to the other, refused.
+LOOP_ONLY = ("temperature", "seed", "dtype", "profile", "samples", "accept")
+ENGINE_ONLY = ("concurrency", "rate", "repeats", "slo", "plot", "port", "requests", "loop_modes")
 ONLY_WHEN_MEASURED = {"mean_k", "mean_drafted", "mean_nodes"}  # auto's alone: a column of dashes for every other mode says nothing
 
 
@@ -106,12 +110,16 @@ def bench_command(
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_count("--threads", threads, 1)
     if engine or server or reference:  # a serving engine under load: commands/engine_bench.py
+        refuse_given(LOOP_ONLY, "applies to this loop's bench, not to a serving engine's (--engine, --server)")
+        if not engine:
+            refuse_given(("port", "loop_modes"), "applies to the servers --engine starts, not to one at --server")
         check_count("--repeats", repeats, 1)
         check_count("--requests", requests, 1)
         return engine_bench(engine=engine, server=server, reference=reference, prompts=prompts, modes=modes,
                             concurrency=concurrency, rate=rate, repeats=repeats, max_new_tokens=max_new_tokens, slo=slo,
                             json_out=json_out, markdown=markdown, plot=plot, models=models, pair=pair, target=target,
                             draft=draft, threads=threads, port=port, requests=requests, loop=loop_modes)
+    refuse_given(ENGINE_ONLY, "applies to a serving engine's bench: give --engine or --server")
     check_sampling(temperature, 0, 1.0)
     check_count("--samples", samples, 1)
     rule = accept_rule(accept)

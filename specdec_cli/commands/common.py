@@ -123,6 +123,18 @@ def user_errors(command):
     return wrapper
 
 
+def refuse_given(names: tuple[str, ...], why: str) -> None:
+    """A UserError naming the first of these parameters that the command line set: the branch the
+    command takes does not use it (``why``), and an option dropped silently misleads."""
+    from typer._click.core import ParameterSource
+    from typer._click.globals import get_current_context
+
+    context = get_current_context()
+    for param in context.command.params:
+        if param.name in names and context.get_parameter_source(param.name) not in (None, ParameterSource.DEFAULT):
+            raise UserError(f"{'/'.join(sorted(param.opts, key=len))} {why}")
+
+
 def resolve_pair(models: str | None, pair: str | None, target=None, draft=None, drafter=None, dtype=None) -> PairSpec:
     return override(load_registry(models).pair(pair), target, draft, drafter, dtype)
 

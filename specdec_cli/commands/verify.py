@@ -44,6 +44,7 @@ from .common import (
     check_count,
     parse_k_list,
     plain_console,
+    refuse_given,
     resolve_pair,
     stderr_console,
     user_errors,
@@ -102,10 +103,13 @@ def verify_equivalence(
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_count("--threads", threads, 1)
     if engine or server or reference:  # a serving engine's speculative output against its plain output: commands/engine_verify.py
+        refuse_given(("k", "tree", "sampling", "temperature", "seed", "drafter", "dtype", "accept"),
+                     "applies to this loop's check, not to a serving engine's (--engine, --server)")
         return engine_verify(engine=engine, server=server, reference=reference, spec_text=spec_mode, prompts=prompts,
                              concurrency=concurrency, max_new_tokens=max_new_tokens, tolerance=tolerance, strict=strict,
                              raw=raw, json_out=json_out, report=report, models=models, pair=pair, target=target,
                              draft=draft, threads=threads)
+    refuse_given(("spec_mode", "concurrency"), "applies to a serving engine's check: give --engine or --server")
     if tolerance is not None and tolerance <= 0:
         raise UserError(f"--tolerance must be above 0, got {tolerance}")
     if sampling < 0:
