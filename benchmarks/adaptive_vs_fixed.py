@@ -18,7 +18,7 @@ import time
 import torch
 
 from specdec_cli.decoding.control.controller import AdaptiveController
-from specdec_cli.decoding.runtime import prepare
+from specdec_cli.decoding.loaded_pair import prepare
 from specdec_cli.pairs.profile import read_profiles
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt

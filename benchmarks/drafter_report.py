@@ -26,7 +26,7 @@ import torch
 from specdec_cli.decoding.drafters import Draft, Drafter, LookupFirst, NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import HeadDrafter, load_head
-from specdec_cli.decoding.runtime import prepare
+from specdec_cli.decoding.loaded_pair import prepare
 from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file

@@ -18,7 +18,7 @@ import json
 import torch
 from torch import nn
 
-from specdec_cli.decoding.runtime import prepare
+from specdec_cli.decoding.loaded_pair import prepare
 from specdec_cli.measure import bench
 from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt

@@ -28,7 +28,7 @@ from drafter_report import closes_earlier_bigram  # benchmarks/, this script's d
 
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import load_head
-from specdec_cli.decoding.runtime import prepare
+from specdec_cli.decoding.loaded_pair import prepare
 from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file

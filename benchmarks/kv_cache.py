@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from specdec_cli.decoding import engine as engine_module
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.kv import reserved_cache
-from specdec_cli.decoding.runtime import prepare
+from specdec_cli.decoding.loaded_pair import prepare
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file

@@ -17,7 +17,7 @@ import time
 from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.control.priors import Prior
-from specdec_cli.decoding.runtime import prepare
+from specdec_cli.decoding.loaded_pair import prepare
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file

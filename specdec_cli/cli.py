@@ -18,7 +18,7 @@ threads.choose_before_torch()  # before any command imports torch: see runtime/t
 from .commands.bench import bench_command
 from .commands.calibrate import calibrate_k
 from .commands.export import export
-from .commands.export_head import export_head
+from .commands.export_head import export_head_command
 from .commands.common import error_line
 from .commands.generate import generate
 from .commands.models import models
@@ -132,7 +132,7 @@ app.command("calibrate-k", short_help="Measure every K on your prompts and pick 
 app.command("watch", short_help="A running server's acceptance, latency and load, live.")(watch)
 app.command("train-draft", short_help="Distil a drafter (a small model or a head) from the target.")(train_draft)
 app.command("export", short_help="The calibrated K as a serving engine's config (vLLM, SGLang, llama.cpp, transformers).")(export)
-app.command("export-head", short_help="A trained draft head in the EAGLE-3 layout vLLM loads.")(export_head)
+app.command("export-head", short_help="A trained draft head in the EAGLE-3 layout vLLM loads.")(export_head_command)
 
 
 def main() -> None:

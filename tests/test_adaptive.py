@@ -253,13 +253,13 @@ def test_a_drafters_recorded_acceptance_seeds_the_controller_without_a_profile()
 
 
 def test_the_runtime_reads_the_drafters_recorded_acceptance_from_its_metadata(tmp_path):
-    from specdec_cli.decoding.runtime import Runtime
+    from specdec_cli.decoding.loaded_pair import LoadedPair
     from specdec_cli.pairs.meta import write_meta
     from specdec_cli.pairs.registry import DrafterSpec, ModelSpec, PairSpec
     from specdec_cli.pairs.sources import ModelSource
 
     pair = PairSpec("p", ModelSpec(ModelSource.parse("package:x/y.gguf")), DrafterSpec(head=tmp_path))
-    runtime = Runtime(pair, target=None, drafter=None, draft=None)
+    runtime = LoadedPair(pair, target=None, drafter=None, draft=None)
     assert runtime.expected_alpha() is None
     for value, read in ((0.31, 0.31), ("high", None), (1.5, None)):
         write_meta(tmp_path, {"kind": "head", "expected_alpha": value})

@@ -181,7 +181,7 @@ def test_auto_with_a_missing_profile_file_is_a_user_error(pair_dir, prompt_file,
 
 def test_the_running_drafter_takes_lookup_first_and_drafter_of_gives_it_bare(pair_dir, tmp_path):
     from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter
-    from specdec_cli.decoding.runtime import prepare
+    from specdec_cli.decoding.loaded_pair import prepare
     from specdec_cli.pairs.registry import load_registry
 
     models = tmp_path / "models.yaml"

@@ -346,7 +346,7 @@ def test_a_profile_that_appears_while_running_turns_on_adaptive_k(models_file, t
 
 
 def greedy_ids(models_file, text, n):
-    from specdec_cli.decoding.runtime import prepare
+    from specdec_cli.decoding.loaded_pair import prepare
 
     runtime = prepare(load_registry(models_file).pair("self"))
     ids = runtime.tokenizer(text)["input_ids"]

@@ -13,7 +13,7 @@ import specdec_cli.decoding.engine as engine_module
 from specdec_cli.cli import app
 from specdec_cli.commands.common import resolve_pair
 from specdec_cli.decoding.acceptance import greedy_accept
-from specdec_cli.decoding.runtime import prepare
+from specdec_cli.decoding.loaded_pair import prepare
 from specdec_cli.measure.equivalence import MISMATCH, NEAR_TIE, classify, decode, first_difference
 from specdec_cli.measure.sampling_check import permutation_test
 from specdec_cli.pairs.tokenization import encode_prompt
@@ -138,7 +138,7 @@ def make_near_tie(monkeypatch, mode: str, state: dict):
         assert decode(runtime.engine, ids, 0, 30).tokens == plain  # one-token forwards are unchanged
         return runtime
 
-    monkeypatch.setattr("specdec_cli.decoding.runtime.prepare", prepare_with_tie)  # the command imports it when it runs
+    monkeypatch.setattr("specdec_cli.decoding.loaded_pair.prepare", prepare_with_tie)  # the command imports it when it runs
 
 
 @pytest.mark.parametrize("mode", ["flip", "tie"])
@@ -167,7 +167,7 @@ def wrap_prepare(monkeypatch, change):
         change(runtime)
         return runtime
 
-    monkeypatch.setattr("specdec_cli.decoding.runtime.prepare", prepare_and_change)  # the command imports it when it runs
+    monkeypatch.setattr("specdec_cli.decoding.loaded_pair.prepare", prepare_and_change)  # the command imports it when it runs
 
 
 def test_transformers_reference_ignores_the_generation_configs_penalties(pair_dir, prompt_file, monkeypatch):

@@ -34,7 +34,7 @@ from .common import (
     ThreadsOption,
     accept_rule,
     check_count,
-    check_sampling,
+    check_sampling_options,
     lossy_message,
     plain_console,
     refuse_given,
@@ -47,7 +47,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..decoding.runtime import Runtime
+    from ..decoding.loaded_pair import LoadedPair
 
 COLUMNS = [
     ("tok/s", "tokens_per_s"), ("× plain", "speedup_vs_plain"), ("× hf-plain", "speedup_vs_hf_plain"),
@@ -120,7 +120,7 @@ def bench_command(
                             json_out=json_out, markdown=markdown, plot=plot, models=models, pair=pair, target=target,
                             draft=draft, threads=threads, port=port, requests=requests, loop=loop_modes)
     refuse_given(ENGINE_ONLY, "applies to a serving engine's bench: give --engine or --server")
-    check_sampling(temperature, 0, 1.0)
+    check_sampling_options(temperature, 0, 1.0)
     check_count("--samples", samples, 1)
     rule = accept_rule(accept)
     if markdown:
@@ -188,7 +188,7 @@ def _default_modes(pair: PairSpec) -> str:
     return "plain,hf-plain,ngram:4,hf-lookup:4" + "".join(extra[kind] for kind in extra if pair.alternate(kind))
 
 
-def _drafter_entry(runtime: Runtime, kind: str):
+def _drafter_entry(runtime: LoadedPair, kind: str):
     """What the manifest records of a drafter: a model's files, a head's weights, or 'ngram'."""
     from ..pairs import manifest
 

@@ -38,7 +38,7 @@ from .common import (
     TreeBudgetsOption,
     accept_rule,
     check_count,
-    check_sampling,
+    check_sampling_options,
     parse_k_list,
     plain_console,
     resolve_pair,
@@ -83,7 +83,7 @@ def calibrate_k(
     Exit codes: 0 done; 2 bad input; 3 the result was printed but --profile or --plot could not be
     written.
     """
-    check_sampling(temperature, 0, 1.0)
+    check_sampling_options(temperature, 0, 1.0)
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_count("--threads", threads, 1)
     if profile and not write:
@@ -107,7 +107,7 @@ def calibrate_k(
         read_profiles(destination)  # a damaged profile stops us now, not after the measuring
 
     from ..decoding.engine import SpeculativeEngine
-    from ..decoding.runtime import as_tree, prepare
+    from ..decoding.loaded_pair import as_tree, prepare
     from ..measure.calibration import (
         DEFAULT_SCENARIO,
         measure,

@@ -193,13 +193,13 @@ def stdin_is_interactive() -> bool:
 
 
 def sampling_params(temperature: float, top_k: int, top_p: float) -> SamplingParams:
-    check_sampling(temperature, top_k, top_p)
+    check_sampling_options(temperature, top_k, top_p)
     from ..decoding.acceptance import SamplingParams
 
     return SamplingParams(temperature, top_k, top_p)
 
 
-def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+def check_sampling_options(temperature: float, top_k: int, top_p: float) -> None:
     """The sampling options' bounds, checked without importing torch."""
     if temperature < 0:
         raise UserError(f"--temperature must be 0 or more, got {temperature}")

@@ -13,7 +13,7 @@ from .common import plain_console, user_errors
 
 
 @user_errors
-def export_head(
+def export_head_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="A draft head written by `specdec train-draft --kind head`.")],
     out: Annotated[Path, typer.Option("--out", "-o", metavar="OUT", help="Directory to write (config.json, model.safetensors): vLLM's --speculative-config model.")],
     fmt: Annotated[str, typer.Option("--format", metavar="FORMAT", help="eagle3: vLLM's LlamaForCausalLMEagle3 (method eagle3).")] = "eagle3",

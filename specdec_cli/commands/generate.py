@@ -35,7 +35,7 @@ from .common import (
     TreeOption,
     accept_rule,
     check_count,
-    check_sampling,
+    check_sampling_options,
     parse_k,
     parse_tree,
     resolve_pair,
@@ -48,7 +48,7 @@ from .common import (
 
 if TYPE_CHECKING:
     from ..decoding.control.controller import AdaptiveController
-    from ..decoding.runtime import Runtime
+    from ..decoding.loaded_pair import LoadedPair
     from ..live import LiveView
 
 
@@ -85,7 +85,7 @@ def generate(
     Results always go to stdout, as text or (--json) as JSON lines.
     """
     # Everything that needs no model is checked before torch is imported (under a second).
-    check_sampling(temperature, top_k, top_p)
+    check_sampling_options(temperature, top_k, top_p)
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_count("--threads", threads, 1)
     fixed_k = parse_k(k, allow_auto=True)
@@ -101,7 +101,7 @@ def generate(
         raise UserError(f"--tree needs a draft head, and pair {spec.name!r} drafts with {spec.drafter.kind!r}; "
                         "choose its head with --drafter head")
 
-    from ..decoding.runtime import prepare
+    from ..decoding.loaded_pair import prepare
 
     thread_policy.apply(threads)
     sampling = sampling_params(temperature, top_k, top_p)
@@ -113,7 +113,7 @@ def generate(
         runtime = prepare(spec, drafting=fixed_k != 0, lean=True)
     controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
     if isinstance(tree, int):
-        from ..decoding.runtime import as_tree
+        from ..decoding.loaded_pair import as_tree
 
         runtime.drafter = as_tree(runtime.drafter)
 
@@ -149,7 +149,7 @@ def _stdout_is_a_file() -> bool:
     return not sys.stdout.isatty() and not stat.S_ISFIFO(mode)
 
 
-def _run_one(runtime: Runtime, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console, rule, tree=None) -> tuple[dict, LiveView | None]:
+def _run_one(runtime: LoadedPair, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console, rule, tree=None) -> tuple[dict, LiveView | None]:
     from ..live import LiveView
     from ..measure.stats import RunStats
     from ..pairs.tokenization import encode_prompt
@@ -195,7 +195,7 @@ def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:
     return open_profile(explicit, spec, warn=warning_line)
 
 
-def _controller(spec, fixed_k, watcher: ProfileWatcher | None, console, say: bool, runtime: Runtime,
+def _controller(spec, fixed_k, watcher: ProfileWatcher | None, console, say: bool, runtime: LoadedPair,
                 trees: bool = False) -> AdaptiveController | None:
     """Adaptive K for `-k auto`, and by default whenever the pair has a profile or says `adaptive: true`;
     stderr (or, with --json, each result's stats) says which profile seeds it. ``trees``: `--tree auto`."""

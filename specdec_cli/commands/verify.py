@@ -67,7 +67,7 @@ def verify_equivalence(
     max_new_tokens: MaxNewTokensOption = 128,
     tolerance: Annotated[Optional[float], typer.Option("--tolerance", metavar="MARGIN", help=f"Largest logit margin a near-tie may have. Default by the target's dtype: {TOLERANCE_HELP}.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Fail on any divergence, near-ties included.")] = False,
-    sampling: Annotated[int, typer.Option("--sampling", metavar="N", help=f"Also draw N sampled continuations ({SAMPLING_TOKENS} tokens) per side for the first {SAMPLING_PROMPTS} prompts and test that speculative and plain sampling agree (0: skip).")] = 0,
+    draws: Annotated[int, typer.Option("--sampling", metavar="N", help=f"Also draw N sampled continuations ({SAMPLING_TOKENS} tokens) per side for the first {SAMPLING_PROMPTS} prompts and test that speculative and plain sampling agree (0: skip).")] = 0,
     temperature: Annotated[float, typer.Option("--temperature", metavar="T", help="Temperature for --sampling.")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="First seed for --sampling.")] = 0,
     raw: RawOption = False,
@@ -103,7 +103,7 @@ def verify_equivalence(
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_count("--threads", threads, 1)
     if engine or server or reference:  # a serving engine's speculative output against its plain output: commands/engine_verify.py
-        refuse_given(("k", "tree", "sampling", "temperature", "seed", "drafter", "dtype", "accept"),
+        refuse_given(("k", "tree", "draws", "temperature", "seed", "drafter", "dtype", "accept"),
                      "applies to this loop's check, not to a serving engine's (--engine, --server)")
         return engine_verify(engine=engine, server=server, reference=reference, spec_text=spec_mode, prompts=prompts,
                              concurrency=concurrency, max_new_tokens=max_new_tokens, tolerance=tolerance, strict=strict,
@@ -112,9 +112,9 @@ def verify_equivalence(
     refuse_given(("spec_mode", "concurrency"), "applies to a serving engine's check: give --engine or --server")
     if tolerance is not None and tolerance <= 0:
         raise UserError(f"--tolerance must be above 0, got {tolerance}")
-    if sampling < 0:
-        raise UserError(f"--sampling must be 0 (off) or a number of draws, got {sampling}")
-    if sampling and temperature <= 0:
+    if draws < 0:
+        raise UserError(f"--sampling must be 0 (off) or a number of draws, got {draws}")
+    if draws and temperature <= 0:
         raise UserError(f"--temperature must be above 0 for --sampling, got {temperature}")
     if report:
         check_writable(report, "--report")
@@ -123,7 +123,7 @@ def verify_equivalence(
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
 
-    from ..decoding.runtime import prepare
+    from ..decoding.loaded_pair import prepare
     from ..measure.equivalence import check_greedy, decide
     from ..measure.sampling_check import check_sampling
     from ..pairs.tokenization import encode_prompt
@@ -131,18 +131,18 @@ def verify_equivalence(
     thread_policy.apply(threads)
     runtime = prepare(spec)
     if tree is not None:
-        from ..decoding.runtime import as_tree
+        from ..decoding.loaded_pair import as_tree
 
         runtime.drafter = as_tree(runtime.drafter)
     encoded = [(item.id, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
     tolerance = tolerance or _tolerance(runtime)
 
     started = time.perf_counter()
-    steps = len(encoded) * len(ks) + (min(SAMPLING_PROMPTS, len(encoded)) * (len(ks) + 1) if sampling else 0)
+    steps = len(encoded) * len(ks) + (min(SAMPLING_PROMPTS, len(encoded)) * (len(ks) + 1) if draws else 0)
     try:
         with _progress(steps) as step:
             greedy = check_greedy(runtime.engine, runtime.tokenizer, encoded, ks, max_new_tokens, tolerance, step, rule)
-            sampled = check_sampling(runtime.engine, encoded, ks, sampling, temperature, seed, step, rule) if sampling else None
+            sampled = check_sampling(runtime.engine, encoded, ks, draws, temperature, seed, step, rule) if draws else None
     except KeyboardInterrupt:
         stderr_console().print("specdec: interrupted; nothing was verified to the end")
         raise typer.Exit(130) from None

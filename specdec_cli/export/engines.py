@@ -20,7 +20,7 @@ MODEL, HEAD, NGRAM = "model", "head", "ngram"
 
 
 @dataclass(frozen=True)
-class Drafter:
+class EngineDrafter:
     """The drafter as an engine sees it: a draft model directory, an EAGLE-3 directory, or n-grams."""
 
     kind: str  # MODEL, HEAD or NGRAM
@@ -34,13 +34,13 @@ class Drafter:
 class Plan:
     pair: str
     target: str  # the target as the engine loads it (a transformers directory; a GGUF for llama.cpp)
-    drafter: Drafter
+    drafter: EngineDrafter
     k: int
     origin: str  # one line: which measurement K comes from
     scenario_ks: dict[str, int] = field(default_factory=dict)
     table: list[list[int]] | None = None  # [[first_bs, last_bs, K], ...] from an engine bench
     notes: tuple[str, ...] = ()
-    fallback: Drafter | None = None  # for an engine that cannot run `drafter` (transformers and a head)
+    fallback: EngineDrafter | None = None  # for an engine that cannot run `drafter` (transformers and a head)
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ def llama_cpp(plan: Plan, names: LlamaFlags) -> Export:
 # --- transformers --------------------------------------------------------------------------------
 
 
-def generation_config(plan: Plan) -> tuple[dict, Drafter | None]:
+def generation_config(plan: Plan) -> tuple[dict, EngineDrafter | None]:
     """GenerationConfig fields for the plan's K (greedy, K pinned), and the drafter they run with."""
     d = plan.drafter if plan.drafter.kind != HEAD else plan.fallback
     config: dict = {"do_sample": False}

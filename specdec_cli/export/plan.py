@@ -10,7 +10,7 @@ from ..errors import UserError
 from ..pairs.profile import PairProfile, profile_path, read_profiles, section_name
 from ..pairs.registry import HEAD, MODEL, NGRAM, DrafterSpec, PairSpec
 from .bench_table import levels as bench_levels, lookup_bounds, read_bench, table
-from .engines import Drafter, Plan
+from .engines import EngineDrafter, Plan
 from .fold import Fold, fold, sensitivity
 
 VLLM_METHOD = {HEAD: "eagle3", MODEL: "draft_model", NGRAM: "ngram"}
@@ -34,16 +34,16 @@ def load_profile(explicit: str | None, pair: PairSpec, warn, required: bool = Tr
     return profile, path
 
 
-def engine_drafter(spec: DrafterSpec | None, eagle3_dir: str, where) -> Drafter | None:
+def engine_drafter(spec: DrafterSpec | None, eagle3_dir: str, where) -> EngineDrafter | None:
     """The drafter as the engine loads it: a model by its transformers directory, a head by its
     eagle3 export directory (written by export-head)."""
     if spec is None:
         return None
     if spec.kind == HEAD:
-        return Drafter(HEAD, eagle3_dir, lookup=spec.lookup)
+        return EngineDrafter(HEAD, eagle3_dir, lookup=spec.lookup)
     if spec.kind == MODEL:
-        return Drafter(MODEL, where(spec.model.source), lookup=spec.lookup)
-    return Drafter(NGRAM, None, spec.min_ngram, spec.max_ngram)
+        return EngineDrafter(MODEL, where(spec.model.source), lookup=spec.lookup)
+    return EngineDrafter(NGRAM, None, spec.min_ngram, spec.max_ngram)
 
 
 def model_directory(source) -> str:

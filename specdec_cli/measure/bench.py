@@ -5,7 +5,7 @@ alike, after one excluded warm-up pass. Every speculative figure is reported nex
 of the same target on the same prompts in the same run, and every mode's tokens are compared with
 plain's: a speed-up with different output is not a speed-up.
 
-Each mode takes the pair's drafter of its kind (``Runtime.drafter_of``), not only the default one:
+Each mode takes the pair's drafter of its kind (``LoadedPair.drafter_of``), not only the default one:
 a pair drafted by n-gram lookup by default still benches its draft model and its draft head.
 ``auto`` is `generate -k auto`: the default drafter, K chosen round by round, seeded from the
 pair's calibration profile (read, never written); ``auto-ungated`` the same without the learned
@@ -32,7 +32,7 @@ from ..decoding.engine import KSchedule, SpeculativeEngine
 from ..decoding.control.estimates import Acceptance
 from ..decoding.head import HeadTree
 from ..decoding.kv import input_device
-from ..decoding.runtime import Runtime, prepare
+from ..decoding.loaded_pair import LoadedPair, prepare
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import PairProfile
@@ -151,7 +151,7 @@ class Sample:
 
 @dataclass
 class Bench:
-    runtime: Runtime
+    runtime: LoadedPair
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int = 0
@@ -350,7 +350,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def measure(spec, modes: list[Mode], prompts: list[Prompt], max_new_tokens: int, sampling: SamplingParams,
-            seed: int = 0, profile: PairProfile | None = None, samples: int = 1, progress=None) -> tuple[Runtime, dict]:
+            seed: int = 0, profile: PairProfile | None = None, samples: int = 1, progress=None) -> tuple[LoadedPair, dict]:
     """The pair ``spec`` prepared, ``modes`` run on ``prompts`` (``run``) and ``report``ed: what
     `specdec bench` and an engine bench's own-loop reference both do. The runtime, for a manifest."""
     runtime = prepare(spec)

@@ -51,14 +51,14 @@ def fast_bfloat16() -> bool:
 
 
 def dense_weights(model, dtype: torch.dtype) -> list[tuple[torch.Tensor, ...]] | None:
-    """Per decoder layer of a float Llama model, ``layer_weights``; None for another architecture."""
+    """Per decoder layer of a float Llama model, ``dense_layer_weights``; None for another architecture."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if getattr(model.config, "model_type", None) != "llama" or layers is None:
         return None
-    return [layer_weights(layer, dtype) for layer in layers]
+    return [dense_layer_weights(layer, dtype) for layer in layers]
 
 
-def layer_weights(layer, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def dense_layer_weights(layer, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """A float Llama decoder layer's (q/k/v stacked, o, gate/up stacked, down) in ``dtype``, stacked
     in the order of the fused kernels (fused_projections.py)."""
     attention, mlp = layer.self_attn, layer.mlp

@@ -13,7 +13,7 @@ NEAR_TIE, REAL = "near-tie", "divergence"
 
 
 @dataclass(frozen=True)
-class Divergence:
+class EngineDivergence:
     prompt_id: str
     position: int  # index into the generated tokens
     reference_token: int | None
@@ -35,7 +35,7 @@ def token_of(key: str) -> int | None:
     return int(key.split(":", 1)[1]) if key.startswith("token_id:") else None
 
 
-def first_divergence(prompt_id: str, reference: Completion, speculative: Completion, tolerance: float) -> Divergence | None:
+def first_divergence(prompt_id: str, reference: Completion, speculative: Completion, tolerance: float) -> EngineDivergence | None:
     """None when the two token id lists are equal; else the first position they differ at, classified."""
     ref, spec = reference.token_ids, speculative.token_ids
     if ref == spec:
@@ -47,7 +47,7 @@ def first_divergence(prompt_id: str, reference: Completion, speculative: Complet
     margin = top2_margin(top)
     in_top2 = spec_token in {token_of(k) for k in sorted(top, key=top.get, reverse=True)[:2]}
     near = margin is not None and margin <= tolerance and in_top2
-    return Divergence(prompt_id, position, ref_token, spec_token, None if margin is None else round(margin, 6),
+    return EngineDivergence(prompt_id, position, ref_token, spec_token, None if margin is None else round(margin, 6),
                       NEAR_TIE if near else REAL)
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import UserError
 from ..cache_dir import cache_root
+from ..errors import UserError
 from ..pairs.loading import LoadedModel, load
 from ..pairs.meta import read_meta
 from ..pairs.profile import PairProfile
@@ -26,7 +26,7 @@ from .engine import SpeculativeEngine
 
 
 @dataclass
-class Runtime:
+class LoadedPair:
     pair: PairSpec
     target: LoadedModel
     drafter: Drafter | None  # None: prepared for plain decoding only
@@ -90,16 +90,16 @@ def as_tree(drafter: Drafter) -> Drafter:
                     "choose the pair's head with --drafter head")
 
 
-def prepare(pair: PairSpec, drafting: bool = True, lean: bool = False) -> Runtime:
+def prepare(pair: PairSpec, drafting: bool = True, lean: bool = False) -> LoadedPair:
     """``drafting=False``: no drafter is loaded (plain decoding, `-k 0`); ``lean``: the target may
     come without transformers' model class (pairs/loading.py), for a command that only decodes."""
     target = load(pair.target, lean)
     if not drafting:
-        runtime = Runtime(pair, target, None, None)
+        runtime = LoadedPair(pair, target, None, None)
     else:
         drafter, draft = _drafter(pair.drafter, target)
         running = LookupFirst(drafter) if pair.drafter.lookup else drafter
-        runtime = Runtime(pair, target, running, draft, _by_kind={pair.drafter.kind: (drafter, draft)})
+        runtime = LoadedPair(pair, target, running, draft, _by_kind={pair.drafter.kind: (drafter, draft)})
     if pair.pad_blocks:
         runtime.block_costs = cached_costs(target.model, f"{target.source} {pair.target.dtype}", cache_root())
         runtime.block_plan = plan(runtime.block_costs)
