@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import json
-import shlex
-import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -35,6 +32,7 @@ from .common import (
     accept_rule,
     check_count,
     check_sampling_options,
+    invocation,
     lossy_message,
     plain_console,
     refuse_given,
@@ -148,8 +146,7 @@ def bench_command(
         runtime, result = bench.measure(spec, chosen, items, max_new_tokens, sampling, seed,
                                         watcher.profile if watcher else None, samples, lambda: progress.advance(task))
     result["manifest"] = {
-        "command": "specdec " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "specdec bench",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **invocation("bench"),
         "pair": spec.name,
         "dtype": spec.target.dtype,
         "target": manifest.model_entry(runtime.target),

@@ -20,7 +20,7 @@ from ..decoding.control.speedup import SPECULATE
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import profile_path, read_profiles, write_profile
-from ..pairs.registry import HEAD
+from ..decoding.rules import check_tree_rule
 from ..prompts import read_file
 from .common import (
     WRITE_FAILED,
@@ -38,6 +38,7 @@ from .common import (
     TreeBudgetsOption,
     accept_rule,
     check_count,
+    check_tree_drafter,
     check_sampling_options,
     parse_k_list,
     plain_console,
@@ -91,7 +92,7 @@ def calibrate_k(
     rule = accept_rule(accept)
     budgets = parse_k_list(tree, "--tree", least=1) if tree is not None else []
     if budgets and not rule.lossless:
-        raise UserError(f"acceptance rule {rule} applies to chains of drafts; trees are verified exactly")
+        check_tree_rule(rule)
     if write and not rule.lossless:
         raise UserError(f"--write keeps K for lossless decoding; a K measured under the lossy rule {rule} is not written")
     if plot:
@@ -99,9 +100,8 @@ def calibrate_k(
         _check_plotting()
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
-    if budgets and spec.drafter.kind != HEAD:
-        raise UserError(f"--tree needs a draft head, and pair {spec.name!r} drafts with {spec.drafter.kind!r}; "
-                        "choose its head with --drafter head")
+    if budgets:
+        check_tree_drafter(spec)
     destination = check_writable(profile_path(profile, spec), "--profile") if write else None
     if destination is not None:
         read_profiles(destination)  # a damaged profile stops us now, not after the measuring

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import functools
 import io
+import shlex
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
@@ -16,7 +18,7 @@ from rich.text import Text
 
 from ..errors import UserError
 from ..limits import MAX_K
-from ..pairs.registry import PairSpec, load_registry, override
+from ..pairs.registry import HEAD, PairSpec, load_registry, override
 
 if TYPE_CHECKING:
     from ..decoding.acceptance import SamplingParams
@@ -133,6 +135,21 @@ def refuse_given(names: tuple[str, ...], why: str) -> None:
     for param in context.command.params:
         if param.name in names and context.get_parameter_source(param.name) not in (None, ParameterSource.DEFAULT):
             raise UserError(f"{'/'.join(sorted(param.opts, key=len))} {why}")
+
+
+def invocation(command: str) -> dict[str, str]:
+    """A result's manifest begins with what made it: the command line as given (``specdec COMMAND``
+    when it was called without one) and the UTC date."""
+    given = sys.argv[1:]
+    return {"command": "specdec " + shlex.join(given) if given else f"specdec {command}",
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def check_tree_drafter(spec: PairSpec) -> None:
+    """--tree drafts with the pair's head: said before anything loads."""
+    if spec.drafter.kind != HEAD:
+        raise UserError(f"--tree needs a draft head, and pair {spec.name!r} drafts with {spec.drafter.kind!r}; "
+                        "choose its head with --drafter head")
 
 
 def resolve_pair(models: str | None, pair: str | None, target=None, draft=None, drafter=None, dtype=None) -> PairSpec:

@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 from contextlib import ExitStack
-from datetime import datetime, timezone
 from pathlib import Path
 
 import typer
@@ -16,7 +13,7 @@ from rich.table import Table
 from ..atomic import check_writable, write_atomically
 from ..errors import UserError
 from ..prompts import read_file
-from .common import WRITE_FAILED, error_line, plain_console, resolve_pair, write_output
+from .common import WRITE_FAILED, error_line, invocation, plain_console, resolve_pair, write_output
 
 ENGINES = ("vllm",)
 DEFAULT_LOOP = "plain,auto"  # specdec's own loop beside an engine bench: plain decoding and the default drafter
@@ -65,7 +62,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
     encoded = [engine_bench_core.Request(str(pid), ids)
                for pid, ids in serving_configs.encode_prompts(model_dir, [(str(p.id), p.text) for p in items])]
     progress = serving_configs.progress_line
-    manifest = {"command": "specdec " + shlex.join(sys.argv[1:]), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    manifest = {**invocation("bench"),
                 "pair": spec.name, "prompts": len(items), "max_new_tokens": max_new_tokens, "repeats": repeats,
                 "loop": "open (Poisson arrivals, requests/s)" if rate else "closed (requests in flight)", "slo_ms": slos}
     with ExitStack() as stack:

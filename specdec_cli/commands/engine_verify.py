@@ -6,10 +6,7 @@ server's top-2 logprob margin; the check fails when the speculative server draft
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 from contextlib import ExitStack
-from datetime import datetime, timezone
 from pathlib import Path
 
 import typer
@@ -21,7 +18,7 @@ from ..atomic import check_writable, write_atomically
 from ..errors import UserError
 from ..limits import MAX_K, NEAR_TIE_TOLERANCE
 from ..prompts import read_file
-from .common import WRITE_FAILED, error_line, plain_console, resolve_pair, write_output
+from .common import WRITE_FAILED, error_line, invocation, plain_console, resolve_pair, write_output
 from .engine_bench import check_engine, engine_entry, served_eagle3
 
 TOP_LOGPROBS = 2  # the reference's top-2 at every position: the margin that classifies a divergence
@@ -60,8 +57,7 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
 
     model_dir = transformers_directory(spec.target.source)
     encoded = serving_configs.encode_prompts(model_dir, [(str(p.id), p.text) for p in items], raw)
-    manifest = {"command": "specdec " + shlex.join(sys.argv[1:]),
-                "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    manifest = invocation("verify-equivalence")
     with ExitStack() as stack:
         if engine:
             progress = serving_configs.progress_line

@@ -16,7 +16,7 @@ from ..runtime import threads as thread_policy
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
-from ..pairs.registry import HEAD
+from ..decoding.rules import check_tree_rule
 from ..prompts import Prompt, parse_lines
 from .common import (
     AcceptOption,
@@ -35,6 +35,7 @@ from .common import (
     TreeOption,
     accept_rule,
     check_count,
+    check_tree_drafter,
     check_sampling_options,
     parse_k,
     parse_tree,
@@ -94,12 +95,11 @@ def generate(
     if tree is not None:
         fixed_k = tree  # a fixed tree: the engine's K is its node budget; auto: adaptive, trees weighed too
         if tree == "auto" and not rule.lossless:
-            raise UserError(f"acceptance rule {rule} applies to chains of drafts; trees are verified exactly")
+            check_tree_rule(rule)
     prompts = _prompts(prompt)
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
-    if tree is not None and spec.drafter.kind != HEAD:
-        raise UserError(f"--tree needs a draft head, and pair {spec.name!r} drafts with {spec.drafter.kind!r}; "
-                        "choose its head with --drafter head")
+    if tree is not None:
+        check_tree_drafter(spec)
 
     from ..decoding.loaded_pair import prepare
 

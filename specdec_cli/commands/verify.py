@@ -42,6 +42,7 @@ from .common import (
     ThreadsOption,
     accept_rule,
     check_count,
+    check_tree_drafter,
     parse_k_list,
     plain_console,
     refuse_given,
@@ -122,6 +123,8 @@ def verify_equivalence(
     rule = accept_rule(accept)  # a lossy rule runs, shows its divergences, and exits 1
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
+    if tree is not None:
+        check_tree_drafter(spec)
 
     from ..decoding.loaded_pair import prepare
     from ..measure.equivalence import check_greedy, decide

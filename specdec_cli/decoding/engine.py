@@ -28,6 +28,7 @@ from .blocks import padded_chain, padded_tree
 from .drafters import Draft, Drafter, parts
 from .events import RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
+from .rules import check_tree_rule
 from .schedule import FixedK, KSchedule
 from .tree import Tree, TreeShape, greedy_tree_accept, tree_sample_accept, tree_source, verify_tree
 
@@ -147,8 +148,8 @@ class SpeculativeEngine:
 
     def _budget(self, prompt_ids: list[int], max_new_tokens: int, schedule: KSchedule, rule: AcceptRule) -> int:
         """The tokens this run may add, once the request is found sound."""
-        if (self.drafts_trees or schedule.trees) and not rule.lossless:
-            raise UserError(f"acceptance rule {rule} applies to chains of drafts; trees are verified exactly")
+        if self.drafts_trees or schedule.trees:
+            check_tree_rule(rule)
         if not prompt_ids:
             raise UserError("the prompt is empty")
         if not self.context_length:

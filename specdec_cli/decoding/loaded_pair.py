@@ -86,8 +86,7 @@ def as_tree(drafter: Drafter) -> Drafter:
         return LookupFirst(HeadTree(drafter.learned), drafter.lookup)
     if isinstance(drafter, HeadDrafter):
         return HeadTree(drafter)
-    raise UserError(f"--tree needs a draft head, and this pair drafts with {drafter.name!r}; "
-                    "choose the pair's head with --drafter head")
+    raise ValueError(f"trees are drafted by a draft head, not by {drafter.name!r}")  # commands check the pair first
 
 
 def prepare(pair: PairSpec, drafting: bool = True, lean: bool = False) -> LoadedPair:

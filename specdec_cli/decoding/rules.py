@@ -53,3 +53,9 @@ def parse_rule(text: str, origin: str = "--accept") -> AcceptRule:
     if kind == TOP and len(values) == 1 and values[0] >= 1 and values[0].is_integer():
         return AcceptRule(TOP, values)
     raise bad
+
+
+def check_tree_rule(rule: AcceptRule) -> None:
+    """Trees are verified exactly: a lossy rule judges a chain's drafts in order, which a tree's are not."""
+    if not rule.lossless:
+        raise UserError(f"acceptance rule {rule} applies to chains of drafts; trees are verified exactly")
