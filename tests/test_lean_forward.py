@@ -2,16 +2,20 @@
 forward bit for bit, for one token, verify blocks, trees and prompts, and the loader installs it."""
 
 import copy
+import json
 from dataclasses import replace
 
 import pytest
 import torch
 from conftest import tiny_llama
 from transformers import DynamicCache
+from typer.testing import CliRunner
 
+from specdec_cli.cli import app
 from specdec_cli.decoding.kv import crop_cache, keep_positions
 from specdec_cli.decoding.tree import Tree, verify_tree
-from specdec_cli.runtime.lean_forward import LeanLlama, supported, use_lean_forward
+from specdec_cli.runtime import lean_forward
+from specdec_cli.runtime.lean_forward import LeanLlama, fallback_forwards, supported, use_lean_forward
 from specdec_cli.pairs.loading import load
 from specdec_cli.runtime.quantize import quantise_model
 from specdec_cli.pairs.registry import load_registry
@@ -101,13 +105,33 @@ def test_the_loader_installs_it_unless_told_not_to_and_a_block_scores_exactly_as
     assert torch.equal(block, one)
 
 
-def test_what_it_does_not_cover_runs_transformers_forward():
+def test_what_it_does_not_cover_runs_transformers_forward_and_is_counted():
     model, lean = pair("int4")
-    ids = torch.randint(3, 98, (1, 6), generator=torch.Generator().manual_seed(6))
+    ids = torch.randint(3, 98, (1, 80), generator=torch.Generator().manual_seed(6))
     with torch.inference_mode():
-        embeds = model.model.embed_tokens(ids)
+        embeds = model.model.embed_tokens(ids[:, :6])
         assert torch.equal(lean(inputs_embeds=embeds).logits, model(inputs_embeds=embeds).logits)
-        batch = ids.repeat(2, 1)
+        batch = ids[:, :6].repeat(2, 1)
         assert torch.equal(lean(batch).logits, model(batch).logits)
+        assert fallback_forwards(lean) == 2 and fallback_forwards(model) == 0
+        long = lean(ids, logits_to_keep=1).logits  # a long prompt on an empty cache, without dense copies: still lean
+        assert fallback_forwards(lean) == 2
+        assert torch.allclose(long, model(ids, logits_to_keep=1).logits, atol=1e-4)
+        cache = DynamicCache(config=model.config)
+        lean(ids[:, :10], cache=cache, use_cache=True)
+        lean(ids[:, 10:], cache=cache, use_cache=True)  # 70 rows on a cache: longer than a verify block
+        assert fallback_forwards(lean) == 3
     assert not supported(tiny_llama(seed=3, hidden=64))  # float linears: not the lean forward's
     assert not supported(quantise_model(tiny_llama(seed=3, hidden=64), "int4", fuse=False))
+
+
+def test_a_run_that_leaves_the_lean_forward_counts_every_such_forward_and_warns_once(pair_dir, monkeypatch):
+    monkeypatch.setattr(lean_forward, "ROWWISE_UP_TO", 0)  # every verify block now leaves the lean forward
+    result = CliRunner().invoke(app, ["generate", "--models", str(pair_dir / "models.yaml"), "--pair", "tiny", "--dtype",
+                                      "int8", "--json", "--max-new-tokens", "6", "-k", "2"], input="abc\nxyz\n")
+    assert result.exit_code == 0, result.output
+    stats = [json.loads(line)["stats"] for line in result.stdout.splitlines()]
+    # every verify block, and the short prompt's forward (shorter than the dense copies take)
+    assert len(stats) == 2 and all(s["fallback_forwards"] == s["rounds"] + 1 > 1 for s in stats), stats
+    warnings = [line for line in result.stderr.splitlines() if "fallback_forwards" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("specdec: warning: prompt 1: "), result.stderr

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -32,3 +33,17 @@ def test_default_pair_speculative_output_equals_plain_decoding(dtype):
     assert "def " in outputs["4"]["text"]  # real text, not noise
     assert outputs["4"]["stats"]["accepted"] > 0  # prompt lookup does pay on code
     assert outputs["4"]["stats"]["rounds"] < outputs["0"]["stats"]["rounds"]
+
+
+UNSEEN = Path(__file__).resolve().parents[1] / "benchmarks" / "unseen-prompts.jsonl"
+
+
+@pytest.mark.parametrize("mode", [["-k", "0"], ["-k", "auto"], ["--drafter", "head", "-k", "3"]], ids=["plain", "auto", "head"])
+def test_the_default_pair_decodes_every_unseen_prompt_without_leaving_the_lean_forward(mode):
+    """Prompts of every length (the longest ~800 tokens), and each mode's verify blocks and catch-ups."""
+    result = CliRunner().invoke(app, ["generate", "--models", str(PACKAGED_REGISTRY), "--json", "--max-new-tokens", "8",
+                                      *mode], input=UNSEEN.read_text())
+    assert result.exit_code == 0, result.output
+    stats = [json.loads(line)["stats"] for line in result.stdout.splitlines()]
+    assert len(stats) == 80 and [s["fallback_forwards"] for s in stats] == [0] * 80
+    assert "fallback_forwards" not in result.stderr

@@ -117,7 +117,7 @@ def generate(
 
         runtime.drafter = as_tree(runtime.drafter)
 
-    finished = 0
+    finished, warned = 0, False
     try:
         for item in prompts:
             if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
@@ -128,6 +128,10 @@ def generate(
                 view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
             if controller is not None:  # which profile seeded auto (None: the pair's K)
                 result["stats"]["profile"] = str(watcher.path) if watcher.profile else None
+            if result["stats"]["fallback_forwards"] and not warned:  # once a run: a slowdown nothing else shows
+                warning_line(f"prompt {item.id}: {result['stats']['fallback_forwards']} target forward(s) ran transformers' "
+                             "forward instead of the lean int8/int4 one (slower); fallback_forwards counts them")
+                warned = True
             if json_lines:
                 print(json.dumps(result, ensure_ascii=False), flush=True)
             else:  # always, terminal or not: copy, tee and script get the clean answer

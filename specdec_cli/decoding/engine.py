@@ -23,6 +23,7 @@ from transformers.cache_utils import DynamicCache
 
 from ..errors import UserError
 from ..limits import MAX_K
+from ..runtime.lean_forward import fallback_forwards
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept, speculative_accept
 from .blocks import padded_chain, padded_tree
 from .drafters import Draft, Drafter, parts
@@ -77,6 +78,7 @@ class SpeculativeEngine:
         tokens = torch.tensor(prompt_ids, dtype=torch.long)
         if self.drafter is not None:
             self.drafter.reset()
+        fallbacks = fallback_forwards(self.target)  # the prompt's are the first event's
         cache, out = self.prompt_cache(tokens)
         if out is not None:
             self._hand_features(out, slice(0, len(prompt_ids) - 1))
@@ -85,6 +87,7 @@ class SpeculativeEngine:
         while produced < budget:
             event = self._round(schedule, cache, tokens, budget - produced, device, sampling, generator, rule,
                                 record_logits)
+            event.fallback_forwards, fallbacks = fallback_forwards(self.target) - fallbacks, fallback_forwards(self.target)
             produced += len(event.emitted)
             tokens = torch.cat([tokens, torch.tensor(event.emitted, dtype=torch.long)])
             schedule.observe(event)

@@ -31,6 +31,7 @@ class RoundEvent:
     other_s: float = 0.0  # the round's bookkeeping after verifying (cache crop, features, the schedule's own work)
     catchup_s: float = 0.0  # part of draft_s: a head catching up after rounds without it (paid once per gap)
     confidence: list[float] | None = None  # under a gate: the drafter's confidence per position weighed (Draft)
+    fallback_forwards: int = 0  # target forwards its lean forward handed to transformers' since the last event (0 expected)
     # A tree round (tree.py): ``drafted`` are its nodes, ``parents`` their parents as block indices
     # (0 the root), ``accepted`` the length of the kept path, ``turned_down`` the children of the
     # path's last node, every one of which the target tested and refused. None for a chain.

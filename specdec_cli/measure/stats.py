@@ -23,6 +23,7 @@ class RunStats:
     new_tokens: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    fallback_forwards: int = 0  # target forwards that left the lean forward (events.py): 0 expected
     started: float = field(default_factory=time.perf_counter, repr=False)
     first: float | None = field(default=None, repr=False)  # when the first round (the prompt's forward before it) ended
     ended: float | None = field(default=None, repr=False)
@@ -36,6 +37,7 @@ class RunStats:
         self.new_tokens += len(event.emitted)
         self.draft_s += event.draft_s
         self.verify_s += event.verify_s
+        self.fallback_forwards += event.fallback_forwards
 
     def finish(self) -> "RunStats":
         self.ended = time.perf_counter()
@@ -85,5 +87,5 @@ class RunStats:
         else:
             figures.pop("tree")
         order = ["k", *(["tree", "mean_nodes_verified"] if self.tree is not None else []), "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds",
-                 "new_tokens", "wall_s", "ttft_s", "tokens_per_s", "draft_s", "verify_s", "lossless", "accept"]
+                 "new_tokens", "wall_s", "ttft_s", "tokens_per_s", "draft_s", "verify_s", "fallback_forwards", "lossless", "accept"]
         return {key: figures[key] for key in order}

@@ -13,9 +13,11 @@ scores exactly as one-token forwards (rowwise_attention.py).
 
 It covers what the engine asks: batch of one, at most ``ROWWISE_UP_TO`` rows, a DynamicCache or
 none, position ids, a 4D bool tree mask, ``logits_to_keep``, ``output_hidden_states`` (a flag, an
-index or indices, as transformers selects them). A prompt, given dense weights, runs on those
-at any length (dense_prefill.py: the one forward that is not transformers' arithmetic). Anything
-else — long inputs otherwise, other kwargs, other architectures — runs transformers' forward unchanged.
+index or indices, as transformers selects them), and a prompt of any length on an empty cache (on
+dense weights where given, dense_prefill.py: the one forward that is not transformers' arithmetic;
+else on the kernels, its attention one causal call). Anything else — longer blocks on a cache,
+other kwargs, batches — runs transformers' forward unchanged, and is counted (``fallbacks``,
+``fallback_forwards``): the engine never asks for one, and a run that takes one says so.
 """
 
 from __future__ import annotations
@@ -145,7 +147,8 @@ class LeanLlama(LeanDecoder):
         """``dense``: dense (bfloat16 or float32) weights per layer for a prompt's forward (dense_prefill.py), or None."""
         config = model.config
         super().__init__(config)
-        self.model, self.fallback = model, model.forward
+        self.model, self.transformers_forward = model, model.forward
+        self.fallbacks = 0  # forwards handed to transformers' forward (fallback_forwards)
         self.embed = model.model.embed_tokens.weight
         self.layers = [layer_weights(layer, config.intermediate_size) for layer in model.model.layers[: config.num_hidden_layers]]
         self.prompt_layers = None if dense is None else [lean_layer(w, d) for w, d in zip(self.layers, dense)]
@@ -166,8 +169,10 @@ class LeanLlama(LeanDecoder):
             return self.fallback(input_ids, **kwargs)
         past = cache.get_seq_length() if cache is not None else 0
         to_keep = kwargs.get("logits_to_keep", 0)
-        # A prompt: an empty cache, and only its last row's logits wanted (a verify block scores every row).
-        prompt = self.prompt_layers is not None and past == 0 and mask is None and to_keep == 1 and rows >= self.dense_from
+        # A prompt: an empty cache, and only its last row's logits wanted (a verify block scores every row):
+        # on the dense copies from dense_from rows; without them, past a block's rows, on the kernels in one causal call.
+        prompt = past == 0 and mask is None and to_keep == 1 and (
+            rows >= self.dense_from if self.prompt_layers is not None else rows > ROWWISE_UP_TO)
         if rows > ROWWISE_UP_TO and not prompt:
             return self.fallback(input_ids, **kwargs)
         use_cache = kwargs.get("use_cache")
@@ -182,6 +187,11 @@ class LeanLlama(LeanDecoder):
         logits = self.head(hidden if not to_keep else hidden[-to_keep:])
         return CausalLMOutputWithPast(logits=logits[None], cache=cache,
                                       hidden_states=None if states is None else tuple(states))
+
+    def fallback(self, input_ids, **kwargs):
+        """transformers' forward, for what the lean one does not run; counted."""
+        self.fallbacks += 1
+        return self.transformers_forward(input_ids, **kwargs)
 
     def hidden_state_indices(self, selection) -> set[int] | None:
         """transformers' selection: True = all, an index or indices (negative from the end) = those."""
@@ -204,7 +214,7 @@ class LeanLlama(LeanDecoder):
         cos, sin = self.rotary_tables(self.rotary, x, positions[None])
         keys = rows + (cache.get_seq_length() if cache is not None else 0)
         seen = visible_keys_once(mask, rows, keys) if mask is not None else None
-        for index, weights in enumerate(self.prompt_layers if prompt else self.layers):
+        for index, weights in enumerate(self.prompt_layers if prompt and self.prompt_layers is not None else self.layers):
             x = self.layer(x, weights, index, cos, sin, cache, seen, prompt)
             if states is not None and index + 1 in keep:
                 states[index + 1] = x[None]
@@ -221,3 +231,9 @@ def use_lean_forward(model, dense: list[tuple[torch.Tensor, ...]] | None = None)
         return False
     model.forward = LeanLlama(model, dense).forward
     return True
+
+
+def fallback_forwards(model) -> int:
+    """How many of ``model``'s forwards its lean forward handed to transformers' (0 without one)."""
+    lean = getattr(model.forward, "__self__", None)
+    return lean.fallbacks if isinstance(lean, LeanLlama) else 0
