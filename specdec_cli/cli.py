@@ -19,12 +19,13 @@ from .commands.bench import bench_command
 from .commands.calibrate import calibrate_k
 from .commands.export import export
 from .commands.export_head import export_head_command
-from .commands.common import error_line
+from .commands.common import error_line, warning_line
 from .commands.generate import generate
 from .commands.models import models
 from .commands.train_draft import train_draft
 from .commands.verify import verify_equivalence
 from .commands.watch import watch
+from . import notices
 
 
 class SpecdecGroup(TyperGroup):
@@ -121,7 +122,12 @@ def _print_version(wanted: bool) -> None:
 @app.callback()
 def _root(show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                             help="Print specdec's version and exit.")) -> None:
-    pass
+    notices.render(info=_notice_line, warning=warning_line)
+
+
+def _notice_line(message: str) -> None:
+    """`specdec: MESSAGE` on stderr: what the core is doing that takes a while (notices.py)."""
+    print(f"specdec: {message}", file=sys.stderr, flush=True)
 
 
 app.command(short_help="Generate with speculative decoding and a live view of acceptance.")(generate)

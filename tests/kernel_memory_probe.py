@@ -76,7 +76,7 @@ def prepared(kind: str, hidden: int) -> None:
     from conftest import char_tokenizer, tiny_llama
     from prepared_support import forwards, spec
 
-    from specdec_cli.cache_dir import cache_root
+    from specdec_cli.pairs.cache_dir import cache_root
     from specdec_cli.pairs import loading
     from specdec_cli.runtime import prepared as prepared_file
 

@@ -2,6 +2,7 @@
 and a corrupted or stale file rebuilt, never used."""
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 
@@ -53,22 +54,25 @@ def test_the_mapped_target_gives_the_built_ones_logits_bit_for_bit(model_dir, ca
         assert torch.equal(a, b)
 
 
-def test_a_corrupted_file_is_rebuilt_with_one_warning_and_never_used(model_dir, cache, monkeypatch, capsys):
+def test_a_corrupted_file_is_rebuilt_with_one_warning_and_never_used(model_dir, cache, monkeypatch, caplog):
     want = forwards(loading.load(spec(model_dir, "int4")).model)
     (path,) = cache.glob("prepared-*.pt")
     data = path.read_bytes()
     builds = built_only(monkeypatch)
+    caplog.set_level(logging.INFO, logger="specdec")
     for damaged in (data[: len(data) // 2], b"\xff" * 16 + data[16:]):  # truncated; a header that does not parse
         path.write_bytes(damaged)
-        capsys.readouterr()
+        caplog.clear()
         got = forwards(loading.load(spec(model_dir, "int4")).model)
-        warnings = [line for line in capsys.readouterr().err.splitlines() if line]
-        assert len(warnings) == 1 and warnings[0].startswith("specdec: warning: the prepared target is unusable")
+        notices = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "specdec"]
+        assert len(notices) == 1 and notices[0][0] == logging.WARNING
+        assert notices[0][1].startswith("the prepared target is unusable")
         assert all(torch.equal(a, b) for a, b in zip(want, got))
         data = path.read_bytes()  # written again
     assert builds == [1, 1]
+    caplog.clear()
     loading.load(spec(model_dir, "int4"))
-    assert builds == [1, 1] and capsys.readouterr().err == ""  # the rebuilt file is used, silently
+    assert builds == [1, 1] and not caplog.records  # the rebuilt file is used, silently
 
 
 def test_a_file_prepared_under_other_code_is_not_used(model_dir, cache, monkeypatch):

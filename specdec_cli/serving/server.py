@@ -74,7 +74,7 @@ def free_port() -> int:
 
 
 def log_directory() -> Path:
-    from ..cache_dir import cache_root
+    from ..pairs.cache_dir import cache_root
 
     return cache_root() / "vllm-logs"
 
