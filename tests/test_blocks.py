@@ -45,9 +45,25 @@ def test_padding_never_runs_past_the_context(target, similar):
     assert emitted == plain and len(plain) == 7
 
 
-def test_measure_times_every_block_length(target):
-    costs = measure(target, lengths=4, reps=1, context=8)
-    assert sorted(costs) == [1, 2, 3, 4] and all(seconds > 0 for seconds in costs.values())
+def test_measure_times_every_block_length_over_the_same_context_and_keeps_the_fastest(target, monkeypatch):
+    """Each length runs reps + 1 times (the first warms up, uncounted) on a cache cropped back to the
+    context every time; the cost is the fastest counted run."""
+    from specdec_cli.decoding import blocks
+
+    passes = {1: [9, 7, 8], 2: [1, 8, 9], 3: [9, 9, 5], 4: [9, 6, 6]}  # seconds per pass; 2's fast warm-up is not counted
+    durations = iter(passes[n][rep] for rep in range(3) for n in (1, 2, 3, 4))
+    seen, now = [], [0.0]
+    forward = type(target).forward
+
+    def timed(self, input_ids=None, cache=None, **kwargs):
+        seen.append((input_ids.shape[1], cache.get_seq_length()))
+        if len(seen) > 1:  # a block, not the context's own forward
+            now[0] += next(durations)
+        return forward(self, input_ids, cache=cache, **kwargs)
+    monkeypatch.setattr(type(target), "forward", timed)
+    monkeypatch.setattr(blocks.time, "perf_counter", lambda: now[0])
+    assert measure(target, lengths=4, reps=2, context=8) == {1: 7, 2: 8, 3: 5, 4: 6}
+    assert seen == [(8, 0)] + [(n, 8) for _ in range(3) for n in (1, 2, 3, 4)]
 
 
 def test_a_measurement_a_busy_machine_skewed_is_not_kept(target, tmp_path, monkeypatch):

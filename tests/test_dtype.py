@@ -129,12 +129,21 @@ def test_an_unknown_dtype_is_a_one_line_error(pair_dir):
     assert "specdec: error: unknown dtype 'int3'; choose one of auto, float32, float16, bfloat16, int8, int4" in result.output
 
 
-def test_block_costs_are_cached_per_dtype(pair_dir, tmp_path):
+def test_block_costs_are_cached_per_dtype(pair_dir, tmp_path, monkeypatch):
+    """Each dtype's costs are measured once and read back after; another dtype's are never taken for them."""
+    from specdec_cli.decoding import blocks
+
     model = load(load_registry(pair_dir / "models.yaml").pair("tiny").target).model
-    cached_plan(model, "target float32", tmp_path)
-    cached_plan(model, "target int4", tmp_path)
-    cached_plan(model, "target int4", tmp_path)
+    measured = []
+    costs = {"target float32": {1: 0.010, 2: 0.011}, "target int4": {1: 0.004, 2: 0.009}}
+    monkeypatch.setattr(blocks, "measure", lambda m: costs[measured[-1]])
+    for identity in ("target float32", "target int4", "target int4", "target float32"):
+        measured.append(identity)
+        assert blocks.cached_costs(model, identity, tmp_path) == costs[identity]
+    measured.clear()  # from the files alone now: a measurement would fail (measured[-1])
+    assert blocks.cached_costs(model, "target int4", tmp_path) == costs["target int4"]
     assert len(list(tmp_path.glob("block-costs-*.json"))) == 2
+    assert cached_plan(model, "target int4", tmp_path) == blocks.plan(costs["target int4"])
 
 
 def test_profiles_are_kept_and_used_per_target_dtype(pair_dir, tmp_path):
