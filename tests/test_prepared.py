@@ -131,3 +131,15 @@ def test_the_default_pairs_mapped_int4_target_equals_a_fresh_build_bit_for_bit()
                             model(ids[:, 30:31], cache=cache, use_cache=True).logits,
                             model(ids[:, 31:39], cache=cache, use_cache=True, logits_to_keep=8).logits])
     assert all(torch.equal(a, b) for a, b in zip(*outputs))
+
+
+def test_a_file_whose_tensor_the_kernels_could_not_read_where_it_lies_is_refused(tmp_path):
+    """torch.save keeps a view's offset into its storage: mapped back, this tensor starts 1 byte off."""
+    path = tmp_path / "prepared.pt"
+    torch.save({"format": prepared.FORMAT, "key": "k", "layout": "{}", "tensors": {"w": torch.zeros(64, dtype=torch.int8)[1:]}},
+               path)
+    with pytest.raises(prepared.Unusable, match="w is not aligned to 64 bytes"):
+        prepared.read(path, "k")
+    torch.save({"format": prepared.FORMAT, "key": "k", "layout": "{}", "tensors": {"w": torch.zeros(63, dtype=torch.int8)}}, path)
+    tensors, layout = prepared.read(path, "k")
+    assert tensors["w"].data_ptr() % prepared.ALIGNMENT == 0 and layout == {}
