@@ -83,7 +83,7 @@ class LookupInChain(Drafter):
         self.head.add_features(rows)
 
     @torch.inference_mode()
-    def propose(self, context, k, sampling, generator) -> Draft:
+    def propose(self, context, k, sampling, generator, gate=None) -> Draft:
         head, n = self.head, context.shape[0]
         guess, caught_up = head._catch_up(context)
         tokens = []

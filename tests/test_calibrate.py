@@ -51,7 +51,7 @@ class OracleDrafter(Drafter):
     def reset(self):
         pass
 
-    def propose(self, context, k, sampling, generator):
+    def propose(self, context, k, sampling, generator, gate=None):
         ids = context.tolist()
         for sequence in self.sequences:
             if sequence[: len(ids)] == ids:

@@ -26,7 +26,7 @@ class AsTree(Drafter):
     def reset(self):
         self.chain.reset()
 
-    def propose(self, context, k, sampling, generator):
+    def propose(self, context, k, sampling, generator, gate=None):
         draft = self.chain.propose(context, k, sampling, generator)
         return Draft(draft.tokens, parents=tuple(range(len(draft))), source=draft.source)
 
@@ -75,7 +75,7 @@ def test_the_interfaces_declare_their_optional_parts_with_defaults():
     class Plain(Drafter):
         name = "plain"
 
-        def propose(self, context, k, sampling, generator):
+        def propose(self, context, k, sampling, generator, gate=None):
             return Draft.empty()
 
     drafter = Plain()

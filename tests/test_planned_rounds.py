@@ -68,7 +68,7 @@ def test_off_rounds_run_no_draft_forward_and_the_head_catches_up_exactly(target)
     head = random_head(target)
     calls = []
     real = head.propose
-    head.propose = lambda *args: calls.append(args[0].shape[0]) or real(*args)
+    head.propose = lambda *args, **kwargs: calls.append(args[0].shape[0]) or real(*args, **kwargs)
     schedule = Scripted(["none"] * 12 + ["learned"] + ["none"] * 40)
     engine = SpeculativeEngine(target, LookupFirst(head), {1})
     events = list(engine.generate(PROMPT, k=schedule, max_new_tokens=20))

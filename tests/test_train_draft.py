@@ -190,7 +190,7 @@ class Recorder(Drafter):
     def add_features(self, rows):
         self.rows.append(rows.clone())
 
-    def propose(self, context, k, sampling, generator):
+    def propose(self, context, k, sampling, generator, gate=None):
         assert sum(r.shape[0] for r in self.rows) == context.shape[0] - 1  # one row per cached token
         return self.inner.propose(context, k, sampling, generator)
 
@@ -343,7 +343,7 @@ def test_lookup_first_drafts_from_a_repeat_and_otherwise_asks_the_learned_drafte
         def reset(self):
             pass
 
-        def propose(self, context, k, sampling, generator):
+        def propose(self, context, k, sampling, generator, gate=None):
             Learned.calls += 1
             return Draft(torch.full((k,), 77))
 

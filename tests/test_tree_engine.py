@@ -45,7 +45,7 @@ class OracleTree(Drafter):
     def add_features(self, rows):
         self.features.append(rows.clone())
 
-    def propose(self, context, k, sampling, generator):
+    def propose(self, context, k, sampling, generator, gate=None):
         n = context.shape[0]
         rng = random.Random(self.seed * 1000 + n)
         truth = self.future[n:] if self.future[:n] == context.tolist() else []
@@ -165,7 +165,7 @@ def test_a_tree_round_reports_its_path_and_the_children_it_refused(target, plain
         def reset(self):
             pass
 
-        def propose(self, context, k, sampling, generator):
+        def propose(self, context, k, sampling, generator, gate=None):
             # root → wrong0, truth; truth → wrong1, wrong2: the path is [truth], then both children refused
             return Draft(torch.tensor([wrong[0], truth, wrong[1], wrong[2]]), parents=(0, 0, 2, 2))
 
@@ -183,7 +183,7 @@ class FixedTree(Drafter):
     def reset(self):
         pass
 
-    def propose(self, context, k, sampling, generator):
+    def propose(self, context, k, sampling, generator, gate=None):
         return Draft(torch.tensor([7, 6, 0, 1, 2, 3]), parents=(0, 0, 1, 1, 2, 2))
 
 

@@ -47,6 +47,11 @@ class Draft:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
+    def first(self, n: int) -> "Draft":
+        """A chain's first ``n`` tokens, with their q and everything else the draft said of itself."""
+        return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n], self.source, self.catchup_s,
+                     confidence=self.confidence)
+
 
 class Drafter:
     """What every drafter is: ``name``, ``reset`` and ``propose``; the optional parts are declared
@@ -68,15 +73,23 @@ class Drafter:
         """Forget the previous prompt."""
 
     def propose(
-        self, context: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None
+        self, context: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None,
+        gate: DraftGate | None = None,
     ) -> Draft:
-        """Up to ``k`` tokens that might follow ``context`` (1-D token ids, CPU). A drafter with a
-        distribution of its own (a model, a head) also takes ``gate=DraftGate``, and stops drafting
-        where the gate finds its next guess not worth verifying (possibly before the first)."""
+        """Up to ``k`` tokens that might follow ``context`` (1-D token ids, CPU). ``gate``: a drafter with
+        a distribution of its own (a model, a head) stops drafting where the gate finds its next guess
+        not worth verifying (possibly before the first); one without (lookup, a tree) has no guess to
+        weigh and drafts as it would."""
         raise NotImplementedError
 
     def add_features(self, rows: torch.Tensor) -> None:
         """The target's features of newly confirmed positions (only called when ``uses_target_features``)."""
+
+    def parts(self) -> tuple[Callable | None, "Drafter | None"]:
+        """(free offer, learned drafter): prompt lookup is an offer that costs nothing to look at
+        before deciding (``offer(context, k) -> Draft``); a model or head costs a forward per token
+        and is asked only when a schedule chooses it. By default a drafter is all learned."""
+        return None, self
 
     def propose_tree(self, context: torch.Tensor, shape: TreeShape) -> Draft:
         """A tree of at most ``shape.nodes`` nodes after ``context``."""
@@ -105,7 +118,10 @@ class NgramDrafter(Drafter):
         self._tokens: list[int] = []
         self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
 
-    def propose(self, context, k, sampling, generator) -> Draft:
+    def parts(self) -> tuple[Callable, None]:
+        return (lambda context, k: self.propose(context, k, None, None)), None
+
+    def propose(self, context, k, sampling, generator, gate=None) -> Draft:
         tokens = self._index(context)
         length = len(tokens)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
@@ -164,9 +180,12 @@ class LookupFirst(Drafter):
     def add_features(self, rows: torch.Tensor) -> None:
         self.learned.add_features(rows)  # every round, used or not: the head must see every position
 
-    def propose(self, context, k, sampling, generator) -> Draft:
+    def propose(self, context, k, sampling, generator, gate=None) -> Draft:
         draft = self.lookup.propose(context, k, sampling, generator)
         return draft if len(draft) else self.learned.propose(context, k, sampling, generator)
+
+    def parts(self) -> tuple[Callable, Drafter]:
+        return self.offer, self.learned
 
     def offer(self, context, k) -> Draft:
         """Lookup's match (free to find), for a controller that chooses between the two each round."""
@@ -174,15 +193,8 @@ class LookupFirst(Drafter):
 
 
 def parts(drafter: Drafter | None) -> tuple[Callable | None, Drafter | None]:
-    """A drafter as (free offer, learned drafter): prompt lookup is an offer that costs nothing to
-    look at before deciding; a model or head costs a forward per token and is asked only when chosen."""
-    if drafter is None:
-        return None, None
-    if isinstance(drafter, LookupFirst):
-        return drafter.offer, drafter.learned
-    if isinstance(drafter, NgramDrafter):
-        return (lambda context, k: drafter.propose(context, k, None, None)), None
-    return None, drafter
+    """A drafter as (free offer, learned drafter), as it declares them (``Drafter.parts``)."""
+    return (None, None) if drafter is None else drafter.parts()
 
 
 class ModelDrafter(Drafter):

@@ -176,8 +176,7 @@ class SpeculativeEngine:
             if len(draft) > want:
                 raise RuntimeError(f"drafter {self.drafter.name} proposed a tree of {len(draft)} nodes, {want} asked for")
             return want, draft
-        return want, Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source,
-                           draft.catchup_s)
+        return want, draft.first(want)
 
     def _planned(self, schedule: KSchedule, tokens, room: int, sampling, generator) -> tuple[int, Draft]:
         """The schedule picks the round's drafter: lookup's match, the learned drafter (a chain, gated
@@ -198,9 +197,7 @@ class SpeculativeEngine:
             raise ValueError(f"schedule chose drafter {source!r} for {want} tokens; offered {offer.source!r} "
                              f"({len(offer)} tokens) and {learned!r}")
         gate = schedule.gate(source, want)  # the drafter stops where its guesses stop paying (gate.py)
-        draft = self._learned.propose(tokens, want, sampling, generator, **({"gate": gate} if gate else {}))
-        return want, Draft(draft.tokens[:want], None if draft.probs is None else draft.probs[:want], draft.source,
-                           draft.catchup_s, confidence=draft.confidence)
+        return want, self._learned.propose(tokens, want, sampling, generator, gate=gate).first(want)
 
     def _verify(self, cache, block: torch.Tensor, tree: Tree | None, cached: int, device):
         """The target's one forward over the block, where a longer forward is cheaper run longer

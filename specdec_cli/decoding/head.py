@@ -392,5 +392,5 @@ class HeadTree(Drafter):
     def add_features(self, rows: torch.Tensor) -> None:
         self.head.add_features(rows)
 
-    def propose(self, context, k, sampling, generator) -> Draft:
+    def propose(self, context, k, sampling, generator, gate=None) -> Draft:
         return self.head.propose_tree(context, TreeShape(k, self.width, self.depth))
