@@ -17,10 +17,10 @@ from rich.table import Table
 from ..runtime import threads as thread_policy
 from ..atomic import check_writable
 from ..decoding.control.speedup import SPECULATE
+from ..decoding.rules import check_tree_rule
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import profile_path, read_profiles, write_profile
-from ..decoding.rules import check_tree_rule
 from ..prompts import read_file
 from .common import (
     WRITE_FAILED,
@@ -91,7 +91,7 @@ def calibrate_k(
         raise UserError("--profile names the file for --write; add --write")
     rule = accept_rule(accept)
     budgets = parse_k_list(tree, "--tree", least=1) if tree is not None else []
-    if budgets and not rule.lossless:
+    if budgets:
         check_tree_rule(rule)
     if write and not rule.lossless:
         raise UserError(f"--write keeps K for lossless decoding; a K measured under the lossy rule {rule} is not written")

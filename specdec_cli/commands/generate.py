@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Annotated, Iterable, Optional
 import typer
 
 from ..runtime import threads as thread_policy
+from ..decoding.rules import check_tree_rule
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
-from ..decoding.rules import check_tree_rule
 from ..prompts import Prompt, parse_lines
 from .common import (
     AcceptOption,
@@ -94,8 +94,7 @@ def generate(
     tree = parse_tree(tree, k)
     if tree is not None:
         fixed_k = tree  # a fixed tree: the engine's K is its node budget; auto: adaptive, trees weighed too
-        if tree == "auto" and not rule.lossless:
-            check_tree_rule(rule)
+        check_tree_rule(rule)
     prompts = _prompts(prompt)
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
     if tree is not None:

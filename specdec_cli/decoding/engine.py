@@ -87,7 +87,8 @@ class SpeculativeEngine:
         while produced < budget:
             event = self._round(schedule, cache, tokens, budget - produced, device, sampling, generator, rule,
                                 record_logits)
-            event.fallback_forwards, fallbacks = fallback_forwards(self.target) - fallbacks, fallback_forwards(self.target)
+            now = fallback_forwards(self.target)
+            event.fallback_forwards, fallbacks = now - fallbacks, now
             produced += len(event.emitted)
             tokens = torch.cat([tokens, torch.tensor(event.emitted, dtype=torch.long)])
             schedule.observe(event)

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 import torch
 import transformers
 
-from .cache_dir import cache_root
 from ..errors import UserError
 from ..notices import log
 from ..runtime import dense_prefill, prepared
@@ -31,6 +30,7 @@ from ..runtime.lean_model import LeanCausalLM, lean_config
 from ..runtime.quantize import QUANTISED, quantise_model
 from ..runtime.rowwise_attention import use_rowwise_attention
 from . import superseded
+from .cache_dir import cache_root
 from .registry import ModelSpec
 from .sources import ModelSource
 

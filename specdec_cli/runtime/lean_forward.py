@@ -28,7 +28,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .dense_prefill import DENSE_FROM, lean_layer
 from .fused_projections import SharedProjection
-from .quantize import Int4Linear, Int8Linear, int8_input
+from .quantize import Int4Linear, Int8Linear, padded_columns
 from .rowwise_attention import ROWWISE_UP_TO, attend_rows, visible_keys_once
 
 HANDLED = {"input_ids", "cache", "use_cache", "logits_to_keep", "attention_mask", "position_ids", "output_hidden_states"}
@@ -51,7 +51,7 @@ def kernel(linear, widen: bool = True):
     q, scale, columns = linear.q, linear.scale, linear.q.shape[1]
 
     def int8(x):
-        out = torch.ops.aten._weight_int8pack_mm(int8_input(x.to(scale.dtype), columns), q, scale)
+        out = torch.ops.aten._weight_int8pack_mm(padded_columns(x.to(scale.dtype), columns), q, scale)
         return out.to(x.dtype) if widen else out
     return int8
 

@@ -59,7 +59,7 @@ class Int8Linear(nn.Module):
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
         super().__init__()
         self.in_features, self.out_features = q.shape[1], q.shape[0]
-        self.register_buffer("q", _pad_columns(q, COLUMNS).contiguous())
+        self.register_buffer("q", padded_columns(q, int8_columns(q.shape[1])).contiguous())
         self.register_buffer("scale", scale.to(dtype).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach())
 
@@ -75,7 +75,7 @@ class Int8Linear(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = int8_input(x.reshape(-1, self.in_features).to(self.scale.dtype), self.q.shape[1]).contiguous()
+        flat = padded_columns(x.reshape(-1, self.in_features).to(self.scale.dtype), self.q.shape[1]).contiguous()
         out = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale).to(x.dtype)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
@@ -89,9 +89,9 @@ def int8_columns(in_features: int) -> int:
     return in_features + -in_features % COLUMNS
 
 
-def int8_input(x: torch.Tensor, columns: int) -> torch.Tensor:
-    """[rows, in_features] -> [rows, columns]: zero columns where the weight has them (mostly none)."""
-    return x if x.shape[1] == columns else nn.functional.pad(x, (0, columns - x.shape[1]))
+def padded_columns(tensor: torch.Tensor, columns: int) -> torch.Tensor:
+    """[rows, n] -> [rows, columns], zero columns after the n: an int8 weight and its inputs (mostly as they are)."""
+    return tensor if tensor.shape[1] == columns else nn.functional.pad(tensor, (0, columns - tensor.shape[1]))
 
 
 class Int4Linear(nn.Module):
@@ -166,11 +166,6 @@ def _dense_forward(linear: Int4Linear | Int8Linear):
 def _pad_rows(tensor: torch.Tensor, multiple: int) -> torch.Tensor:
     missing = -tensor.shape[0] % multiple
     return torch.cat([tensor, tensor.new_zeros(missing, *tensor.shape[1:])]) if missing else tensor
-
-
-def _pad_columns(tensor: torch.Tensor, multiple: int) -> torch.Tensor:
-    missing = -tensor.shape[1] % multiple
-    return nn.functional.pad(tensor, (0, missing)) if missing else tensor
 
 
 def quantised_linear(linear: nn.Linear, kind: str, dtype: torch.dtype, blocks=None) -> nn.Module:
