@@ -18,6 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import DraftHead, HeadDrafter, HeadTree, load_head
+from specdec_cli.decoding.kv import reserved_cache
 from specdec_cli.pairs import loading
 from specdec_cli.pairs.meta import read_meta
 from specdec_cli.runtime.lean_model import LeanCausalLM, Rotary, lean_config
@@ -112,6 +113,28 @@ def test_a_quantised_head_drafts_the_same_without_transformers_layer(target, tmp
     assert chains == drafts(transformers_built, quantised, prompt) and any(chains)
     assert drafts(skeleton, quantised, prompt, tree=True) == drafts(transformers_built, quantised, prompt, tree=True)
 
+
+
+
+def test_a_long_catch_up_after_cached_positions_is_one_causal_call_as_in_transformers_layer(target, tmp_path):
+    """A head that sat out rounds catches up on more rows than a block, after what it has cached."""
+    save_random_head(tmp_path, target)
+    quantised = quantise_model(copy.deepcopy(target), "int8")
+    lean = load_head(tmp_path, quantised, "target", "int8").head
+    head = DraftHead(read_meta(tmp_path)["layer"])
+    head.load_state_dict(load_file(tmp_path / "head.safetensors"))
+    layer = HeadDrafter(head, quantised, None, "int8").head
+    layer.lean = None  # transformers' layer on the same quantised modules
+    generator = torch.Generator().manual_seed(3)
+    embeds, features = (torch.randn(1, 90, lean.config.hidden_size, generator=generator) for _ in range(2))
+    outputs = []
+    for drafting in (lean, layer):
+        cache = reserved_cache(drafting.config)
+        with torch.inference_mode():
+            parts = [drafting(embeds[:, a:b], features[:, a:b], cache, a) for a, b in ((0, 10), (10, 90))]
+        assert cache.get_seq_length() == 90
+        outputs.append(torch.cat(parts, dim=1))
+    assert torch.allclose(outputs[0], outputs[1], atol=1e-4), (outputs[0] - outputs[1]).abs().max()
 
 
 DECODE_ONLY = r"""

@@ -118,14 +118,14 @@ class DraftHead(nn.Module):
     def lean_forward(self, x: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None) -> torch.Tensor:
         """The quantised layer on every block a drafter gives it, so that nothing is built or imported
         mid-decode: each row attends alone (rowwise_attention.py), a tree level's rows to their
-        ancestors, and a catch-up longer than ``ROWWISE_UP_TO`` rows on an empty cache (a long
-        prompt) in one causal call."""
+        ancestors, and a catch-up longer than ``ROWWISE_UP_TO`` rows (after a long prompt, or after
+        rounds the head sat out) in one causal call, as transformers' layer ran it."""
         if x.shape[0] != 1 or type(cache) is not DynamicCache:
             raise ValueError("a quantised draft head drafts one sequence at a time, on a DynamicCache")
         decoder, weights = self.lean
         rows, past = x.shape[1], cache.get_seq_length()
         seen = None if mask is None else visible_keys(mask, rows, past + rows)
-        prompt = mask is None and past == 0 and rows > ROWWISE_UP_TO
+        prompt = mask is None and rows > ROWWISE_UP_TO
         cos, sin = decoder.rotary_tables(self.rotary, x, positions)
         return decoder.layer(x[0], weights, 0, cos, sin, cache, seen, prompt)[None]
 

@@ -134,9 +134,12 @@ class LeanDecoder:
         return attend_rows(query, key, value, self.scaling, self.groups, seen)[0]
 
     def attend_prompt(self, query, key, value):
-        """[1, heads, rows, dim] on an empty cache -> [rows, heads, dim], every row in one causal call."""
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=self.scaling,
-                                                               enable_gqa=self.groups > 1)
+        """[1, heads, rows, dim] -> [rows, heads, dim], every row in one causal call: a prompt on an
+        empty cache, or a head's long catch-up after the positions it has cached (an explicit mask)."""
+        rows, keys = query.shape[2], key.shape[2]
+        causal = None if rows == keys else torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=causal, is_causal=causal is None,
+                                                               scale=self.scaling, enable_gqa=self.groups > 1)
         return out[0].transpose(0, 1)
 
 
