@@ -38,11 +38,16 @@ def survive(k: int, alpha: float, rng: random.Random) -> int:
     return accepted
 
 
+def main_k(schedule: AdaptiveK) -> int:
+    """The K a schedule plans for its main drafter when prompt lookup offers nothing."""
+    return schedule.plan(0, None, schedule.main, schedule.k_max)[0]
+
+
 def drive(schedule: AdaptiveK, alpha: float, rounds: int, rng: random.Random) -> list[int]:
     """Run rounds where each draft token survives with probability alpha; the K chosen per round."""
     chosen = []
     for _ in range(rounds):
-        k = schedule.choose()
+        k = main_k(schedule)
         schedule.observe(event(k, survive(k, alpha, rng)))
         chosen.append(k)
     return chosen
@@ -104,7 +109,7 @@ def test_a_new_prompt_halves_the_acceptance_evidence_and_keeps_the_scenarios_sta
 def test_slow_drafting_turns_speculation_off_even_at_high_acceptance():
     schedule = AdaptiveK(Prior(3, 0.6, 0.01, COSTS))
     for _ in range(40):
-        k = schedule.choose()
+        k = main_k(schedule)
         schedule.observe(event(k, k // 2, c=2.0))  # each draft token costs two target forwards
     assert schedule.off
 
@@ -179,13 +184,13 @@ def test_controller_keeps_one_schedule_per_scenario_and_reseeds_from_a_new_profi
         return PairProfile("p", "now", "t", "ngram", {"code": section, "creative": off}, overall=section)
 
     controller = AdaptiveController(lambda scenario: 4, model_drafter=False, profile=profile(3))
-    assert controller.schedule("code").choose() == 3
+    assert main_k(controller.schedule("code")) == 3
     assert controller.schedule("creative").off
-    assert controller.schedule("elsewhere").choose() == 3  # unknown scenario: the overall section
+    assert main_k(controller.schedule("elsewhere")) == 3  # unknown scenario: the overall section
     assert controller.schedule("code") is controller.schedule("code")
     controller.reseed(profile(6))
-    assert controller.schedule("code").choose() == 6
-    assert AdaptiveController(lambda s: 5, model_drafter=True).schedule(None).choose() == 5  # no profile
+    assert main_k(controller.schedule("code")) == 6
+    assert main_k(AdaptiveController(lambda s: 5, model_drafter=True).schedule(None)) == 5  # no profile
 
 
 # --- the pure speed-up math -----------------------------------------------------------------------
@@ -236,7 +241,7 @@ def rounds_until_off(controller: AdaptiveController) -> int:
     """Rounds a weak drafter (every draft refused) keeps drafting before the controller stops it."""
     schedule = controller.schedule(None)
     for rounds in range(1, 50):
-        k = schedule.choose()
+        k = main_k(schedule)
         if k == 0:
             return rounds - 1
         schedule.observe(event(k, 0, c=0.06))

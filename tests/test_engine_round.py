@@ -10,8 +10,9 @@ import torch
 
 from specdec_cli.decoding import engine as engine_module
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.drafters import Draft, Drafter, ModelDrafter
+from specdec_cli.decoding.drafters import Draft, Drafter, LookupFirst, ModelDrafter
 from specdec_cli.decoding.engine import FixedK, KSchedule, SpeculativeEngine
+from specdec_cli.decoding.schedule import AS_IS
 from specdec_cli.decoding.tree import TreeShape
 
 PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]
@@ -83,20 +84,21 @@ def test_the_interfaces_declare_their_optional_parts_with_defaults():
     with pytest.raises(ValueError, match="'plain' drafts no trees"):
         drafter.propose_tree(torch.tensor(PROMPT), TreeShape(4))
     schedule = FixedK(3)
-    assert isinstance(schedule, KSchedule) and not schedule.picks_drafter and not schedule.trees
-    assert schedule.gate("head", 3) is None and schedule.choose() == 3
+    assert isinstance(schedule, KSchedule) and not schedule.reads_offer and not schedule.trees
+    assert schedule.gate("head", 3) is None and schedule.plan(2, "lookup", "head", 8) == (3, AS_IS)
 
 
-def test_a_schedule_that_picks_no_drafter_is_asked_only_for_k(target, similar):
-    class OnlyK(KSchedule):
+def test_a_schedule_that_reads_no_offer_plans_every_round_without_one(target, similar):
+    class AsIs(KSchedule):
         def __init__(self):
-            self.asked = 0
+            self.seen = []
 
-        def choose(self):
-            self.asked += 1
-            return 2
+        def plan(self, offer, offer_source, learned, room):
+            self.seen.append((offer, offer_source, learned))
+            return 2, AS_IS
 
-    schedule = OnlyK()
-    events = list(SpeculativeEngine(target, ModelDrafter(similar, target.config.vocab_size), {1}).generate(
+    schedule = AsIs()
+    drafter = LookupFirst(ModelDrafter(similar, target.config.vocab_size))
+    events = list(SpeculativeEngine(target, drafter, {1}).generate(
         PROMPT, k=schedule, max_new_tokens=12, sampling=SamplingParams()))
-    assert schedule.asked == len(events) and all(e.k == 2 for e in events[:-1])
+    assert schedule.seen == [(0, None, "model")] * len(events) and all(e.k == 2 for e in events[:-1])

@@ -124,7 +124,7 @@ def test_gated_greedy_rounds_are_token_identical_to_plain_decoding(target, simil
 class GatedLearned(KSchedule):
     """The learned drafter every round, under a fixed gate."""
 
-    picks_drafter = True
+    reads_offer = True
 
     def __init__(self, gate):
         self.fixed, self.stopped = gate, 0

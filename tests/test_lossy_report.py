@@ -48,7 +48,7 @@ def test_paired_bootstrap_cancels_what_both_modes_share():
 
 
 def _sample(prompt, tokens, rounds, accepted, wall, nll, correct=None):
-    s = Sample(prompt, tokens, wall, 0.0, [], rounds, accepted=accepted)
+    s = Sample(prompt, tokens, wall, 0.0, [], rounds=rounds, accepted=accepted)
     s.nll, s.correct = nll, correct
     return s
 

@@ -18,13 +18,10 @@ PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
 class Scripted(KSchedule):
     """A schedule that plans each round from a script: 'none', 'offer' or 'learned' (K 3)."""
 
-    picks_drafter = True
+    reads_offer = True
 
     def __init__(self, script):
         self.script, self.round, self.seen = list(script), 0, []
-
-    def choose(self):
-        raise AssertionError("an engine that can offer a choice of drafter must call plan")
 
     def plan(self, offer, offer_source, learned, room):
         what = self.script[self.round % len(self.script)]

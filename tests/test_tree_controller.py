@@ -176,7 +176,7 @@ def test_the_profiles_tree_findings_seed_the_sibling_prior():
 class Planned(KSchedule):
     """A schedule that plans from a script: none, offer, learned (a chain of 3) or tree (6 nodes)."""
 
-    picks_drafter = trees = True
+    reads_offer = trees = True
 
     def __init__(self, script):
         self.script, self.round = list(script), 0

@@ -107,7 +107,7 @@ def calibrate_k(
         read_profiles(destination)  # a damaged profile stops us now, not after the measuring
 
     from ..decoding.engine import SpeculativeEngine
-    from ..decoding.loaded_pair import as_tree, prepare
+    from ..decoding.loaded_pair import prepare
     from ..measure.calibration import (
         DEFAULT_SCENARIO,
         measure,
@@ -127,7 +127,7 @@ def calibrate_k(
         runtime = prepare(spec)
     tree_engine = None
     if budgets:
-        tree_engine = SpeculativeEngine(runtime.target.model, as_tree(runtime.drafter), runtime.eos_token_ids, runtime.block_plan)
+        tree_engine = SpeculativeEngine(runtime.target.model, runtime.tree_drafter(), runtime.eos_token_ids, runtime.block_plan)
     encoded = [(item.scenario or DEFAULT_SCENARIO, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
     with _progress(console, len(ks) + len(budgets)) as report:
         measured = measure(runtime.engine, encoded, ks, max_new_tokens, sampling, seed, report, rule, budgets, tree_engine)

@@ -112,9 +112,7 @@ def generate(
         runtime = prepare(spec, drafting=fixed_k != 0, lean=True)
     controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
     if isinstance(tree, int):
-        from ..decoding.loaded_pair import as_tree
-
-        runtime.drafter = as_tree(runtime.drafter)
+        runtime.drafter = runtime.tree_drafter()
 
     finished, warned = 0, False
     try:

@@ -134,9 +134,7 @@ def verify_equivalence(
     thread_policy.apply(threads)
     runtime = prepare(spec)
     if tree is not None:
-        from ..decoding.loaded_pair import as_tree
-
-        runtime.drafter = as_tree(runtime.drafter)
+        runtime.drafter = runtime.tree_drafter()
     encoded = [(item.id, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
     tolerance = tolerance or _tolerance(runtime)
 

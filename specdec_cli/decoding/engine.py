@@ -30,7 +30,7 @@ from .drafters import Draft, Drafter, parts
 from .events import RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
 from .rules import check_tree_rule
-from .schedule import FixedK, KSchedule
+from .schedule import AS_IS, FixedK, KSchedule
 from .tree import Tree, TreeShape, greedy_tree_accept, tree_sample_accept, tree_source, verify_tree
 
 if TYPE_CHECKING:
@@ -163,42 +163,35 @@ class SpeculativeEngine:
         return min(max_new_tokens, self.context_length - len(prompt_ids))
 
     def _draft(self, schedule: KSchedule, tokens, left: int, sampling, generator) -> tuple[int, Draft]:
-        """The round's K and draft: the drafter the schedule picks (plan), else its K from the drafter as it is."""
-        # A round emits at most k + 1 tokens; drafting past the budget is wasted work. A chain's K is
-        # its depth, so left − 1; a tree's is its node count, however shallow (paths past the budget are cut).
-        room = max(0, min(MAX_K, (MAX_K if left > 1 else 0) if self.drafts_trees else left - 1))
-        if schedule.picks_drafter and self.drafter is not None:
-            return self._planned(schedule, tokens, room, sampling, generator)
-        want = max(0, min(schedule.choose(), room))
-        if want == 0 or self.drafter is None:
-            return want, Draft.empty()
-        draft = self.drafter.propose(tokens, want, sampling, generator)
-        if draft.parents is not None:
-            if len(draft) > want:
-                raise RuntimeError(f"drafter {self.drafter.name} proposed a tree of {len(draft)} nodes, {want} asked for")
-            return want, draft
-        return want, draft.first(want)
-
-    def _planned(self, schedule: KSchedule, tokens, room: int, sampling, generator) -> tuple[int, Draft]:
-        """The schedule picks the round's drafter: lookup's match, the learned drafter (a chain, gated
-        where the schedule says, or a tree), or none."""
-        offer = self._offer(tokens, room) if self._offer is not None and room else Draft.empty()
+        """The round's K and draft, as the schedule plans them: the drafter as it is, lookup's match,
+        the learned drafter (a chain, gated where the schedule says, or a tree), or none."""
+        # A round emits at most K + 1 tokens: drafting past the budget is wasted work.
+        room = max(0, min(MAX_K, left - 1))
+        offer = self._offer(tokens, room) if schedule.reads_offer and self._offer is not None and room else Draft.empty()
         learned = self._learned.name if self._learned is not None else None
         want, source = schedule.plan(len(offer), offer.source or None, learned, room)
-        tree = learned is not None and source == tree_source(learned)
-        # A tree's budget is its node count, however shallow (paths past the token budget are cut).
+        tree = (source == AS_IS and self.drafts_trees) or (learned is not None and source == tree_source(learned))
+        # A chain's K is its depth; a tree's is its node count, however shallow (paths past the budget are cut).
         want = max(0, min(want, MAX_K if room else 0) if tree else min(want, room))
-        if want == 0 or source is None:
-            return 0, Draft.empty()
+        if want == 0 or source is None or self.drafter is None:
+            return (0 if source is None else want), Draft.empty()
         if source == offer.source and want <= len(offer):
-            return want, Draft(offer.tokens[:want], None, offer.source)
-        if tree:
-            return want, self._learned.propose_tree(tokens, TreeShape(want))
-        if source != learned:
+            return want, offer.first(want)
+        if source == AS_IS:
+            draft = self.drafter.propose(tokens, want, sampling, generator)
+        elif source == learned:
+            gate = schedule.gate(source, want)  # the drafter stops where its guesses stop paying (gate.py)
+            draft = self._learned.propose(tokens, want, sampling, generator, gate=gate)
+        elif tree:
+            draft = self._learned.propose_tree(tokens, TreeShape(want))
+        else:
             raise ValueError(f"schedule chose drafter {source!r} for {want} tokens; offered {offer.source!r} "
                              f"({len(offer)} tokens) and {learned!r}")
-        gate = schedule.gate(source, want)  # the drafter stops where its guesses stop paying (gate.py)
-        return want, self._learned.propose(tokens, want, sampling, generator, gate=gate).first(want)
+        if draft.parents is None:
+            return want, draft.first(want)
+        if len(draft) > want:
+            raise RuntimeError(f"drafter {self.drafter.name} proposed a tree of {len(draft)} nodes, {want} asked for")
+        return want, draft
 
     def _verify(self, cache, block: torch.Tensor, tree: Tree | None, cached: int, device):
         """The target's one forward over the block, where a longer forward is cheaper run longer

@@ -64,6 +64,11 @@ class LoadedPair:
         """Verify cost by K relative to one token, padding included: the adaptive controller's start."""
         return relative_costs(self.block_costs, self.block_plan)
 
+    def tree_drafter(self) -> Drafter:
+        """The running drafter drafting trees (`--tree N`): its head's, prompt lookup still first
+        where the pair puts it there."""
+        return composed(self.drafter_of(self.pair.drafter.kind)[0], self.pair.drafter.lookup, tree=True)
+
     def drafter_of(self, kind: str) -> tuple[Drafter, LoadedModel | None]:
         """The pair's drafter of this kind for the loaded target, and its draft model when it is one,
         as it is: without the prompt lookup the running drafter may put first (bench's modes say
@@ -77,16 +82,17 @@ class LoadedPair:
         return self._by_kind[kind]
 
 
-def as_tree(drafter: Drafter) -> Drafter:
-    """The running drafter made to draft trees (`--tree N`): its draft head, prompt lookup still first
-    where the pair puts it there. Only a head drafts trees."""
-    from .head import HeadDrafter, HeadTree
+def composed(drafter: Drafter, lookup: bool, tree: bool = False) -> Drafter:
+    """The drafter a run drives, made from one of the pair's: its draft head drafting trees
+    (`--tree`, tree modes), and prompt lookup first (the pair's `lookup:`, ngram+ modes). The one
+    place drafters are wrapped. Only a head drafts trees."""
+    if tree:
+        from .head import HeadDrafter, HeadTree
 
-    if isinstance(drafter, LookupFirst) and isinstance(drafter.learned, HeadDrafter):
-        return LookupFirst(HeadTree(drafter.learned), drafter.lookup)
-    if isinstance(drafter, HeadDrafter):
-        return HeadTree(drafter)
-    raise ValueError(f"trees are drafted by a draft head, not by {drafter.name!r}")  # commands check the pair first
+        if not isinstance(drafter, HeadDrafter):
+            raise ValueError(f"trees are drafted by a draft head, not by {drafter.name!r}")  # commands check the pair first
+        drafter = HeadTree(drafter)
+    return LookupFirst(drafter) if lookup else drafter
 
 
 def prepare(pair: PairSpec, drafting: bool = True, lean: bool = False) -> LoadedPair:
@@ -97,8 +103,7 @@ def prepare(pair: PairSpec, drafting: bool = True, lean: bool = False) -> Loaded
         runtime = LoadedPair(pair, target, None, None)
     else:
         drafter, draft = _drafter(pair.drafter, target)
-        running = LookupFirst(drafter) if pair.drafter.lookup else drafter
-        runtime = LoadedPair(pair, target, running, draft, _by_kind={pair.drafter.kind: (drafter, draft)})
+        runtime = LoadedPair(pair, target, composed(drafter, pair.drafter.lookup), draft, _by_kind={pair.drafter.kind: (drafter, draft)})
     if pair.pad_blocks:
         runtime.block_costs = cached_costs(target.model, f"{target.source} {pair.target.dtype}", cache_root())
         runtime.block_plan = plan(runtime.block_costs)

@@ -1,7 +1,7 @@
 """What picks each round's draft: the interface the engine drives, and its simplest case, a fixed K.
 
 An explicit base class rather than attributes the engine probes for: the optional parts are
-declared here with their defaults (``picks_drafter``, ``trees``, ``gate``), and a schedule that has
+declared here with their defaults (``reads_offer``, ``trees``, ``gate``), and a schedule that has
 them overrides them (the adaptive controller, control/adaptive.py).
 """
 
@@ -13,27 +13,28 @@ from .control.gate import DraftGate
 from .events import RoundEvent
 
 
-class KSchedule:
-    """Chooses K before each round and sees how the round went (a fixed K, or an adaptive controller).
+AS_IS = "as-is"  # plan's source for the drafter as it is, whatever it combines: a fixed K's
 
-    ``choose()`` is K for the drafter as it is. A schedule that sets ``picks_drafter`` is asked
-    ``plan(offer, offer_source, learned, room) -> (k, source)`` instead (when there is a drafter):
-    it is shown prompt lookup's match first (``offer`` tokens long, 0 for none; free to find) and
-    picks the round's drafter itself: the match (its first k tokens), the learned drafter (k tokens),
-    or nothing; or, naming ``tree_source(learned)``, the learned drafter's tree of at most k nodes (a
-    head's). ``gate(source, k)`` may then bound the learned drafter's chain by its confidence (gate.py).
-    Each round's draft still comes whole from one drafter, with its q, so acceptance is unchanged.
-    ``trees``: ``plan`` may name a tree, which no lossy acceptance rule applies to.
+
+class KSchedule:
+    """Plans each round's draft and sees how the round went (a fixed K, or an adaptive controller).
+
+    ``plan(offer, offer_source, learned, room) -> (k, source)`` names the round's drafter and its K:
+    ``AS_IS``, the drafter as it is (k tokens, or a tree drafter's k nodes); the learned drafter
+    (``learned``, a model or head: k tokens); prompt lookup's match (``offer_source``: its first k of
+    ``offer`` tokens, free to find; shown only to a schedule that ``reads_offer``, else 0); naming
+    ``tree_source(learned)``, the learned drafter's tree of at most k nodes (a head's); or None,
+    nothing. ``room`` is the deepest chain the token budget still uses. ``gate(source, k)`` may then
+    bound a chain by the drafter's confidence (gate.py). Each round's draft still comes whole from
+    one drafter, with its q, so acceptance is unchanged. ``trees``: ``plan`` may name a tree, which no
+    lossy acceptance rule applies to.
     """
 
-    picks_drafter: bool = False
+    reads_offer: bool = False
     trees: bool = False
 
-    def choose(self) -> int:
-        raise NotImplementedError
-
     def plan(self, offer: int, offer_source: str | None, learned: str | None, room: int) -> tuple[int, str | None]:
-        raise NotImplementedError(f"{type(self).__name__} picks no drafter (picks_drafter is False)")
+        raise NotImplementedError
 
     def gate(self, source: str, k: int) -> DraftGate | None:
         """This round's gate for a chain of at most ``k`` drafts from ``source``; None: draft all k."""
@@ -45,7 +46,9 @@ class KSchedule:
 
 @dataclass
 class FixedK(KSchedule):
+    """K every round from the drafter as it is: a schedule that plans one drafter."""
+
     k: int
 
-    def choose(self) -> int:
-        return self.k
+    def plan(self, offer: int, offer_source: str | None, learned: str | None, room: int) -> tuple[int, str]:
+        return self.k, AS_IS

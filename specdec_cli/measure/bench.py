@@ -27,12 +27,11 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from ..decoding.acceptance import AcceptRule, SamplingParams, parse_rule
-from ..decoding.drafters import LookupFirst, NgramDrafter
+from ..decoding.drafters import NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
 from ..decoding.control.estimates import Acceptance
-from ..decoding.head import HeadTree
 from ..decoding.kv import input_device
-from ..decoding.loaded_pair import LoadedPair, prepare
+from ..decoding.loaded_pair import LoadedPair, composed, prepare
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import PairProfile
@@ -40,6 +39,7 @@ from ..pairs.tokenization import encode_prompt
 from ..pairs.registry import HEAD, MODEL, NGRAM
 from ..prompts import Prompt
 from . import lossy
+from .stats import RoundCounts
 
 MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto",
               "auto-ungated", "auto+tree", "tree", "ngram+tree")
@@ -126,7 +126,7 @@ def with_rule(modes: list[Mode], rule: AcceptRule) -> list[Mode]:
 
 
 @dataclass
-class Sample:
+class Sample(RoundCounts):
     """One prompt decoded in one mode."""
 
     prompt: Prompt
@@ -134,19 +134,10 @@ class Sample:
     wall_s: float
     ttft_s: float
     latencies: list[float]  # seconds per token after the first emission
-    rounds: int
-    k_total: int = 0  # the K asked for, summed over rounds
-    drafted: int = 0
-    accepted: int = 0
-    judged: int = 0  # drafts the target tested (RoundEvent.judged)
-    draft_s: float = 0.0
-    verify_s: float = 0.0
     seed: int = 0
     nll: float | None = None  # the target's NLL of the tokens, summed (lossy runs only; lossy.score)
     correct: bool | None = None  # the task's answer found (prompts with an answer, lossy runs only)
-    other_s: float = 0.0  # rounds' bookkeeping outside draft and verify
     drafts: list[tuple[str, int, int]] = field(default_factory=list)  # per round: drafter, drafted, accepted
-    tree_rounds: int = 0
 
 
 @dataclass
@@ -176,9 +167,7 @@ class Bench:
             elif mode.drafter_kind in (MODEL, HEAD):
                 # The pair's model or head as it is (a ModelDrafter keeps its trained output layer),
                 # with prompt lookup first exactly when the mode says so.
-                drafter = self._drafter(mode)[0]
-                drafter = HeadTree(drafter) if mode.kind in TREE_KINDS else drafter
-                drafter = LookupFirst(drafter) if mode.kind.startswith("ngram+") else drafter
+                drafter = composed(self._drafter(mode)[0], mode.kind.startswith("ngram+"), mode.kind in TREE_KINDS)
             engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.eos_token_ids,
                                        self.runtime.block_plan)
             return lambda ids, prompt, seed: self._run_engine(engine, mode.k, ids, prompt, seed, mode.rule)
@@ -201,21 +190,14 @@ class Bench:
 
     def _run_engine(self, engine: SpeculativeEngine, k: int | KSchedule, ids: list[int], prompt: Prompt, seed: int,
                     rule: AcceptRule) -> Sample:
-        stamps, tokens, sample = [], [], Sample(prompt, [], 0.0, 0.0, [], 0, seed=seed)
+        stamps, tokens, sample = [], [], Sample(prompt, [], 0.0, 0.0, [], seed=seed)
         started = time.perf_counter()
         for event in engine.generate(ids, k=k, max_new_tokens=self.max_new_tokens, sampling=self.sampling, seed=seed,
                                      rule=rule):
             stamps.append((time.perf_counter(), len(event.emitted)))
             tokens += event.emitted
-            sample.k_total += event.k
-            sample.drafted += len(event.drafted)
-            sample.accepted += event.accepted
-            sample.judged += event.judged
-            sample.draft_s += event.draft_s
-            sample.verify_s += event.verify_s
-            sample.other_s += event.other_s
+            sample.add(event)
             sample.drafts.append((event.source, len(event.drafted), event.accepted))
-            sample.tree_rounds += event.parents is not None
         return _timed(sample, tokens, started, stamps)
 
     def _run_hf(self, kwargs: dict, ids: list[int], prompt: Prompt, seed: int) -> Sample:
@@ -233,7 +215,7 @@ class Bench:
             **options, **kwargs,
         )
         stamps = [(at, len(chunk)) for at, chunk in streamer.chunks]
-        sample = _timed(Sample(prompt, [], 0.0, 0.0, [], 0, seed=seed), [t for _, chunk in streamer.chunks for t in chunk], started, stamps)
+        sample = _timed(Sample(prompt, [], 0.0, 0.0, [], seed=seed), [t for _, chunk in streamer.chunks for t in chunk], started, stamps)
         if "assistant_model" in kwargs:
             # Constant schedule: K drafts a round, and each round after the first token (which
             # prefill gives) emits accepted + 1. Prompt lookup drafts a varying number that the

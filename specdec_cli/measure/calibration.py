@@ -27,22 +27,16 @@ from ..pairs.manifest import libraries, source_version
 from ..pairs.profile import PairProfile, ScenarioProfile, drafter_identity, drafter_name, section_name
 from ..pairs.registry import PairSpec
 from .lossy import target_nll
+from .stats import RoundCounts
 
 DEFAULT_SCENARIO = "default"  # prompts without a `scenario` field
 
 
-@dataclass
-class Tally:
+@dataclass(kw_only=True)
+class Tally(RoundCounts):
     """Sums over the rounds of one scenario at one K (or, for block timings, over all K)."""
 
     runs: int = 0
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    rejections: int = 0  # rounds where a draft token was turned down
-    new_tokens: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
     wall_s: float = 0.0
     offered: list[int] = field(default_factory=list)  # rounds that drafted position i
     kept: list[int] = field(default_factory=list)  # rounds where draft position i survived
@@ -53,14 +47,8 @@ class Tally:
     rank_judged: Counter = field(default_factory=Counter)  # … and judged
 
     def add(self, event: RoundEvent) -> None:
+        super().add(event)
         n = len(event.drafted)
-        self.rounds += 1
-        self.drafted += n
-        self.accepted += event.accepted
-        self.rejections += event.judged - event.accepted
-        self.new_tokens += len(event.emitted)
-        self.draft_s += event.draft_s
-        self.verify_s += event.verify_s
         self.lengths[n] += 1
         if n and event.parents is not None:
             for _, rank, kept in judgements((-1, *event.parents), event.path or [], event.token is not None):
@@ -74,8 +62,8 @@ class Tally:
                 counts[i] += 1
 
     def merge(self, other: "Tally") -> None:
-        for name in ("runs", "rounds", "drafted", "accepted", "rejections", "new_tokens", "draft_s", "verify_s", "wall_s"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        super().merge(other)
+        self.runs, self.wall_s = self.runs + other.runs, self.wall_s + other.wall_s
         if other.nll is not None:
             self.nll = (self.nll or 0.0) + other.nll
         self.lengths.update(other.lengths)
@@ -101,8 +89,7 @@ class Tally:
         Drafts after the first rejection in a round are never judged; counting them (as the
         plain acceptance rate does) would understate α in the speed-up formula.
         """
-        judged = self.accepted + self.rejections
-        return self.accepted / judged if judged else 0.0
+        return self.accepted / self.judged if self.judged else 0.0
 
 
 @dataclass

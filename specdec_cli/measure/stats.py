@@ -7,23 +7,55 @@ per verify round, rounds, completion length and wall time.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from ..decoding.engine import RoundEvent
 
 
-@dataclass
-class RunStats:
-    k: int | str
-    accept: str = "exact"  # the acceptance rule; anything else is lossy and says so in every output
-    tree: int | str | None = None  # a tree's node budget (`generate --tree N`), or auto (`--tree auto`); None for chains
+# Kept for timing, or for bench and calibration, and not part of a run's reported statistics.
+UNREPORTED = ("started", "first", "ended", "k_total", "judged", "other_s", "tree_rounds")
+
+
+@dataclass(kw_only=True)
+class RoundCounts:
+    """The sums every consumer of round events keeps (generate's statistics, bench's samples,
+    calibration's tallies): one fold, so that a figure means the same wherever it is read."""
+
+    rounds: int = 0
+    k_total: int = 0  # the K planned, summed over rounds
     drafted: int = 0
     accepted: int = 0
-    rounds: int = 0
+    judged: int = 0  # drafts the target tested (RoundEvent.judged): those after a rejection are not
     new_tokens: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    other_s: float = 0.0  # rounds' bookkeeping outside draft and verify
+    tree_rounds: int = 0
     fallback_forwards: int = 0  # target forwards that left the lean forward (events.py): 0 expected
+
+    def add(self, event: RoundEvent) -> None:
+        self.rounds += 1
+        self.k_total += event.k
+        self.drafted += len(event.drafted)
+        self.accepted += event.accepted
+        self.judged += event.judged
+        self.new_tokens += len(event.emitted)
+        self.draft_s += event.draft_s
+        self.verify_s += event.verify_s
+        self.other_s += event.other_s
+        self.tree_rounds += event.parents is not None
+        self.fallback_forwards += event.fallback_forwards
+
+    def merge(self, other: "RoundCounts") -> None:
+        for name in (f.name for f in fields(RoundCounts)):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class RunStats(RoundCounts):
+    k: int | str
+    accept: str = "exact"  # the acceptance rule; anything else is lossy and says so in every output
+    tree: int | str | None = None  # a tree's node budget (`generate --tree N`), or auto (`--tree auto`); None for chains
     started: float = field(default_factory=time.perf_counter, repr=False)
     first: float | None = field(default=None, repr=False)  # when the first round (the prompt's forward before it) ended
     ended: float | None = field(default=None, repr=False)
@@ -31,13 +63,7 @@ class RunStats:
     def add(self, event: RoundEvent) -> None:
         if self.first is None:
             self.first = time.perf_counter()
-        self.drafted += len(event.drafted)
-        self.accepted += event.accepted
-        self.rounds += 1
-        self.new_tokens += len(event.emitted)
-        self.draft_s += event.draft_s
-        self.verify_s += event.verify_s
-        self.fallback_forwards += event.fallback_forwards
+        super().add(event)
 
     def finish(self) -> "RunStats":
         self.ended = time.perf_counter()
@@ -71,7 +97,7 @@ class RunStats:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def as_dict(self) -> dict:
-        figures = {k: v for k, v in asdict(self).items() if k not in ("started", "first", "ended")}
+        figures = {k: v for k, v in asdict(self).items() if k not in UNREPORTED}
         figures.update(
             lossless=self.lossless,
             acceptance_rate=round(self.acceptance_rate, 4),

@@ -60,7 +60,7 @@ class AdaptiveK(KSchedule):
     """The controller for one scenario. Its estimates persist across prompts; ``begin`` resets
     only the per-prompt counters reported in the statistics and halves the acceptance evidence."""
 
-    picks_drafter = True  # the engine asks plan (and gate), not choose, when it has a drafter
+    reads_offer = True  # weighs prompt lookup's match against the learned drafter every round
 
     def __init__(self, prior: Prior, k_max: int = DEFAULT_K_MAX, main: str = "draft", probe_k: int = 2,
                  margin: float = 0.05, smoothing: float = 0.2, trees: bool = False, tree_max: int = TREE_MAX,
@@ -113,10 +113,6 @@ class AdaptiveK(KSchedule):
             self.probing = name
             return min(self.probe_k, cap), name
         return best
-
-    def choose(self) -> int:
-        """K for an engine that offers no choice of drafter (the main drafter, or nothing)."""
-        return self.plan(0, None, self.main, self.k_max)[0]
 
     def gate(self, name: str, k: int) -> DraftGate | None:
         """This round's gate for a chain of at most ``k`` drafts from ``name`` (None: draft all k)."""
