@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+import re
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -14,7 +16,8 @@ from specdec_cli.cli import app
 from specdec_cli.decoding.drafters import Draft, Drafter, ModelDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.errors import UserError
-from specdec_cli.measure.calibration import measure, parse_ks, summarise_all
+from specdec_cli.commands.calibrate import parse_ks
+from specdec_cli.measure.calibration import measure, summarise_all
 from specdec_cli.pairs.profile import (
     PairProfile,
     ScenarioProfile,
@@ -113,11 +116,13 @@ def test_a_disagreeing_draft_is_rarely_accepted_and_speculation_is_off(target, d
 
 
 def test_parse_ks():
-    assert parse_ks("0..3", 32) == [0, 1, 2, 3]
-    assert parse_ks("2,5", 32) == [0, 2, 5]  # the K=0 baseline is always measured
-    for bad in ("0..x", "5..2", "0..40", "", "a"):
-        with pytest.raises(UserError):
-            parse_ks(bad, 32)
+    assert parse_ks("0..3") == [0, 1, 2, 3]
+    assert parse_ks("2,5") == [0, 2, 5]  # the K=0 baseline is always measured
+    for bad, said in (("0..x", "--k takes a range like 0..8 or a list like 0,2,4; got '0..x'"),
+                      ("5..2", "--k range '5..2' is empty"), ("0..40", "--k values must be from 0 to 32; got '0..40'"),
+                      ("", "--k takes a range"), ("a", "--k takes a range")):
+        with pytest.raises(UserError, match=re.escape(said)):
+            parse_ks(bad)
 
 
 # --- the command ----------------------------------------------------------------------------------

@@ -38,6 +38,8 @@ def prompts(tmp_path):
     (["verify-equivalence", "--engine", "vllm"], {}, "--engine vllm needs --spec ngram:K, draft:K or eagle3:K: the speculative server to check"),
     (["verify-equivalence", "--engine", "vllm", "--spec", "plain"], {}, "--spec 'plain': expected ngram:K, draft:K or eagle3:K (K from 1 to 32)"),
     (["verify-equivalence", "--server", "http://127.0.0.1:9"], {}, "--server is checked against a plain server: give --reference URL too"),
+    (["verify-equivalence", "--engine", "vllm", "--spec", "ngram:4", "--concurrency", "4,0"], {},
+     "--concurrency '4,0': expected comma-separated positive integers"),  # the same type as bench's
 ])
 def test_engine_option_mistakes_are_one_line_and_exit_2(prompts, args, env, message):
     done = run(*args, "--prompts", prompts, **env)

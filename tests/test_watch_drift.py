@@ -107,8 +107,8 @@ def test_judged_drafts_per_generated_token():
     assert drift.judged_per_token(0.0, 4) == 1.0  # every round judges one draft and yields one token
     assert drift.judged_per_token(1.0, 4) == 0.8  # K judged for K + 1 tokens
     assert drift.judged_per_token(0.5, 2) == pytest.approx(0.75 / 0.875)
-    assert drift.parse_ks("0..3") == [0, 1, 2, 3] and drift.parse_ks("0,2,3") == [0, 2, 3]
-    assert drift.parse_ks("two") == [] and drift.parse_ks(None) == []
+    assert drift._measured("0..3") == [0, 1, 2, 3] and drift._measured("0,2,3") == [0, 2, 3]
+    assert drift._measured("two") == [] and drift._measured(None) == []
 
 
 def test_profile_band_from_the_counts_the_profile_keeps():

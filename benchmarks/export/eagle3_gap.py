@@ -33,7 +33,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 from specdec_cli.decoding.engine import SpeculativeEngine, gather_features
 from specdec_cli.decoding.head import load_head
 from specdec_cli.export.eagle3 import load_eagle3, map_head
-from specdec_cli.export.head_export import aux_states, export_head, read_head, target_forward
+from specdec_cli.decoding.head import read_head
+from specdec_cli.export.head_export import aux_states, export_head, target_forward
 from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt, eos_ids

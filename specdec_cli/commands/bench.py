@@ -18,6 +18,7 @@ from ..pairs.registry import HEAD, MODEL, NGRAM, PairSpec
 from ..prompts import read_file
 from .engine_bench import engine_bench
 from .common import (
+    ConcurrencyOption,
     WRITE_FAILED,
     AcceptOption,
     DraftOption,
@@ -81,7 +82,7 @@ def bench_command(
     engine: Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE", help="Benchmark a serving engine instead of this loop: 'vllm' starts one vLLM server per --modes entry (vllm-plain, vllm-ngram:K, vllm-draft:K, vllm-eagle3:K with the pair's head exported once, vllm-config:FILE with a --speculative-config JSON such as `specdec export --out` writes; default vllm-plain,vllm-ngram:4) from vLLM's own environment (`bash install.sh vllm`; docs/engines.md) and stops them at the end.")] = None,
     server: Annotated[Optional[str], typer.Option("--server", metavar="URL", help="Benchmark an OpenAI-compatible server already running at URL (API key from $SPECDEC_API_KEY, never printed).")] = None,
     reference: Annotated[Optional[str], typer.Option("--reference", metavar="URL", help="With --server: the plain server it is compared with (the gain's denominator).")] = None,
-    concurrency: Annotated[Optional[str], typer.Option("--concurrency", metavar="N,N,...", help="Engine bench, closed loop: requests kept in flight, one level each (default 1,4).")] = None,
+    concurrency: ConcurrencyOption = None,
     rate: Annotated[Optional[str], typer.Option("--rate", metavar="R,R,...", help="Engine bench, open loop: Poisson arrivals at R requests/s, one level each (instead of --concurrency).")] = None,
     repeats: Annotated[int, typer.Option("--repeats", metavar="N", help="Engine bench: runs of every level, interleaved across modes; 2 or more give the gain a 95 % interval.")] = 1,
     slo: Annotated[Optional[str], typer.Option("--slo", metavar="ttft:MS,tpot:MS", help="Engine bench: count goodput, the requests per second that meet every limit (ttft, tpot, e2el in ms).")] = None,

@@ -20,7 +20,7 @@ from ..decoding.control.speedup import SPECULATE
 from ..decoding.rules import check_tree_rule
 from ..errors import UserError
 from ..limits import MAX_K
-from ..pairs.profile import profile_path, read_profiles, write_profile
+from ..pairs.profile import k_values, profile_path, read_profiles, write_profile
 from ..prompts import read_file
 from .common import (
     WRITE_FAILED,
@@ -111,7 +111,6 @@ def calibrate_k(
     from ..measure.calibration import (
         DEFAULT_SCENARIO,
         measure,
-        parse_ks,
         summarise_all,
         to_profile,
         tree_findings,
@@ -119,7 +118,7 @@ def calibrate_k(
     )
     from ..pairs.tokenization import encode_prompt
 
-    ks = parse_ks(k, MAX_K)
+    ks = parse_ks(k)
     thread_policy.apply(threads)
     sampling = sampling_params(temperature, 0, 1.0)
     console = stderr_console()
@@ -294,3 +293,14 @@ def _verdict_line(result: ScenarioResult) -> str:
 
 def _fmt(value, spec: str, suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def parse_ks(text: str) -> list[int]:
+    """--k: the K values to measure, 0 (the plain-decoding baseline) always among them."""
+    try:
+        ks = k_values(text)
+    except ValueError as exc:
+        raise UserError(f"--k {exc}") from None
+    if any(not 0 <= k <= MAX_K for k in ks):
+        raise UserError(f"--k values must be from 0 to {MAX_K}; got {text!r}")
+    return sorted({0, *ks})

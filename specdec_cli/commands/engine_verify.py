@@ -24,14 +24,14 @@ from .engine_bench import check_engine, engine_entry, served_eagle3
 TOP_LOGPROBS = 2  # the reference's top-2 at every position: the margin that classifies a divergence
 
 
-def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concurrency: int, max_new_tokens: int,
+def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concurrency: str | None, max_new_tokens: int,
                   tolerance, strict: bool, raw: bool, json_out: bool, report, models, pair, target, draft, threads) -> None:
     check_engine(engine, server, reference)
     if server and not reference:
         raise UserError("--server is checked against a plain server: give --reference URL too")
     if engine and not spec_text:
         raise UserError("--engine vllm needs --spec ngram:K, draft:K or eagle3:K: the speculative server to check")
-    from ..serving.bench import PLAIN, parse_modes
+    from ..serving.bench import PLAIN, parse_levels, parse_modes
 
     try:
         modes = parse_modes(f"{PLAIN},vllm-{spec_text}") if engine else []
@@ -39,8 +39,7 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
             raise UserError("plain")
     except UserError:
         raise UserError(f"--spec {spec_text!r}: expected ngram:K, draft:K or eagle3:K (K from 1 to {MAX_K})") from None
-    if concurrency < 2:
-        raise UserError(f"--concurrency is the higher level checked besides 1: at least 2, got {concurrency}")
+    concurrencies = sorted({1, *parse_levels(concurrency or "1,4")})  # 1 always: the batch shape the others are held to
     if tolerance is not None and tolerance <= 0:
         raise UserError(f"--tolerance must be above 0, got {tolerance}")
     if report:
@@ -72,7 +71,7 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
             manifest["engine"] = {"attached": {PLAIN: plain_end.url, "server": spec_end.url}}
         levels = {}
         try:
-            for level in (1, concurrency):
+            for level in concurrencies:
                 serving_configs.progress_line(f"checking {len(encoded)} prompts at concurrency {level}")
                 before = metrics.scrape(spec_end)
                 plain = generate_all(plain_end, encoded, max_new_tokens, level, logprobs=TOP_LOGPROBS)

@@ -28,6 +28,7 @@ from ..limits import MAX_K, NEAR_TIE_TOLERANCE, SAMPLING_PROMPTS, SAMPLING_TOKEN
 from ..prompts import read_file
 from .engine_verify import engine_verify
 from .common import (
+    ConcurrencyOption,
     WRITE_FAILED,
     AcceptOption,
     DrafterOption,
@@ -85,7 +86,7 @@ def verify_equivalence(
     spec_mode: Annotated[Optional[str], typer.Option("--spec", metavar="ngram:K|draft:K|eagle3:K", help="With --engine vllm: the speculative configuration checked (prompt lookup, the pair's draft model, or its head exported as EAGLE-3).")] = None,
     server: Annotated[Optional[str], typer.Option("--server", metavar="URL", help="Check a speculative OpenAI-compatible server already running at URL against --reference (API key from $SPECDEC_API_KEY).")] = None,
     reference: Annotated[Optional[str], typer.Option("--reference", metavar="URL", help="With --server: the plain server whose greedy tokens (and top-2 logprobs) are the reference.")] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", metavar="N", help="Engine check: the higher concurrency checked besides 1 (batch shape changes the numerics).")] = 4,
+    concurrency: ConcurrencyOption = None,
 ) -> None:
     """Prove that speculative decoding gives the target's own output, token for token.
 
@@ -95,7 +96,7 @@ def verify_equivalence(
 
     With --engine vllm --spec ngram:K (or --server URL --reference URL) it checks a serving engine:
     the speculative server's greedy token ids against the plain server's at concurrency 1 and
-    --concurrency, divergences classified by the plain server's top-2 logprob margin; it fails when
+    every --concurrency level, divergences classified by the plain server's top-2 logprob margin; it fails when
     the speculative server drafted nothing.
 
     Exit codes: 0 equivalent; 1 not (see the README); 2 bad input; 3 the result was printed but

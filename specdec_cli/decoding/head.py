@@ -40,7 +40,7 @@ from .drafters import Draft, Drafter, autoregress, common_prefix
 from .head_layer import default_rotary, layer_config, layer_skeleton
 from .control.gate import DraftGate
 from .kv import crop_cache, reserved_cache
-from .tree import TreeShape, best_nodes
+from .tree import TreeShape, best_nodes, path_to
 
 WEIGHTS_FILE = "head.safetensors"
 FORMAT = 2  # meta "format": 1 (absent) = the last hidden state only; 2 adds "feature_layers"
@@ -167,12 +167,16 @@ def save_head(directory: str | Path, head: DraftHead, meta: dict) -> None:
     write_meta(directory, {**meta, "kind": "head", "format": FORMAT, "feature_layers": list(head.feature_layers)})
 
 
-def load_head(directory: str | Path, target: PreTrainedModel, source, precision: str = "float32") -> "HeadDrafter":
-    """The head saved in ``directory``, refused unless it was trained for this very target;
-    ``precision``: the target's dtype, which the head follows (see HeadDrafter)."""
+def read_head(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A saved head's metadata and weights, refused unless the directory holds one (train-draft --kind head)."""
     meta = read_meta(directory)
-    if meta is None or meta.get("kind") != "head" or not (Path(directory) / WEIGHTS_FILE).is_file():
+    if meta is None or meta.get("kind") != "head" or not (directory / WEIGHTS_FILE).is_file():
         raise UserError(f"{directory} is not a draft head (no {META_FILE} of kind 'head' with {WEIGHTS_FILE})")
+    return meta, load_file(directory / WEIGHTS_FILE)
+
+
+def check_target(meta: dict, directory, target: PreTrainedModel, source) -> None:
+    """Refuse a head trained for another target: its features would mean nothing to it."""
     mine = target_identity(target, source)
     theirs = meta.get("target", {})
     if theirs.get("fingerprint") != mine["fingerprint"]:
@@ -181,11 +185,18 @@ def load_head(directory: str | Path, target: PreTrainedModel, source, precision:
             f"{theirs.get('fingerprint')}), not for {mine['source']} (fingerprint {mine['fingerprint']}); "
             "train one for this target with `specdec train-draft --kind head`"
         )
+
+
+def load_head(directory: str | Path, target: PreTrainedModel, source, precision: str = "float32") -> "HeadDrafter":
+    """The head saved in ``directory``, refused unless it was trained for this very target;
+    ``precision``: the target's dtype, which the head follows (see HeadDrafter)."""
+    meta, state = read_head(Path(directory))
+    check_target(meta, directory, target, source)
     if meta.get("format", 1) > FORMAT:
         raise UserError(f"draft head {directory} has format {meta['format']}, newer than this specdec reads ({FORMAT}); upgrade specdec")
     quantised = precision in QUANTISED  # drafts with the lean forward: no transformers layer unless asked for
     head = DraftHead(meta["layer"], tuple(meta.get("feature_layers", TOP_ONLY)), skeleton=quantised)
-    head.load_state_dict(load_file(Path(directory) / WEIGHTS_FILE), assign=quantised)
+    head.load_state_dict(state, assign=quantised)
     top = meta.get("top_vocab")
     return HeadDrafter(head, target, None if top is None else torch.tensor(top, dtype=torch.long), precision)
 
@@ -334,12 +345,9 @@ class HeadDrafter(Drafter):
             cached = self.cache.get_seq_length()
             mask = torch.zeros(len(frontier), cached + len(frontier), dtype=torch.bool)
             mask[:, :n] = True
-            for row, node in enumerate(frontier):
+            for row, node in enumerate(frontier):  # each node sees the context, its ancestors and itself
                 mask[row, cached + row] = True
-                ancestor = parents[node]
-                while ancestor >= 0:
-                    mask[row, slot[ancestor]] = True
-                    ancestor = parents[ancestor]
+                mask[row, [slot[a] for a in path_to(parents, parents[node])]] = True
             features = torch.stack([root_guess if parents[i] < 0 else guesses[parents[i]] for i in frontier])
             embeds = self.embed(torch.tensor([tokens[i] for i in frontier]).to(self.embed.weight.device))
             positions = torch.full((1, len(frontier)), n - 1 + level, device=self.device)

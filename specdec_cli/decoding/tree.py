@@ -60,11 +60,17 @@ class Tree:
         return self.ancestors().sum(1) - 1
 
     def path_to(self, node: int) -> list[int]:
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
+        return path_to(self.parents, node)
+
+
+def path_to(parents: Sequence[int], node: int) -> list[int]:
+    """``node`` and its ancestors, root first, in a forest given by ``parents`` (-1: a root): the
+    nodes it may see. A tree's (Tree.path_to) and the draft head's candidates' (head.propose_tree)."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
 
 
 def attention_mask(tree: Tree, cached: int, dtype: torch.dtype = torch.bool) -> torch.Tensor:

@@ -14,11 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-from ..decoding.head import TOP_ONLY, WEIGHTS_FILE, DraftHead, target_identity
+from ..decoding.head import TOP_ONLY, DraftHead, check_target, read_head
 from ..errors import UserError
-from ..pairs.meta import read_meta
 from ..runtime.quantize import output_weight
 from .eagle3 import Stats, aux_layer_ids, eagle3_config, map_head, save_eagle3, vocab_maps
 
@@ -35,13 +33,6 @@ class HeadExport:
     agreement_specdec: float
     agreement_exported: float
     positions: int
-
-
-def read_head(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    meta = read_meta(directory)
-    if meta is None or meta.get("kind") != "head" or not (directory / WEIGHTS_FILE).is_file():
-        raise UserError(f"{directory} is not a draft head (no specdec-draft.json of kind 'head' with {WEIGHTS_FILE})")
-    return meta, load_file(directory / WEIGHTS_FILE)
 
 
 def sample_ids(directory: Path, tokenizer, count: int = 12) -> list[list[int]]:
@@ -135,10 +126,7 @@ def export_head(directory: Path, out: Path, fmt: str, load_target, space: str = 
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     meta, spec = read_head(directory)
     model, tokenizer = load_target(meta["target"]["source"])
-    mine = target_identity(model, meta["target"]["source"])
-    if mine["fingerprint"] != meta["target"].get("fingerprint"):
-        raise UserError(f"head {directory} was trained for another target (fingerprint {meta['target'].get('fingerprint')}, "
-                        f"this one {mine['fingerprint']})")
+    check_target(meta, directory, model, meta["target"]["source"])
     text = model.config.get_text_config()
     feature_layers = tuple(meta.get("feature_layers", TOP_ONLY))
     aux_ids = aux_layer_ids(feature_layers, text.num_hidden_layers)

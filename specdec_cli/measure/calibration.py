@@ -131,23 +131,6 @@ class Measurements:
         return per_k, blocks
 
 
-def parse_ks(text: str, max_k: int) -> list[int]:
-    """'0..8', '0,2,4' or '5' → sorted K values; 0 (the plain-decoding baseline) is always added."""
-    ks: set[int] = set()
-    for part in text.split(","):
-        low, dots, high = part.strip().partition("..")
-        try:
-            values = range(int(low), int(high) + 1) if dots else [int(low)]
-        except ValueError:
-            raise UserError(f"--k takes a range like 0..8 or a list like 0,2,4; got {text!r}") from None
-        if dots and int(high) < int(low):
-            raise UserError(f"--k range {part.strip()!r} is empty")
-        ks.update(values)
-    if any(not 0 <= k <= max_k for k in ks):
-        raise UserError(f"--k values must be from 0 to {max_k}; got {text!r}")
-    return sorted(ks | {0})
-
-
 def measure(
     engine: SpeculativeEngine,
     prompts: list[tuple[str, list[int]]],

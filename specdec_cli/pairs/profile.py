@@ -101,6 +101,22 @@ class PairProfile:
         return None
 
 
+def k_values(text: str) -> list[int]:
+    """'0..8', '0,2,4' or '5' → the sorted K values: calibrate-k's --k, as the profile keeps it.
+    ValueError, in words a command can put after its option's name, when it is not one."""
+    ks: set[int] = set()
+    for part in str(text).split(","):
+        low, dots, high = part.strip().partition("..")
+        try:
+            values = range(int(low), int(high) + 1) if dots else [int(low)]
+        except ValueError:
+            raise ValueError(f"takes a range like 0..8 or a list like 0,2,4; got {text!r}") from None
+        if not values:
+            raise ValueError(f"range {part.strip()!r} is empty")
+        ks.update(values)
+    return sorted(ks)
+
+
 def section_name(pair: PairSpec) -> str:
     """The pair's section in the profile file: one per target dtype (float32 keeps the bare name)."""
     return pair.name if pair.target.dtype == "float32" else f"{pair.name}@{pair.target.dtype}"

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from . import metrics
+from ..pairs.profile import k_values
 from .metrics import Snapshot
 
 MIN_DRAFT_TOKENS = 100  # fewer drafted tokens in the window: too few to judge drift (100 judged give α about ±0.1)
@@ -116,16 +117,12 @@ def judged_per_token(alpha: float, k: int) -> float:
     return (1 - alpha ** k) / (1 - alpha ** (k + 1))
 
 
-def parse_ks(text) -> list[int]:
-    """calibrate-k's --k as the profile keeps it ('0..8', '0,2,3'); [] when it is not one."""
-    ks: set[int] = set()
-    for part in str(text).split(","):
-        low, dots, high = part.strip().partition("..")
-        try:
-            ks.update(range(int(low), int(high) + 1) if dots else [int(low)])
-        except ValueError:
-            return []
-    return sorted(ks)
+def _measured(text) -> list[int]:
+    """The Ks a profile says calibrate-k measured; [] when it says none it can be read for."""
+    try:
+        return k_values(text) if text is not None else []
+    except ValueError:
+        return []
 
 
 @dataclass(frozen=True)
@@ -146,7 +143,7 @@ def profile_band(alpha: float, prompt_count=None, max_new_tokens=None, ks=None) 
         tokens = int(prompt_count) * int(max_new_tokens)
     except (TypeError, ValueError):
         tokens = 0
-    drafting = [k for k in parse_ks(ks) if k > 0] if ks is not None else []
+    drafting = [k for k in _measured(ks) if k > 0]
     judged = int(sum(tokens * judged_per_token(alpha, k) for k in drafting))
     if judged <= 0:
         return Band(alpha, alpha, alpha, None)
