@@ -52,7 +52,7 @@ class LoadedModel:
 
 def load(spec: ModelSpec, lean: bool = False) -> LoadedModel:
     """``lean``: a prepared int8/int4 Llama target may come without transformers' model class
-    (runtime/lean_model.py), for a command that only decodes; it builds that class if asked to."""
+    (runtime/lean_model.py), for a command that only decodes: a call its lean forward does not run is refused."""
     directory, gguf_file = _resolve(spec.source)
     original = Path(directory) / gguf_file if gguf_file and spec.source.kind != "hub" else None
     if gguf_file:
@@ -107,7 +107,7 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lea
     """The int8/int4 target (``_quantised``), mapped from its prepared file under the cache directory
     when one was written for this source, dtype and code (runtime/prepared.py), else built and saved
     there; an unusable file is reported on one line and built again, never used. ``lean_model``: a
-    Llama comes as runtime/lean_model.py's skeleton, transformers' model built only when asked for."""
+    Llama comes as runtime/lean_model.py's skeleton, without transformers' model."""
     lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
     dense_dtype = dense_prefill.dense_dtype() if lean else None
     key = _prepared_key(spec, directory, gguf_path, dense_dtype)
@@ -118,7 +118,7 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lea
             dense = prepared.dense_copies(tensors, layout)
             config = lean_config(directory) if lean and lean_model else None
             if config is not None:
-                model = _lean_skeleton(config, directory, tensors, layout, dense)
+                model = _lean_skeleton(config, directory, tensors, layout)
                 if use_lean_forward(model, dense):
                     return model
             return _finish(prepared.assemble(_skeleton(directory), tensors, layout), dense, lean)
@@ -170,13 +170,9 @@ def _prepared_key(spec: ModelSpec, directory: str, gguf_path: Path | None, dense
     return "|".join([identity, spec.dtype, str(dense_dtype), prepared.code_digest(), transformers.__version__])
 
 
-def _lean_skeleton(config, directory: str, tensors: dict, layout: dict, dense) -> LeanCausalLM:
-    """runtime/lean_model.py's skeleton filled with the prepared tensors; transformers' model, when
-    asked for, is the ordinary skeleton filled with the same tensors."""
-    def full() -> PreTrainedModel:
-        return _finish(prepared.assemble(_skeleton(directory), tensors, layout), dense, True)
-
-    return prepared.assemble(LeanCausalLM(config, _generation_config(directory, config), full), tensors, layout).eval()
+def _lean_skeleton(config, directory: str, tensors: dict, layout: dict) -> LeanCausalLM:
+    """runtime/lean_model.py's skeleton filled with the prepared tensors."""
+    return prepared.assemble(LeanCausalLM(config, _generation_config(directory, config)), tensors, layout).eval()
 
 
 def _generation_config(directory: str, config):

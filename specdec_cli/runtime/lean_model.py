@@ -1,5 +1,5 @@
 """A prepared Llama target without transformers' modeling code: the module tree its prepared file is
-mapped into, and transformers' model built from the same tensors only when something asks for it.
+mapped into, for a command that only decodes.
 
 Importing transformers' modeling code (``modeling_utils``, the model registry, the masking
 functions, and through them torch.distributed, torch._dynamo and scipy) takes longer than loading
@@ -8,15 +8,15 @@ forward (lean_forward.py) is all the engine calls. So the skeleton here has tran
 names (``model.layers.N.self_attn``, ``lm_head``, ...) and nothing else: prepared.assemble fills it
 as it fills transformers' own skeleton, and the lean forward reads the same kernels and norms from
 it. The rotary module computes what transformers' default rope computes, op for op (tested bit
-for bit). Anything the lean forward does not handle (``forward``'s fallback, ``generate``) builds
-transformers' model once, from the same mapped tensors (no copy), and runs there.
+for bit). A call the lean forward does not handle is refused here, not handed to a transformers
+model built on demand: that build imports the modeling code mid-decode (a second or more), and a
+command that may need transformers' model loads it at the start (pairs/loading.py, ``lean=False``).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -87,10 +87,9 @@ def _container(**children: nn.Module) -> nn.Module:
 
 class LeanCausalLM(nn.Module):
     """transformers' LlamaForCausalLM module tree, empty (prepared.assemble fills it), with the
-    attributes the decoding engine reads. ``full``: builds transformers' model from the same
-    tensors, called at most once."""
+    attributes the decoding engine reads."""
 
-    def __init__(self, config, generation_config, full: Callable[[], nn.Module]):
+    def __init__(self, config, generation_config):
         super().__init__()
         self.config, self.generation_config = config, generation_config
         eps = config.rms_norm_eps
@@ -102,8 +101,6 @@ class LeanCausalLM(nn.Module):
         self.model = _container(embed_tokens=embed, layers=nn.ModuleList(layers), norm=Norm(eps),
                                 rotary_emb=Rotary())
         self.lm_head = nn.Module()
-        self.__dict__["_build_full"] = full  # not a submodule: built on demand
-        self.__dict__["_full"] = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -119,16 +116,8 @@ class LeanCausalLM(nn.Module):
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
 
-    def transformers_model(self) -> nn.Module:
-        """transformers' model on the same tensors, built the first time it is asked for."""
-        if self._full is None:
-            self.__dict__["_full"] = self._build_full().eval()
-        return self._full
-
     def forward(self, *args, **kwargs):
-        """What the lean forward hands back (lean_forward.py): transformers' own forward."""
-        full = self.transformers_model()
-        return type(full).forward(full, *args, **kwargs)
-
-    def generate(self, *args, **kwargs):
-        return self.transformers_model().generate(*args, **kwargs)
+        """Reached only for what the lean forward (lean_forward.py) does not run: refused."""
+        given = ", ".join(sorted(kwargs)) or "no options"
+        raise RuntimeError(f"the lean forward does not run this call ({given}), and this target was loaded for it alone; "
+                           "load it with lean=False (pairs/loading.py) for transformers' model")
