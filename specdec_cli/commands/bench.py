@@ -161,6 +161,10 @@ def bench_command(
     }
     if watcher:  # what seeded auto: a profile file, or (None) the pair's K
         result["manifest"]["profile"] = str(watcher.path) if watcher.profile else None
+    slowed = {mode: f["fallback_forwards"] for mode, f in result["modes"].items() if f.get("fallback_forwards")}
+    if slowed:  # a slowdown the speeds alone do not explain
+        warning_line("target forwards ran transformers' forward instead of the lean int8/int4 one (slower): "
+                     + ", ".join(f"{mode} {count}" for mode, count in slowed.items()) + "; fallback_forwards counts them")
     if json_out:
         print(json.dumps(result, indent=2))
     else:

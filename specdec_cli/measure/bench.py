@@ -301,6 +301,7 @@ def figures(samples: list[Sample], plain: list[Sample]) -> dict:
         **{f"p{q}_token_latency_s": round(_quantile(latencies, q / 100), 5) for q in (50, 90, 99)},
         "identical_to_plain": all(s.tokens == p.tokens for s, p in zip(samples, plain)),
         "wall_s": round(wall, 3),
+        "fallback_forwards": sum(s.fallback_forwards for s in samples),  # off the lean forward: 0 expected
     }
 
 
