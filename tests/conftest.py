@@ -75,6 +75,24 @@ def target():
     return tiny_llama(seed=1)
 
 
+PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]  # the tiny target's prompt: it repeats itself, so lookup finds matches
+
+
+def decode(target, drafter, k, prompt=PROMPT, *, eos=(1,), block_plan=None, max_new_tokens=40, **kwargs):
+    """The engine run to its end: (the tokens emitted, the round events)."""
+    from specdec_cli.decoding.engine import SpeculativeEngine
+
+    engine = SpeculativeEngine(target, drafter, set(eos), block_plan)
+    events = list(engine.generate(prompt, k=k, max_new_tokens=max_new_tokens, **kwargs))
+    return [t for e in events for t in e.emitted], events
+
+
+@pytest.fixture(scope="session")
+def plain(target):
+    """Plain decoding of PROMPT: what every speculative run on it must equal."""
+    return decode(target, None, 0)[0]
+
+
 @pytest.fixture(scope="session")
 def draft():
     return tiny_llama(seed=2, hidden=16, layers=1)

@@ -1,6 +1,7 @@
 """Verify-block padding: cheaper block lengths chosen from measured costs, and output unchanged."""
 
 import pytest
+from conftest import decode
 
 from specdec_cli.decoding.blocks import measure, plan
 from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter
@@ -8,7 +9,6 @@ from specdec_cli.decoding.engine import SpeculativeEngine
 
 pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
 
-PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]
 PAD_TO_8 = {n: 8 for n in range(2, 9)}  # every multi-token block run as 8 tokens
 
 
@@ -21,18 +21,12 @@ def test_plan_ignores_savings_within_timing_noise():
     assert plan({1: 1.0, 2: 1.5, 3: 1.46}) == {1: 1, 2: 2, 3: 3}  # 3% cheaper: not worth padding
 
 
-def tokens(target, drafter, k, block_plan, **kwargs):
-    engine = SpeculativeEngine(target, drafter, {1}, block_plan)
-    events = list(engine.generate(PROMPT, k=k, max_new_tokens=kwargs.pop("max_new_tokens", 40), **kwargs))
-    return [t for e in events for t in e.emitted], events
-
-
 @pytest.mark.parametrize("k", [1, 2, 4, 7])
 def test_padded_blocks_give_the_same_tokens_and_rounds(target, similar, k):
-    plain, _ = tokens(target, None, 0, {})
+    plain, _ = decode(target, None, 0, block_plan={})
     for drafter in (ModelDrafter(similar, target.config.vocab_size), NgramDrafter()):
-        unpadded, events = tokens(target, drafter, k, {})
-        padded, padded_events = tokens(target, drafter, k, PAD_TO_8)
+        unpadded, events = decode(target, drafter, k, block_plan={})
+        padded, padded_events = decode(target, drafter, k, block_plan=PAD_TO_8)
         assert padded == unpadded == plain
         assert [e.accepted for e in padded_events] == [e.accepted for e in events]
 

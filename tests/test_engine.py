@@ -2,26 +2,15 @@
 
 import pytest
 import torch
+from conftest import PROMPT, decode
 from exactness import VOCAB, assert_lossless, small_models
 from transformers import DynamicCache
 
 from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter, lookup_source
-from specdec_cli.decoding.engine import RoundEvent, SpeculativeEngine
+from specdec_cli.decoding.engine import RoundEvent
 from specdec_cli.decoding.kv import crop_cache
 
-PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]
-
-
-def run(target, drafter, k, prompt=PROMPT, eos=(1,), **kwargs):
-    engine = SpeculativeEngine(target, drafter, set(eos))
-    events = list(engine.generate(prompt, k=k, max_new_tokens=kwargs.pop("max_new_tokens", 40), **kwargs))
-    return [t for e in events for t in e.emitted], events
-
-
-@pytest.fixture(scope="module")
-def plain(target):
-    return run(target, None, 0)[0]
 
 
 @pytest.mark.parametrize("k", range(1, 9))
@@ -33,7 +22,7 @@ def test_greedy_speculation_is_token_identical_to_plain_decoding(target, draft, 
         "self": lambda: ModelDrafter(target, target.config.vocab_size),
         "ngram": lambda: NgramDrafter(),
     }[kind]()
-    tokens, events = run(target, drafter, k)
+    tokens, events = decode(target, drafter, k)
     assert tokens == plain
     drafted = sum(len(e.drafted) for e in events)
     accepted = sum(e.accepted for e in events)
@@ -43,20 +32,20 @@ def test_greedy_speculation_is_token_identical_to_plain_decoding(target, draft, 
 
 
 def test_similar_draft_is_partly_accepted_so_rollback_is_exercised(target, similar):
-    _, events = run(target, ModelDrafter(similar, target.config.vocab_size), 4)
+    _, events = decode(target, ModelDrafter(similar, target.config.vocab_size), 4)
     rate = sum(e.accepted for e in events) / sum(len(e.drafted) for e in events)
     assert 0.2 < rate < 0.95
     assert any(0 < e.accepted < len(e.drafted) for e in events)
 
 
 def test_k0_is_plain_decoding_one_token_per_round(target, plain):
-    tokens, events = run(target, NgramDrafter(), 0)
+    tokens, events = decode(target, NgramDrafter(), 0)
     assert tokens == plain and len(events) == len(plain)
     assert all(e.drafted == [] and len(e.emitted) == 1 for e in events)
 
 
 def test_max_new_tokens_inside_a_block(target, plain):
-    tokens, events = run(target, ModelDrafter(target, target.config.vocab_size), 8, max_new_tokens=5)
+    tokens, events = decode(target, ModelDrafter(target, target.config.vocab_size), 8, max_new_tokens=5)
     assert tokens == plain[:5]
     assert events[-1].finished
     assert len(events) == 1  # K is cut to the budget: one round of 4 drafts + 1 target token
@@ -66,11 +55,11 @@ def test_eos_inside_a_block_ends_generation_at_eos(target, plain):
     eos = plain[6]
     first = plain.index(eos)
     expected = plain[: first + 1]
-    tokens, events = run(target, ModelDrafter(target, target.config.vocab_size), 8, eos=(eos,))
+    tokens, events = decode(target, ModelDrafter(target, target.config.vocab_size), 8, eos=(eos,))
     assert tokens == expected
     assert events[-1].finished and events[-1].emitted[-1] == eos
     assert all(e.accepted <= len(e.emitted) for e in events)  # drafts after EOS are not counted as accepted
-    assert run(target, None, 0, eos=(eos,))[0] == expected
+    assert decode(target, None, 0, eos=(eos,))[0] == expected
 
 
 def test_crop_cache_drops_only_the_rejected_positions():
@@ -154,7 +143,7 @@ def test_prompt_longer_than_context_is_a_user_error(target):
     from specdec_cli.errors import UserError
 
     with pytest.raises(UserError, match="context holds 256"):
-        run(target, None, 0, prompt=[5] * 256)
+        decode(target, None, 0, prompt=[5] * 256)
 
 
 # --- sampling: the speculative distribution equals the target's, exactly -------------------------

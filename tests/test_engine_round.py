@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import PROMPT
 
 from specdec_cli.decoding import engine as engine_module
 from specdec_cli.decoding.acceptance import SamplingParams
@@ -15,7 +16,6 @@ from specdec_cli.decoding.engine import FixedK, KSchedule, SpeculativeEngine
 from specdec_cli.decoding.schedule import AS_IS
 from specdec_cli.decoding.tree import TreeShape
 
-PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]
 
 
 class AsTree(Drafter):

@@ -5,6 +5,7 @@ import random
 
 import pytest
 import torch
+from conftest import PROMPT, decode
 from exactness import assert_lossless, small_models
 
 from specdec_cli.decoding import engine as engine_module
@@ -15,17 +16,6 @@ from specdec_cli.decoding.head import DraftHead, HeadDrafter, HeadTree, head_con
 from specdec_cli.decoding.kv import reserved_cache
 from specdec_cli.decoding.tree import Tree, TreeShape, best_nodes
 
-PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10]
-
-
-def run(target, drafter, k, prompt=PROMPT, **kwargs):
-    events = list(SpeculativeEngine(target, drafter, {1}).generate(prompt, k=k, max_new_tokens=kwargs.pop("max_new_tokens", 40), **kwargs))
-    return [t for e in events for t in e.emitted], events
-
-
-@pytest.fixture(scope="module")
-def plain(target):
-    return run(target, None, 0)[0]
 
 
 class OracleTree(Drafter):
@@ -66,7 +56,7 @@ class OracleTree(Drafter):
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 12])
 @pytest.mark.parametrize("seed", range(4))
 def test_greedy_trees_of_many_shapes_are_token_identical_to_plain(target, plain, k, seed):
-    tokens, events = run(target, OracleTree(PROMPT + plain, seed), k)
+    tokens, events = decode(target, OracleTree(PROMPT + plain, seed), k)
     assert tokens == plain
     assert all(len(e.drafted) == e.nodes <= k and (e.parents is not None or not e.drafted) for e in events)
     gathered = [e for e in events if e.accepted and list(e.parents[: e.accepted]) != list(range(e.accepted))]
@@ -79,7 +69,7 @@ def test_greedy_trees_of_many_shapes_are_token_identical_to_plain(target, plain,
 def test_greedy_with_head_trees_is_token_identical_to_plain(target, plain, nodes, width, depth):
     torch.manual_seed(3)
     drafter = HeadTree(HeadDrafter(DraftHead(head_config(target)), target), width, depth)
-    tokens, events = run(target, drafter, nodes)
+    tokens, events = decode(target, drafter, nodes)
     assert tokens == plain
     first = Tree(torch.tensor([PROMPT[-1], *events[0].drafted]), (-1, *events[0].parents))  # a valid tree
     assert len(first) == nodes + 1 and int(first.depths().max()) <= depth
