@@ -163,13 +163,7 @@ def parse_k(text: str | None, allow_auto: bool = False) -> int | str | None:
         return None
     if allow_auto and text == "auto":
         return "auto"
-    try:
-        k = int(text)
-    except ValueError:
-        raise UserError(f"K must be an integer from 0 to {MAX_K}{' or auto' if allow_auto else ''}, got {text!r}") from None
-    if not 0 <= k <= MAX_K:
-        raise UserError(f"K must be from 0 to {MAX_K}, got {k}")
-    return k
+    return bounded("K", text, 0, " or auto" if allow_auto else "")
 
 
 def parse_tree(text: str | None, k: str | None) -> int | str | None:
@@ -182,13 +176,18 @@ def parse_tree(text: str | None, k: str | None) -> int | str | None:
         return "auto"
     if k is not None:
         raise UserError("-k drafts a chain and --tree a tree: give one of them")
+    return bounded("--tree", text, 1, " or auto")
+
+
+def bounded(name: str, text: str, least: int, words: str = "") -> int:
+    """An integer from ``least`` to MAX_K; ``words``: what else the option takes, for the error."""
     try:
-        nodes = int(text)
+        value = int(text)
     except ValueError:
-        raise UserError(f"--tree must be an integer from 1 to {MAX_K} or auto, got {text!r}") from None
-    if not 1 <= nodes <= MAX_K:
-        raise UserError(f"--tree must be from 1 to {MAX_K}, got {nodes}")
-    return nodes
+        raise UserError(f"{name} must be an integer from {least} to {MAX_K}{words}, got {text!r}") from None
+    if not least <= value <= MAX_K:
+        raise UserError(f"{name} must be from {least} to {MAX_K}, got {value}")
+    return value
 
 
 def parse_k_list(text: str, option: str = "--k", least: int = 0) -> list[int]:
