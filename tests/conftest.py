@@ -22,9 +22,10 @@ def pytest_configure(config):
     """``$SPECDEC_CACHE`` is a temporary directory (removed afterwards), or ``$SPECDEC_TEST_CACHE``,
     and so are the caches and configuration that libraries keep under ``$XDG_CACHE_HOME`` and
     ``$XDG_CONFIG_HOME`` (matplotlib's fonts, vLLM's model infos, specdec's profile). vLLM's
-    environment stays where ``install.sh test`` built it, in the user's cache."""
+    environment and llama.cpp's build stay where ``install.sh test`` built them, in the user's cache."""
     global _made_cache
     os.environ.setdefault(environment.ENV_VAR, str(environment.vllm_env()))
+    os.environ.setdefault(environment.LLAMA_CPP_VAR, str(environment.llama_directory()))
     root = os.environ.get(TEST_CACHE)
     if not root:
         root = _made_cache = tempfile.mkdtemp(prefix="specdec-test-cache-")

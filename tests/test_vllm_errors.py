@@ -27,10 +27,10 @@ def prompts(tmp_path):
     (["bench", "--engine", "vllm"], {"SPECDEC_VLLM_ENV": "/nonexistent/vllm-env"},
      "vLLM is not installed at /nonexistent/vllm-env: run `bash install.sh vllm` (or point $SPECDEC_VLLM_ENV at a "
      "virtual environment that has it)"),
-    (["bench", "--engine", "sglang"], {}, "--engine 'sglang': the engines specdec can start are vllm"),
+    (["bench", "--engine", "sglang"], {}, "--engine 'sglang': the engines specdec can start are vllm, llama.cpp"),
     (["bench", "--reference", "http://127.0.0.1:9"], {}, "--reference is the plain server --server is compared with: give --server too"),
     (["bench", "--engine", "vllm", "--server", "http://127.0.0.1:9"], {}, "--engine starts servers and --server attaches to one: give one of them"),
-    (["bench", "--engine", "vllm", "--modes", "ngram:4"], {}, "--modes: unknown engine mode 'ngram:4'; engine modes are "
+    (["bench", "--engine", "vllm", "--modes", "ngram:4"], {}, "--modes: unknown vllm mode 'ngram:4'; vllm modes are "
      "vllm-plain, vllm-ngram:K, vllm-draft:K, vllm-eagle3:K (K from 1 to 32) and vllm-config:FILE"),
     (["bench", "--engine", "vllm", "--concurrency", "1,x"], {}, "--concurrency '1,x': expected comma-separated positive integers"),
     (["bench", "--engine", "vllm", "--concurrency", "1", "--rate", "2"], {}, "--concurrency is a closed loop and --rate an open one: give one of them"),

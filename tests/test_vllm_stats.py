@@ -120,7 +120,7 @@ def test_divergence_classified_by_the_reference_margin():
 def test_engine_modes_levels_and_slos_parsed():
     assert [m.name for m in parse_modes("vllm-ngram:4,vllm-draft:3")] == ["vllm-plain", "vllm-ngram:4", "vllm-draft:3"]
     assert parse_modes("vllm-draft:3")[1].method == "draft_model"
-    with pytest.raises(UserError, match="unknown engine mode 'ngram:4'"):
+    with pytest.raises(UserError, match="unknown vllm mode 'ngram:4'"):
         parse_modes("ngram:4")
     assert parse_levels("16,1,4,4") == [1, 4, 16]
     with pytest.raises(UserError, match="--concurrency"):

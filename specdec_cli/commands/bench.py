@@ -79,7 +79,7 @@ def bench_command(
     threads: ThreadsOption = None,
     samples: Annotated[int, typer.Option("--samples", metavar="S", help="Runs per prompt and mode, with seeds seed, seed+1, … shared by all modes (paired).")] = 1,
     accept: AcceptOption = "exact",
-    engine: Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE", help="Benchmark a serving engine instead of this loop: 'vllm' starts one vLLM server per --modes entry (vllm-plain, vllm-ngram:K, vllm-draft:K, vllm-eagle3:K with the pair's head exported once, vllm-config:FILE with a --speculative-config JSON such as `specdec export --out` writes; default vllm-plain,vllm-ngram:4) from vLLM's own environment (`bash install.sh vllm`; docs/engines.md) and stops them at the end.")] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE", help="Benchmark a serving engine instead of this loop, one server per --modes entry, stopped at the end (docs/engines.md). 'vllm' from vLLM's own environment (`bash install.sh vllm`): vllm-plain, vllm-ngram:K, vllm-draft:K, vllm-eagle3:K with the pair's head exported once, vllm-config:FILE with a --speculative-config JSON such as `specdec export --out` writes; default vllm-plain,vllm-ngram:4. 'llama.cpp' serves the pair's GGUF itself with the server `bash install.sh llama.cpp` builds: llama-plain, llama-ngram:K (ngram-simple), llama-ngram-simple:K, llama-ngram-map-k:K, llama-ngram-mod:K, llama-ngram-cache:K, llama-draft:K (the pair's draft model converted to GGUF once); default llama-plain,llama-ngram:4.")] = None,
     server: Annotated[Optional[str], typer.Option("--server", metavar="URL", help="Benchmark an OpenAI-compatible server already running at URL (API key from $SPECDEC_API_KEY, never printed).")] = None,
     reference: Annotated[Optional[str], typer.Option("--reference", metavar="URL", help="With --server: the plain server it is compared with (the gain's denominator).")] = None,
     concurrency: ConcurrencyOption = None,
@@ -98,10 +98,11 @@ def bench_command(
     measured acceptance, draft cost and verify cost next to the measured one. Mode auto reads the
     calibration profile (--profile) to start from; without one it starts from the pair's K.
 
-    With --engine vllm (or --server URL) it benchmarks a serving engine under concurrency instead:
-    per mode and level request throughput, output tok/s, TTFT, TPOT, ITL and end-to-end latency
-    (p50/p90/p99, as `vllm bench serve` defines them), failures, acceptance from the server's
-    counters, the gain over vllm-plain, where it falls below 1, and vLLM's per-batch-size K table.
+    With --engine vllm|llama.cpp (or --server URL) it benchmarks a serving engine under concurrency
+    instead: per mode and level request throughput, output tok/s, TTFT, TPOT, ITL and end-to-end
+    latency (p50/p90/p99, as `vllm bench serve` defines them), failures, acceptance from the
+    server's counters, the gain over the engine's plain mode, where it falls below 1, and the
+    per-batch-size K table.
 
     Exit codes: 0 done; 2 bad input (or a server that did not start); 3 the result was printed but
     --markdown could not be written, or a server died mid-run (the levels finished are written).

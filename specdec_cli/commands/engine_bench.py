@@ -1,9 +1,10 @@
-"""`specdec bench --engine vllm` / `--server URL`: the engine bench's command body and its pages
-(table, JSON, Markdown, plot). commands/bench.py hands over here; the work is in serving/."""
+"""`specdec bench --engine vllm|llama.cpp` / `--server URL`: the engine bench's command body and its
+pages (table, JSON, Markdown, plot). commands/bench.py hands over here; the work is in serving/."""
 
 from __future__ import annotations
 
 import json
+import os
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -15,23 +16,27 @@ from ..errors import UserError
 from ..prompts import read_file
 from .common import WRITE_FAILED, error_line, invocation, plain_console, resolve_pair, write_output
 
-ENGINES = ("vllm",)
+ENGINES = ("vllm", "llama.cpp")  # serving/bench.py's, named here so that a bad one is refused before any import
 DEFAULT_LOOP = "plain,auto"  # specdec's own loop beside an engine bench: plain decoding and the default drafter
 DIED = 3  # a server died mid-run: the levels finished are written, exit 3
 
 
 def check_engine(engine: str | None, server: str | None, reference: str | None) -> None:
-    """The engine options' combinations, and vLLM's environment, before any model is touched."""
+    """The engine options' combinations, and the engine's installation, before any model is touched."""
     if engine is not None and engine not in ENGINES:
         raise UserError(f"--engine {engine!r}: the engines specdec can start are {', '.join(ENGINES)}")
     if engine and server:
         raise UserError("--engine starts servers and --server attaches to one: give one of them")
     if reference and not server:
         raise UserError("--reference is the plain server --server is compared with: give --server too")
-    if engine:
+    if engine == "vllm":
         from ..serving.environment import vllm_python
 
         vllm_python()
+    elif engine == "llama.cpp":
+        from ..serving.environment import llama_server
+
+        llama_server()
 
 
 def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency, rate, repeats, max_new_tokens,
@@ -48,7 +53,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
     levels_text = rate or concurrency or "1,4"
     levels = engine_bench_core.parse_levels(levels_text, "--rate" if rate else "--concurrency")
     slos = engine_bench_core.parse_slos(slo)
-    chosen = engine_bench_core.parse_modes(modes or "vllm-plain,vllm-ngram:4") if engine else []
+    chosen = engine_bench_core.parse_modes(modes or default_modes(engine), engine) if engine else []
     for path, option in ((markdown, "--markdown"), (plot, "--plot")):
         if path:
             check_writable(path, option)
@@ -58,7 +63,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
     from ..serving import configs as serving_configs
     from ..serving.server import attach
 
-    model_dir = transformers_directory(spec.target.source)
+    model_dir = transformers_directory(spec.target.source)  # its tokenizer: the same ids for every engine
     encoded = [engine_bench_core.Request(str(pid), ids)
                for pid, ids in serving_configs.encode_prompts(model_dir, [(str(p.id), p.text) for p in items])]
     progress = serving_configs.progress_line
@@ -68,14 +73,16 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
     with ExitStack() as stack:
         if engine:
             configs = serving_configs.server_configs(spec, chosen, threads, port,
-                                                     eagle3_directory=lambda: served_eagle3(spec, progress))
+                                                     eagle3_directory=lambda: served_eagle3(spec, progress),
+                                                     parallel=4 if rate else max(levels), progress=progress)
             servers = serving_configs.start_all(stack, configs, progress)
             targets = {name: serving_configs.as_target(s) for name, s in servers.items()}
             manifest["engine"] = engine_entry(servers)
         else:
             targets = {}
             if reference:
-                targets[engine_bench_core.PLAIN] = engine_bench_core.Target(attach(reference))
+                plain = attach(reference)
+                targets[engine_bench_core.plain_mode(plain.dialect)] = engine_bench_core.Target(plain)
             targets["server"] = engine_bench_core.Target(attach(server))
             manifest["engine"] = {"attached": {name: t.endpoint.url for name, t in targets.items()}}
         try:
@@ -84,7 +91,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
             failure = None
         except engine_bench_core.BenchInterrupted as exc:
             result, failure = exc.report, str(exc)
-    result["manifest"] = manifest | {"target": _target_entry(spec, model_dir, threads), "machine": _machine()}
+    result["manifest"] = manifest | {"target": _target_entry(spec, model_dir, threads, engine), "machine": _machine()}
     if engine and loop and not failure:  # after the servers stopped: nothing else runs while it is timed
         result["own_loop"] = own_loop(spec, items, encoded, requests, max_new_tokens, threads, loop, progress)
     if failure:
@@ -93,6 +100,11 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
     if failure:
         error_line(f"{failure}; the levels finished before it are written")
         raise typer.Exit(DIED)
+
+
+def default_modes(engine: str) -> str:
+    """Plain and prompt lookup at K 4: the engine's speculation that needs nothing but the target."""
+    return "llama-plain,llama-ngram:4" if engine == "llama.cpp" else "vllm-plain,vllm-ngram:4"
 
 
 def served_eagle3(spec, progress) -> Path:
@@ -127,20 +139,31 @@ def own_loop(spec, items, encoded, count, max_new_tokens, threads, modes_text, p
 
 
 def engine_entry(servers) -> dict:
-    from ..serving.environment import engine_version, vllm_env
+    from ..serving import environment
 
-    return {"name": engine_version(), "environment": str(vllm_env()),
-            "servers": {name: {"arguments": s.config.arguments(s.endpoint.port)[2:], "start_s": round(s.started_s, 2),
-                               "log": str(s.log_path)} for name, s in servers.items()}}
+    first = next(iter(servers.values())).config
+    if first.engine == "llama.cpp":
+        binary = environment.llama_server()
+        entry = {"name": environment.llama_version(binary), "binary": str(binary)}
+    else:
+        entry = {"name": environment.engine_version(), "environment": str(environment.vllm_env())}
+    return entry | {"servers": {name: {"arguments": s.config.arguments(s.endpoint.port), "start_s": round(s.started_s, 2),
+                                       "log": str(s.log_path)} for name, s in servers.items()}}
 
 
-def _target_entry(spec, model_dir: Path, threads: int | None) -> dict:
-    """The target's source, the directory the servers read, and its weight files' sha256."""
+def _target_entry(spec, model_dir: Path, threads: int | None, engine: str | None) -> dict:
+    """The target's source, the directory or GGUF the servers read, and its weight files' sha256."""
     from types import SimpleNamespace
 
     from ..pairs import manifest
     from ..serving.environment import server_environment
 
+    if engine == "llama.cpp":
+        from ..pairs.loading import gguf_file
+
+        gguf = gguf_file(spec.target.source, "llama.cpp serves GGUF")
+        return {"source": str(spec.target.source), "gguf": str(gguf), "files": {gguf.name: manifest.sha256(gguf)},
+                "server_threads": threads or os.cpu_count() or 1}
     return {"source": str(spec.target.source), "directory": str(model_dir),
             "files": manifest.file_hashes(SimpleNamespace(files=model_dir)),
             "server_threads": int(server_environment(threads)["OMP_NUM_THREADS"])}
@@ -197,7 +220,7 @@ def rows(result: dict):
 
 def table(result: dict) -> Table:
     loop = result["manifest"].get("loop", "")
-    grid = Table(title=f"engine bench, {loop}; latencies in ms; gain = output tok/s over vllm-plain (95 % interval)",
+    grid = Table(title=f"engine bench, {loop}; latencies in ms; gain = output tok/s over {result['plain']} (95 % interval)",
                  title_justify="left")
     for header in ["level", "mode", "gain"] + [h for h, _ in COLUMNS]:
         grid.add_column(header, justify="left" if header == "mode" else "right")
@@ -215,10 +238,10 @@ def summary_lines(result: dict) -> list[str]:
         lines.append(f"{family}: num_speculative_tokens_per_batch_size {json.dumps(k_rows)}")
     own = result.get("own_loop")
     if own:
-        engine_plain = result["modes"].get("vllm-plain", {}).get("1", {}).get("output_tok_s")
+        engine_plain = result["modes"].get(result["plain"], {}).get("1", {}).get("output_tok_s")
         shown = ", ".join(f"{mode} {f['tokens_per_s']:.1f} tok/s" + (f" ({f['speedup_vs_plain']:.2f}× its plain)" if mode != "plain" else "")
                           for mode, f in own["modes"].items())
-        versus = f"; vllm-plain at concurrency 1: {engine_plain:.1f} tok/s" if engine_plain else ""
+        versus = f"; {result['plain']} at concurrency 1: {engine_plain:.1f} tok/s" if engine_plain else ""
         lines.append(f"specdec's own loop at concurrency 1 ({own['dtype']}, {own['prompts']} prompts, stops at the answer's "
                      f"end): {shown}{versus}")
     return lines
@@ -251,7 +274,7 @@ def plot_curve(result: dict, path: Path) -> None:
             gains = result["gain"][mode]
             gain_axes.plot([int(lv) for lv in gains], [g["gain"] for g in gains.values()], "o-", label=mode)
     gain_axes.axhline(1.0, color="grey", linewidth=0.8)
-    gain_axes.set(xscale="log", xlabel="level", ylabel="output tok/s over vllm-plain", title="speculative gain")
+    gain_axes.set(xscale="log", xlabel="level", ylabel=f"output tok/s over {result['plain']}", title="speculative gain")
     latency_axes.set(xscale="log", xlabel="level", ylabel="ms", title="end-to-end latency p50")
     for axes in (gain_axes, latency_axes):
         axes.grid(alpha=0.3)

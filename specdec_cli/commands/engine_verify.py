@@ -22,6 +22,11 @@ from .common import WRITE_FAILED, error_line, invocation, plain_console, resolve
 from .engine_bench import check_engine, engine_entry, served_eagle3
 
 TOP_LOGPROBS = 2  # the reference's top-2 at every position: the margin that classifies a divergence
+# A margin within what batch shape moves: vLLM's servers run float32 (--dtype float32); llama.cpp's
+# batch rows run other kernels than one-token rows (a 5-row block's logits differ by up to 1.2 here).
+ENGINE_TOLERANCE = {"vllm": NEAR_TIE_TOLERANCE["float32"], "llama.cpp": 0.5}
+SPEC_KINDS = {"vllm": "ngram:K, draft:K or eagle3:K", "llama.cpp": "ngram:K (or ngram-simple:K, ngram-map-k:K, "
+              "ngram-mod:K, ngram-cache:K) or draft:K"}
 
 
 def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concurrency: str | None, max_new_tokens: int,
@@ -29,22 +34,24 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
     check_engine(engine, server, reference)
     if server and not reference:
         raise UserError("--server is checked against a plain server: give --reference URL too")
+    kinds = SPEC_KINDS.get(engine, SPEC_KINDS["vllm"])
     if engine and not spec_text:
-        raise UserError("--engine vllm needs --spec ngram:K, draft:K or eagle3:K: the speculative server to check")
-    from ..serving.bench import PLAIN, parse_levels, parse_modes
+        raise UserError(f"--engine {engine} needs --spec {kinds}: the speculative server to check")
+    from ..serving.bench import parse_levels, parse_modes, plain_mode
 
+    prefix = "llama-" if engine == "llama.cpp" else "vllm-"
     try:
-        modes = parse_modes(f"{PLAIN},vllm-{spec_text}") if engine else []
+        modes = parse_modes(f"{plain_mode(engine)},{prefix}{spec_text}", engine) if engine else []
         if engine and len(modes) < 2:
             raise UserError("plain")
     except UserError:
-        raise UserError(f"--spec {spec_text!r}: expected ngram:K, draft:K or eagle3:K (K from 1 to {MAX_K})") from None
+        raise UserError(f"--spec {spec_text!r}: expected {kinds} (K from 1 to {MAX_K})") from None
     concurrencies = sorted({1, *parse_levels(concurrency or "1,4")})  # 1 always: the batch shape the others are held to
     if tolerance is not None and tolerance <= 0:
         raise UserError(f"--tolerance must be above 0, got {tolerance}")
     if report:
         check_writable(report, "--report")
-    tolerance = tolerance or NEAR_TIE_TOLERANCE["float32"]  # the servers run float32 (--dtype float32)
+    tolerance = tolerance or ENGINE_TOLERANCE.get(engine, NEAR_TIE_TOLERANCE["float32"])
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
     from ..pairs.loading import transformers_directory  # torch and transformers: after every cheap check
@@ -61,14 +68,15 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
         if engine:
             progress = serving_configs.progress_line
             configs = serving_configs.server_configs(spec, modes, threads,
-                                                     eagle3_directory=lambda: served_eagle3(spec, progress))
+                                                     eagle3_directory=lambda: served_eagle3(spec, progress),
+                                                     parallel=max(concurrencies), progress=progress)
             servers = serving_configs.start_all(stack, configs, progress)
-            plain_end, spec_end = servers[PLAIN].endpoint, servers[modes[1].name].endpoint
+            plain_end, spec_end = servers[modes[0].name].endpoint, servers[modes[1].name].endpoint
             label = modes[1].name
             manifest["engine"] = engine_entry(servers)
         else:
             plain_end, spec_end, label = attach(reference), attach(server), server
-            manifest["engine"] = {"attached": {PLAIN: plain_end.url, "server": spec_end.url}}
+            manifest["engine"] = {"attached": {plain_mode(plain_end.dialect): plain_end.url, "server": spec_end.url}}
         levels = {}
         try:
             for level in concurrencies:
@@ -77,13 +85,16 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
                 plain = generate_all(plain_end, encoded, max_new_tokens, level, logprobs=TOP_LOGPROBS)
                 speculative = generate_all(spec_end, encoded, max_new_tokens, level)
                 window = metrics.scrape(spec_end).minus(before)
-                levels[str(level)] = compare(encoded, plain, speculative, tolerance) | {
+                again = generate_all(plain_end, encoded, max_new_tokens, level, logprobs=TOP_LOGPROBS)
+                levels[str(level)] = with_plain_repeat(compare(encoded, plain, speculative, tolerance),
+                                                       compare(encoded, plain, again, tolerance)) | {
                     "drafts": int(window.value(metrics.DRAFTS)), "draft_tokens": int(window.value(metrics.DRAFT_TOKENS)),
                     "accepted": int(window.value(metrics.ACCEPTED))}
         except ServerDown as exc:
             raise UserError(f"a server stopped answering mid-check: {exc}") from None
     equivalent, verdict = decide(levels, strict)
-    result = {"pair": spec.name, "speculative": label, "prompts": len(encoded), "max_new_tokens": max_new_tokens,
+    result = {"pair": spec.name, "speculative": label, "reference": modes[0].name if engine else "reference",
+              "prompts": len(encoded), "max_new_tokens": max_new_tokens,
               "tolerance": tolerance, "strict": strict, "levels": levels, "equivalent": equivalent, "verdict": verdict,
               "manifest": manifest}
     if json_out:
@@ -96,6 +107,15 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
     if not equivalent and not json_out:
         error_line(verdict)
     raise typer.Exit(0 if equivalent else 1)
+
+
+def with_plain_repeat(speculative: dict, repeat: dict) -> dict:
+    """The speculative comparison, each divergence marked where plain itself, asked again, did not
+    give the same ids (the cause is then not speculation alone), and the repeat's own counts."""
+    unsteady = {d["prompt_id"] for d in repeat["details"]}
+    for divergence in speculative["details"]:
+        divergence["plain_repeat_differs"] = divergence["prompt_id"] in unsteady
+    return speculative | {"plain_repeat": {key: repeat[key] for key in ("identical", "near_ties", "divergences", "failed")}}
 
 
 def decide(levels: dict, strict: bool) -> tuple[bool, str]:
@@ -115,17 +135,20 @@ def decide(levels: dict, strict: bool) -> tuple[bool, str]:
 
 def render(result: dict) -> None:
     console = plain_console()
-    table = Table(title=f"{result['speculative']} against vllm-plain, {result['prompts']} prompts, greedy token ids",
+    table = Table(title=f"{result['speculative']} against {result['reference']}, {result['prompts']} prompts, greedy token ids",
                   title_justify="left", box=box.SIMPLE_HEAD)
-    for column in ("concurrency", "identical", "near-ties", "divergences", "failed", "drafts", "accepted/drafted"):
+    for column in ("concurrency", "identical", "near-ties", "divergences", "failed", "drafts", "accepted/drafted",
+                   "plain again"):
         table.add_column(column, justify="right")
     for level, r in result["levels"].items():
         table.add_row(level, f"{r['identical']}/{r['prompts']}", str(r["near_ties"]), str(r["divergences"]),
-                      str(len(r["failed"])), str(r["drafts"]), f"{r['accepted']}/{r['draft_tokens']}")
+                      str(len(r["failed"])), str(r["drafts"]), f"{r['accepted']}/{r['draft_tokens']}",
+                      f"{r['plain_repeat']['identical']}/{r['prompts']} identical")
     console.print(table)
     for level, r in result["levels"].items():
         for d in r["details"]:
             console.print(Text(f"concurrency {level}, prompt {d['prompt_id']}, generated token {d['position']}: "
                                f"{d['speculative_token']} instead of {d['reference_token']} (plain's top-2 margin "
-                               f"{'n/a' if d['margin'] is None else format(d['margin'], '.3g')}): {d['kind']}"))
+                               f"{'n/a' if d['margin'] is None else format(d['margin'], '.3g')}): {d['kind']}"
+                               + ("; plain asked again differs there too" if d["plain_repeat_differs"] else "")))
     console.print(Text(result["verdict"], style="bold green" if result["equivalent"] else "bold red"), soft_wrap=True)

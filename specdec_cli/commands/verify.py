@@ -82,8 +82,8 @@ def verify_equivalence(
     models: ModelsOption = None,
     threads: ThreadsOption = None,
     accept: AcceptOption = "exact",
-    engine: Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE", help="Check a serving engine instead of this loop: 'vllm' starts a plain and a --spec server (docs/engines.md).")] = None,
-    spec_mode: Annotated[Optional[str], typer.Option("--spec", metavar="ngram:K|draft:K|eagle3:K", help="With --engine vllm: the speculative configuration checked (prompt lookup, the pair's draft model, or its head exported as EAGLE-3).")] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE", help="Check a serving engine instead of this loop: 'vllm' or 'llama.cpp' starts a plain and a --spec server (docs/engines.md).")] = None,
+    spec_mode: Annotated[Optional[str], typer.Option("--spec", metavar="ngram:K|draft:K|eagle3:K", help="With --engine: the speculative configuration checked: prompt lookup (llama.cpp: ngram:K is ngram-simple; ngram-mod:K and the other types by name), the pair's draft model, or (vLLM) its head exported as EAGLE-3.")] = None,
     server: Annotated[Optional[str], typer.Option("--server", metavar="URL", help="Check a speculative OpenAI-compatible server already running at URL against --reference (API key from $SPECDEC_API_KEY).")] = None,
     reference: Annotated[Optional[str], typer.Option("--reference", metavar="URL", help="With --server: the plain server whose greedy tokens (and top-2 logprobs) are the reference.")] = None,
     concurrency: ConcurrencyOption = None,
@@ -94,10 +94,11 @@ def verify_equivalence(
     Each divergence is located and classified by the target's logit margin: a `numerical
     near-tie` (round-off between a 1-token and a (K+1)-token forward) or a `mismatch` (a bug).
 
-    With --engine vllm --spec ngram:K (or --server URL --reference URL) it checks a serving engine:
-    the speculative server's greedy token ids against the plain server's at concurrency 1 and
-    every --concurrency level, divergences classified by the plain server's top-2 logprob margin; it fails when
-    the speculative server drafted nothing.
+    With --engine vllm|llama.cpp --spec ngram:K (or --server URL --reference URL) it checks a
+    serving engine: the speculative server's greedy token ids against the plain server's at
+    concurrency 1 and every --concurrency level, divergences classified by the plain server's top-2
+    logprob margin, and plain asked twice (a divergence where plain itself varies is not
+    speculation's alone); it fails when the speculative server drafted nothing.
 
     Exit codes: 0 equivalent; 1 not (see the README); 2 bad input; 3 the result was printed but
     --report could not be written.

@@ -36,7 +36,8 @@ def watch(
     the K the export recommends beside the K the server drafts, and a warning when the server's
     acceptance left the profile's calibrated interval (traffic drifted: recalibrate, export again).
 
-    vLLM's metric names and SGLang's are recognised. Exit codes: 0 done; 2 bad input or no server.
+    vLLM's metric names, llama.cpp's (llama-server --metrics; it keeps no latency histograms) and
+    SGLang's are recognised. Exit codes: 0 done; 2 bad input or no server.
     """
     from ..serving import metrics
     from ..serving.client import Endpoint, ServerDown

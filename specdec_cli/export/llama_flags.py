@@ -1,6 +1,7 @@
 """llama-server's draft flag names: its 2026 builds renamed them (``--draft-max`` became
-``--spec-draft-n-max`` and the old ones were removed), so an installed binary's ``--help`` decides,
-and without one the documented current names are used and the export says so."""
+``--spec-draft-n-max`` and the old ones were removed), so a binary's ``--help`` decides (the one
+``bash install.sh llama.cpp`` built, else one on PATH), and without one the documented current
+names are used and the export says so."""
 
 from __future__ import annotations
 
@@ -45,8 +46,14 @@ def from_help(text: str, binary: str) -> LlamaFlags:
     return LlamaFlags.documented(f"{binary} --help lists no draft flags")
 
 
-def probe(binary: str = "llama-server") -> LlamaFlags:
-    path = shutil.which(binary)
+def probe() -> LlamaFlags:
+    from ..errors import UserError
+    from ..serving.environment import llama_server
+
+    try:
+        path = str(llama_server())
+    except UserError:
+        path = shutil.which("llama-server")
     if path is None:
         return LlamaFlags.documented()
     try:

@@ -56,7 +56,7 @@ def model_directory(source) -> str:
     return str(transformers_directory(source))
 
 
-def gguf_file(source) -> str:
+def llama_target(source) -> str:
     """For llama.cpp: the GGUF file itself where the source is one."""
     if source.is_gguf and source.kind != "hub":
         return str(source.local_path())
@@ -78,7 +78,7 @@ def chosen_drafter(pair: PairSpec, kind: str | None) -> DrafterSpec:
 def make_plan(engine: str, pair: PairSpec, profile: PairProfile | None, profile_file: Path, shares: dict[str, float] | None,
               bench: Path | None, eagle3_dir: str | None, drafter_kind: str | None = None) -> Plan:
     eagle3_dir = eagle3_dir or f"{pair.name}-eagle3"
-    target = gguf_file(pair.target.source) if engine == "llama.cpp" else model_directory(pair.target.source)
+    target = llama_target(pair.target.source) if engine == "llama.cpp" else model_directory(pair.target.source)
     spec = chosen_drafter(pair, drafter_kind)
     drafter = engine_drafter(spec, eagle3_dir, model_directory)
     fallback = None

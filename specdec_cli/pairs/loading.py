@@ -87,6 +87,14 @@ def transformers_directory(source: ModelSource) -> Path:
     return Path(directory)
 
 
+def gguf_file(source: ModelSource, why: str) -> Path:
+    """The GGUF file a source names, for a program that reads GGUF itself (llama.cpp's server)."""
+    directory, name = _resolve(source)
+    if not name or source.local_path() is None:
+        raise UserError(f"{why}, and {source} is not a local .gguf file: give the pair a GGUF target (--target FILE.gguf)")
+    return Path(directory) / name
+
+
 def load_tokenizer(directory: str) -> PreTrainedTokenizerBase:
     """The model's tokenizer. One whose files name transformers' tokenizers backend is built as that
     class directly: what AutoTokenizer builds, without importing transformers' model registry."""

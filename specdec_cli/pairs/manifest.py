@@ -29,10 +29,10 @@ def file_hashes(model: LoadedModel) -> dict[str, str]:
     if model.files is None:
         return {}
     paths = sorted(Path(model.files).glob("*.safetensors")) + sorted(Path(model.files).glob("*.bin"))
-    return {path.name: _sha256(path) for path in paths}
+    return {path.name: sha256(path) for path in paths}
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
@@ -48,7 +48,7 @@ def head_entry(directory: Path) -> dict:
     """A draft head: where it is, the hash of its weights, and the target it was trained for."""
     weights = Path(directory) / "head.safetensors"
     meta = json.loads((Path(directory) / "specdec-draft.json").read_text())
-    return {"head": str(directory), "files": {weights.name: _sha256(weights)}, "target": meta.get("target")}
+    return {"head": str(directory), "files": {weights.name: sha256(weights)}, "target": meta.get("target")}
 
 
 def libraries() -> dict[str, str]:

@@ -18,43 +18,66 @@ from .load import LevelRun, Request, ServerDied, level_figures, requests_for_lev
 PLAIN = "vllm-plain"
 METHODS = {"ngram": "ngram", "draft": "draft_model", "eagle3": "eagle3"}  # mode prefix → vLLM's method
 CONFIG = "vllm-config"  # vllm-config:FILE, a server started with the --speculative-config JSON in FILE
+LLAMA_PLAIN = "llama-plain"
+# llama-server's --spec-type per mode prefix. Plain llama-ngram:K is ngram-simple: prompt lookup of
+# the latest match, what vLLM's ngram and specdec's own ngram do (docs/engines.md has the others' figures).
+LLAMA_TYPES = {"ngram": "ngram-simple", "ngram-simple": "ngram-simple", "ngram-map-k": "ngram-map-k",
+               "ngram-mod": "ngram-mod", "ngram-cache": "ngram-cache", "draft": "draft-simple"}
+ENGINES = ("vllm", "llama.cpp")
 
 
 @dataclass(frozen=True)
 class EngineMode:
-    name: str  # as written: vllm-plain, vllm-ngram:4, vllm-draft:3, vllm-eagle3:3, vllm-config:spec.json
-    method: str  # plain, vLLM's speculative method, or "config" (the JSON in ``config``)
+    name: str  # as written: vllm-plain, vllm-ngram:4, vllm-config:spec.json, llama-plain, llama-ngram:4, ...
+    method: str  # plain; vLLM's speculative method or "config" (the JSON in ``config``); llama-server's --spec-type
     k: int = 0
     config: Path | None = None
+    engine: str = "vllm"
 
     @property
     def family(self) -> str:
         return self.name.split(":")[0]
 
 
-def parse_modes(text: str) -> list[EngineMode]:
-    """'vllm-plain,vllm-ngram:4,vllm-draft:3' → modes; plain is added first when missing (the gain needs it)."""
+def plain_mode(engine: str) -> str:
+    """The mode every other one's gain is measured against."""
+    return LLAMA_PLAIN if engine == "llama.cpp" else PLAIN
+
+
+def mode_names(engine: str) -> str:
+    """The modes an engine takes, for an error or --help."""
+    if engine == "llama.cpp":
+        return (f"{LLAMA_PLAIN}, llama-ngram:K (ngram-simple), llama-ngram-simple:K, llama-ngram-map-k:K, "
+                f"llama-ngram-mod:K, llama-ngram-cache:K and llama-draft:K (K from 1 to {MAX_K})")
+    return f"{PLAIN}, vllm-ngram:K, vllm-draft:K, vllm-eagle3:K (K from 1 to {MAX_K}) and {CONFIG}:FILE"
+
+
+def parse_modes(text: str, engine: str = "vllm") -> list[EngineMode]:
+    """'vllm-plain,vllm-ngram:4,vllm-draft:3' (or llama.cpp's 'llama-ngram:4,...') → modes; the
+    engine's plain mode is added first when missing (the gain needs it)."""
+    plain = plain_mode(engine)
     modes = []
     for part in [p.strip() for p in text.split(",") if p.strip()]:
-        if part == PLAIN:
-            modes.append(EngineMode(PLAIN, "plain"))
+        if part == plain:
+            modes.append(EngineMode(plain, "plain", engine=engine))
             continue
-        if part.startswith(CONFIG + ":"):
+        if engine == "vllm" and part.startswith(CONFIG + ":"):
             path = Path(part.partition(":")[2])
             if not path.is_file():
                 raise UserError(f"--modes {part}: no such file {path} (write one with `specdec export --engine vllm --out FILE`)")
             modes.append(EngineMode(part, "config", config=path))
             continue
         prefix, _, k = part.partition(":")
-        method = METHODS.get(prefix.removeprefix("vllm-")) if prefix.startswith("vllm-") else None
+        family = "llama-" if engine == "llama.cpp" else "vllm-"
+        known = LLAMA_TYPES if engine == "llama.cpp" else METHODS
+        method = known.get(prefix.removeprefix(family)) if prefix.startswith(family) else None
         if method is None or not k.isdigit() or not 1 <= int(k) <= MAX_K:
-            raise UserError(f"--modes: unknown engine mode {part!r}; engine modes are {PLAIN}, vllm-ngram:K, "
-                            f"vllm-draft:K, vllm-eagle3:K (K from 1 to {MAX_K}) and {CONFIG}:FILE")
-        modes.append(EngineMode(part, method, int(k)))
+            raise UserError(f"--modes: unknown {engine} mode {part!r}; {engine} modes are {mode_names(engine)}")
+        modes.append(EngineMode(part, method, int(k), engine=engine))
     if not modes:
         raise UserError("--modes: give at least one engine mode")
-    if PLAIN not in [m.name for m in modes]:
-        modes.insert(0, EngineMode(PLAIN, "plain"))
+    if plain not in [m.name for m in modes]:
+        modes.insert(0, EngineMode(plain, "plain", engine=engine))
     return list({m.name: m for m in modes}.values())
 
 
@@ -148,10 +171,11 @@ def report(runs: dict[str, dict[int, list[LevelRun]]], levels: list[int], slos: 
             figures["output_tok_s_repeats"] = [level_figures(r)["output_tok_s"] for r in level_runs]
             modes[mode][str(level)] = figures
     done = [lv for lv in levels if all(str(lv) in modes[m] for m in modes)]
-    plain = modes.get(PLAIN, {})
+    plain_name = next((m for m in modes if m in (PLAIN, LLAMA_PLAIN)), PLAIN)
+    plain = modes.get(plain_name, {})
     gains, crossovers = {}, {}
     for mode in modes:
-        if mode == PLAIN:
+        if mode == plain_name:
             continue
         gains[mode] = {str(lv): stats.gain(modes[mode][str(lv)]["output_tok_s_repeats"],
                                            plain[str(lv)]["output_tok_s_repeats"]) for lv in done if str(lv) in plain}
@@ -161,4 +185,4 @@ def report(runs: dict[str, dict[int, list[LevelRun]]], levels: list[int], slos: 
     for family in dict.fromkeys(f for f, _ in fixed.values()):
         by_k = {k: [gains[m].get(str(lv), {}).get("gain") for lv in done] for m, (f, k) in fixed.items() if f == family}
         tables[family] = stats.k_table(done, by_k) if done else []
-    return {"levels": done, "modes": modes, "gain": gains, "crossover": crossovers, "k_table": tables}
+    return {"levels": done, "plain": plain_name, "modes": modes, "gain": gains, "crossover": crossovers, "k_table": tables}

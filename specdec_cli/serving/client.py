@@ -1,6 +1,8 @@
-"""An OpenAI-compatible completions client on the standard library: streamed requests with bounded
-timeouts, the timing of every chunk (TTFT, inter-token gaps, end-to-end), the token ids when the
-server returns them (vLLM's ``return_token_ids``), and failures classified rather than raised."""
+"""A completions client on the standard library: streamed requests with bounded timeouts, the timing
+of every chunk (TTFT, inter-token gaps, end-to-end), the token ids, and failures classified rather
+than raised. Two dialects, one loop: OpenAI's /v1/completions (vLLM's ``return_token_ids``) and
+llama.cpp's own /completion, the one of its endpoints that returns token ids and lets a request
+turn the prompt cache off."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class Endpoint:
     url: str  # http://host:port, without /v1
     api_key: str | None = field(default=None, repr=False)  # never printed
     model: str | None = None
+    dialect: str = "openai"  # or "llama.cpp" (DIALECTS)
 
     @property
     def port(self) -> int:
@@ -63,8 +66,10 @@ class Completion:
     ttft_s: float | None = None
     latency_s: float | None = None
     itl_s: list[float] = field(default_factory=list)  # gaps between successive chunks
-    top_logprobs: list[dict[str, float]] = field(default_factory=list)  # per position, when asked
+    top_logprobs: list[dict[str, float]] = field(default_factory=list)  # per position ('token_id:N' keys), when asked
     finish_reason: str | None = None
+    drafted: int | None = None  # draft tokens the server says it verified for this request (llama.cpp's timings)
+    accepted: int | None = None
     error: str | None = None
     detail: str = ""
 
@@ -79,12 +84,9 @@ class Completion:
 def complete(endpoint: Endpoint, prompt_ids: list[int], max_tokens: int, *, logprobs: int | None = None,
              ignore_eos: bool = False, timeout_s: float = REQUEST_TIMEOUT_S) -> Completion:
     """One greedy completion, streamed. Never raises for the server's faults: they come back as ``error``."""
-    body = {"model": endpoint.model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
-            "ignore_eos": ignore_eos}
-    if logprobs is not None:
-        body.update(logprobs=logprobs, return_tokens_as_token_ids=True)  # keys 'token_id:N', not text
-    request = urllib.request.Request(endpoint.url + "/v1/completions", data=json.dumps(body).encode(),
+    dialect = DIALECTS[endpoint.dialect]
+    request = urllib.request.Request(endpoint.url + dialect.path,
+                                     data=json.dumps(dialect.body(endpoint, prompt_ids, max_tokens, logprobs, ignore_eos)).encode(),
                                      headers=endpoint.headers(), method="POST")
     result = Completion()
     started = time.perf_counter()
@@ -102,7 +104,7 @@ def complete(endpoint: Endpoint, prompt_ids: list[int], max_tokens: int, *, logp
                 if data == "[DONE]":
                     break
                 now = time.perf_counter()
-                if _take_chunk(result, json.loads(data)):
+                if dialect.take(result, json.loads(data)):
                     if result.ttft_s is None:
                         result.ttft_s = now - started
                     else:
@@ -122,22 +124,68 @@ def complete(endpoint: Endpoint, prompt_ids: list[int], max_tokens: int, *, logp
     return result
 
 
-def _take_chunk(result: Completion, chunk: dict) -> bool:
-    """Fold one streamed chunk in; True when it carried generated tokens."""
-    if chunk.get("usage"):
-        result.output_tokens = chunk["usage"].get("completion_tokens") or result.output_tokens
-    carried = False
-    for choice in chunk.get("choices") or []:
-        ids = choice.get("token_ids") or []
-        text = choice.get("text") or ""
+class OpenAICompletions:
+    """/v1/completions, greedy, with vLLM's extensions for token ids (ignored by servers without them)."""
+
+    path = "/v1/completions"
+
+    @staticmethod
+    def body(endpoint: Endpoint, prompt_ids: list[int], max_tokens: int, logprobs: int | None, ignore_eos: bool) -> dict:
+        body = {"model": endpoint.model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
+                "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
+                "ignore_eos": ignore_eos}
+        if logprobs is not None:
+            body.update(logprobs=logprobs, return_tokens_as_token_ids=True)  # keys 'token_id:N', not text
+        return body
+
+    @staticmethod
+    def take(result: Completion, chunk: dict) -> bool:
+        """Fold one streamed chunk in; True when it carried generated tokens."""
+        if chunk.get("usage"):
+            result.output_tokens = chunk["usage"].get("completion_tokens") or result.output_tokens
+        carried = False
+        for choice in chunk.get("choices") or []:
+            ids = choice.get("token_ids") or []
+            text = choice.get("text") or ""
+            result.token_ids += ids
+            result.text += text
+            carried = carried or bool(ids or text)
+            logprobs = choice.get("logprobs") or {}
+            result.top_logprobs += [dict(top or {}) for top in logprobs.get("top_logprobs") or []]
+            if choice.get("finish_reason"):
+                result.finish_reason = choice["finish_reason"]
+        return carried
+
+
+class LlamaCompletions:
+    """llama.cpp's /completion, greedy. ``cache_prompt`` off: every request computes its whole
+    prompt, so that its output does not depend on what the slot served before (with the cache on,
+    the same prompt sent twice can come back different) and every mode pays the same prefill."""
+
+    path = "/completion"
+    FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
+
+    @staticmethod
+    def body(endpoint: Endpoint, prompt_ids: list[int], max_tokens: int, logprobs: int | None, ignore_eos: bool) -> dict:
+        return {"prompt": prompt_ids, "n_predict": max_tokens, "temperature": 0.0, "stream": True,
+                "return_tokens": True, "cache_prompt": False, "ignore_eos": ignore_eos, "n_probs": logprobs or 0}
+
+    @classmethod
+    def take(cls, result: Completion, chunk: dict) -> bool:
+        ids = chunk.get("tokens") or []
         result.token_ids += ids
-        result.text += text
-        carried = carried or bool(ids or text)
-        logprobs = choice.get("logprobs") or {}
-        result.top_logprobs += [dict(top or {}) for top in logprobs.get("top_logprobs") or []]
-        if choice.get("finish_reason"):
-            result.finish_reason = choice["finish_reason"]
-    return carried
+        result.text += chunk.get("content") or ""
+        for position in chunk.get("completion_probabilities") or []:
+            result.top_logprobs.append({f"token_id:{top['id']}": top["logprob"] for top in position.get("top_logprobs") or []})
+        if chunk.get("stop"):
+            result.finish_reason = cls.FINISH.get(chunk.get("stop_type"), chunk.get("stop_type") or "stop")
+            result.output_tokens = chunk.get("tokens_predicted") or result.output_tokens
+            timings = chunk.get("timings") or {}
+            result.drafted, result.accepted = timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
+        return bool(ids)
+
+
+DIALECTS = {"openai": OpenAICompletions, "llama.cpp": LlamaCompletions}
 
 
 def _body(exc: urllib.error.HTTPError) -> str:

@@ -1,7 +1,8 @@
-"""From a pair and its engine modes to the servers that serve them: the target as a transformers
-directory (a GGUF source's converted cache directory), the pair's draft model as it is, prompt
-lookup as vLLM's ``ngram``; and the prompts as the target's token ids, chat template applied, so
-that every server sees the same tokens specdec's own loop would."""
+"""From a pair and its engine modes to the servers that serve them. vLLM: the target as a
+transformers directory (a GGUF source's converted cache directory), the pair's draft model as it
+is, prompt lookup as vLLM's ``ngram``. llama.cpp: the pair's GGUF as it is, the draft model
+converted to GGUF once. And the prompts as the target's token ids, chat template applied, so that
+every server sees the same tokens specdec's own loop would."""
 
 from __future__ import annotations
 
@@ -11,24 +12,29 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError, read_json
-from ..pairs.loading import transformers_directory
+from ..pairs.loading import gguf_file, transformers_directory
 from ..pairs.registry import HEAD, MODEL, PairSpec
 from .bench import EngineMode, Target
+from .llama_server import LlamaConfig, draft_gguf, speculative_flags
 from .server import ManagedServer, ServerConfig, speculative_config
 
 
 def draft_directory(pair: PairSpec) -> Path:
     drafter = pair.alternate(MODEL)
     if drafter is None or drafter.model is None:
-        raise UserError(f"pair {pair.name} has no draft model for vllm-draft:K (add one under `drafters: model:`)")
+        raise UserError(f"pair {pair.name} has no draft model for a draft:K mode (add one under `drafters: model:`)")
     return transformers_directory(drafter.model.source)
 
 
 def server_configs(pair: PairSpec, modes: list[EngineMode], threads: int | None = None,
                    port: int | None = None, max_model_len: int = 2048,
-                   eagle3_directory: Callable[[], Path] | None = None) -> dict[str, ServerConfig]:
+                   eagle3_directory: Callable[[], Path] | None = None, parallel: int = 1,
+                   progress: Callable[[str], None] = lambda line: None) -> dict[str, ServerConfig | LlamaConfig]:
     """One server per mode; ``port`` is the first mode's, the next ones count up from it.
-    ``eagle3_directory()`` gives the pair's head in vLLM's EAGLE-3 layout (export/ writes it)."""
+    ``eagle3_directory()`` gives the pair's head in vLLM's EAGLE-3 layout (export/ writes it);
+    ``parallel``: a llama.cpp server's slots, the most requests it is sent at once."""
+    if modes and modes[0].engine == "llama.cpp":
+        return llama_configs(pair, modes, threads, port, parallel, progress)
     model_dir = transformers_directory(pair.target.source)
     configs = {}
     for index, mode in enumerate(modes):
@@ -42,6 +48,17 @@ def server_configs(pair: PairSpec, modes: list[EngineMode], threads: int | None 
                                           max_model_len=max_model_len, threads=threads,
                                           port=None if port is None else port + index)
     return configs
+
+
+def llama_configs(pair: PairSpec, modes: list[EngineMode], threads: int | None, port: int | None, parallel: int,
+                  progress: Callable[[str], None]) -> dict[str, LlamaConfig]:
+    target = gguf_file(pair.target.source, "llama.cpp serves GGUF")
+    draft = draft_gguf(draft_directory(pair), progress) if any(m.method == "draft-simple" for m in modes) else None
+    return {mode.name: LlamaConfig(mode.name, target, pair.name,
+                                   speculative_flags(None if mode.method == "plain" else mode.method, mode.k,
+                                                     draft if mode.method == "draft-simple" else None),
+                                   threads=threads, parallel=parallel, port=None if port is None else port + index)
+            for index, mode in enumerate(modes)}
 
 
 def _eagle3(pair: PairSpec, eagle3_directory: Callable[[], Path] | None) -> Path:
@@ -67,7 +84,7 @@ def start_all(stack: ExitStack, configs: dict[str, ServerConfig], progress: Call
     for name, config in configs.items():
         server = ManagedServer(config, progress=progress, **({"start_timeout_s": start_timeout_s} if start_timeout_s else {}))
         stack.enter_context(server)
-        progress(f"vLLM for {name} ready on port {server.endpoint.port} in {server.started_s:.1f} s (log: {server.log_path})")
+        progress(f"{config.engine} for {name} ready on port {server.endpoint.port} in {server.started_s:.1f} s (log: {server.log_path})")
         servers[name] = server
     return servers
 

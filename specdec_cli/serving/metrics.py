@@ -1,6 +1,6 @@
-"""A server's Prometheus page as numbers: speculative-decoding counters (vLLM's, SGLang's gauges),
-token counters, request gauges and latency histograms, taken as snapshots and differenced over a
-window. Parsing is prometheus_client's; the arithmetic is in stats.py."""
+"""A server's Prometheus page as numbers: speculative-decoding counters (vLLM's, llama.cpp's read
+under vLLM's names, SGLang's gauges), token counters, request gauges and latency histograms, taken
+as snapshots and differenced over a window. Parsing is prometheus_client's; the arithmetic is in stats.py."""
 
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ WAITING = "vllm:num_requests_waiting"
 HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
               "e2e": "vllm:e2e_request_latency_seconds"}
 OLD_ITL = "vllm:time_per_output_token_seconds"  # the inter-token histogram's name before v1
+# llama-server's (--metrics): the same counts under its own names, read as vLLM's; it keeps no latency histograms.
+LLAMA_CPP = {"llamacpp:spec_decode_num_drafts_total": DRAFTS, "llamacpp:spec_decode_num_draft_tokens_total": DRAFT_TOKENS,
+             "llamacpp:spec_decode_num_accepted_tokens_total": ACCEPTED,
+             "llamacpp:spec_decode_num_accepted_tokens_per_pos_total": ACCEPTED_PER_POS,
+             "llamacpp:tokens_predicted_total": GENERATION_TOKENS, "llamacpp:requests_processing": RUNNING,
+             "llamacpp:requests_deferred": WAITING}
 SGLANG = {"accept_length": "sglang:spec_accept_length", "accept_rate": "sglang:spec_accept_rate",
           "running": "sglang:num_running_reqs", "waiting": "sglang:num_queue_reqs",
           "generation_tokens": "sglang:generation_tokens_total"}
@@ -34,6 +40,7 @@ class Snapshot:
 
     samples: dict[tuple[str, str], float] = field(default_factory=dict)  # (name, position or le or "") -> value
     taken: float = field(default_factory=time.monotonic)
+    engine: str = "vllm"  # whose names the page used: vllm (and SGLang's, told by has()), llama.cpp
 
     def value(self, name: str, key: str = "") -> float:
         return self.samples.get((name, key), 0.0)
@@ -54,7 +61,7 @@ class Snapshot:
         """Counters and histograms over the window between two snapshots (gauges: the later value)."""
         delta = {key: value - earlier.samples.get(key, 0.0) if _cumulative(key[0]) else value
                  for key, value in self.samples.items()}
-        return Snapshot(delta, self.taken - earlier.taken)
+        return Snapshot(delta, self.taken - earlier.taken, self.engine)
 
 
 def _cumulative(name: str) -> bool:
@@ -68,7 +75,9 @@ def parse(text: str) -> Snapshot:
             if math.isnan(sample.value):
                 continue
             key = sample.labels.get("position") or sample.labels.get("le") or ""
-            name = sample.name
+            name = LLAMA_CPP.get(sample.name, sample.name)
+            if sample.name.startswith("llamacpp:"):
+                snapshot.engine = "llama.cpp"
             if name.endswith("_created"):  # a timestamp, not a count
                 continue
             snapshot.samples[(name, key)] = snapshot.samples.get((name, key), 0.0) + sample.value

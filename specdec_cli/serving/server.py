@@ -1,6 +1,8 @@
-"""vLLM servers specdec starts and stops itself, and servers it attaches to.
+"""Servers specdec starts and stops itself (vLLM's, llama.cpp's), and servers it attaches to.
 
-A managed server is a subprocess in its own process group, bound to 127.0.0.1 on a free port,
+A server's configuration says how to start it (``command``, ``environment``) and whom it speaks
+for (``engine``, ``dialect``); vLLM's is here, llama.cpp's in llama_server.py. A managed server is a
+subprocess in its own process group, bound to 127.0.0.1 on a free port,
 logging to a file under the cache, polled on /health until ready (with a bounded wait), and killed
 with its whole group on exit, Ctrl-C, SIGTERM or failure: the context manager, an atexit hook and
 the group kill together leave nothing running.
@@ -34,7 +36,10 @@ class ServerFailed(UserError):
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """One server: the target's directory and an optional speculative configuration (vLLM's JSON)."""
+    """One vLLM server: the target's directory and an optional speculative configuration (vLLM's JSON)."""
+
+    engine = "vLLM"
+    dialect = "openai"  # the completions API its client speaks (client.py)
 
     label: str  # the mode it serves: vllm-plain, vllm-ngram:4, ...
     model_dir: Path
@@ -54,6 +59,12 @@ class ServerConfig:
         if self.speculative:
             args += ["--speculative-config", json.dumps(self.speculative, separators=(",", ":"))]
         return args + list(self.extra_args)
+
+    def command(self, port: int) -> list[str]:
+        return [str(environment.vllm_python()), *self.arguments(port)]
+
+    def environment(self) -> dict[str, str]:
+        return environment.server_environment(self.threads)
 
 
 def speculative_config(method: str, k: int, draft_dir: Path | None = None) -> dict | None:
@@ -76,7 +87,7 @@ def free_port() -> int:
 def log_directory() -> Path:
     from ..pairs.cache_dir import cache_root
 
-    return cache_root() / "vllm-logs"
+    return cache_root() / "vllm-logs"  # every managed server's, llama.cpp's too: `watch` finds them here
 
 
 def running_servers() -> list[dict]:
@@ -132,8 +143,8 @@ class ManagedServer:
         self.stop()
 
     def start(self) -> Endpoint:
-        python = environment.vllm_python()
         port = self.config.port or free_port()
+        command = self.config.command(port)  # a missing engine is said before a log is opened
         directory = log_directory()
         directory.mkdir(parents=True, exist_ok=True)
         safe = "".join(c if c.isalnum() or c in "-." else "-" for c in self.config.label)
@@ -141,12 +152,11 @@ class ManagedServer:
         _terminate_on_sigterm()
         begun = time.monotonic()
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen([str(python), *self.config.arguments(port)], stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT, cwd=str(directory),
-                                            env=environment.server_environment(self.config.threads),
-                                            start_new_session=True)
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, cwd=str(directory),
+                                            env=self.config.environment(), start_new_session=True)
         _RUNNING.add(self)
-        self.endpoint = Endpoint(f"http://127.0.0.1:{port}", model=self.config.served_name)
+        self.endpoint = Endpoint(f"http://127.0.0.1:{port}", model=self.config.served_name, dialect=self.config.dialect)
         try:
             self._wait_ready(begun)
         except BaseException:
@@ -166,10 +176,10 @@ class ManagedServer:
             waited = time.monotonic() - begun
             code = self.process.poll()
             if code is not None:
-                raise ServerFailed(f"the vLLM server for {self.config.label} exited with code {code} before it was ready"
+                raise ServerFailed(f"the {self.config.engine} server for {self.config.label} exited with code {code} before it was ready"
                                    f"{_reason(self.log_path)}; its log: {self.log_path}")
             if waited > self.start_timeout_s:
-                raise ServerFailed(f"the vLLM server for {self.config.label} was not ready after {self.start_timeout_s:.0f} s; "
+                raise ServerFailed(f"the {self.config.engine} server for {self.config.label} was not ready after {self.start_timeout_s:.0f} s; "
                                    f"its log: {self.log_path}")
             try:
                 get(self.endpoint, "/health", timeout=2.0)
@@ -177,7 +187,7 @@ class ManagedServer:
             except ServerDown:
                 pass
             if waited - last_shown >= 5.0:
-                self.progress(f"starting vLLM for {self.config.label} on port {self.endpoint.port}: {waited:.0f} s")
+                self.progress(f"starting {self.config.engine} for {self.config.label} on port {self.endpoint.port}: {waited:.0f} s")
                 last_shown = waited
             time.sleep(0.5)
 
@@ -188,7 +198,7 @@ class ManagedServer:
         """Why the server is gone (its exit code and log), or None while it runs."""
         if self.process is None or self.process.poll() is None:
             return None
-        return f"the vLLM server for {self.config.label} died (exit code {self.process.returncode}); its log: {self.log_path}"
+        return f"the {self.config.engine} server for {self.config.label} died (exit code {self.process.returncode}); its log: {self.log_path}"
 
     def stop(self) -> None:
         """SIGTERM to the whole group (the API server, its engine core and workers), SIGKILL after a
@@ -242,7 +252,7 @@ def _reason(log: Path) -> str:
     except OSError:
         return ""
     text = "\n".join(lines)
-    if "Address already in use" in text or "address already in use" in text:
+    if "Address already in use" in text or "address already in use" in text or "couldn't bind HTTP server socket" in text:
         return " (its port is in use)"
     errors = [line.strip() for line in lines if "Error" in line or "error:" in line]
     return f" ({errors[-1][:200]})" if errors else ""
@@ -259,4 +269,14 @@ def attach(url: str, api_key_var: str = "SPECDEC_API_KEY") -> Endpoint:
         raise UserError(f"no server answers at {endpoint.url}: {exc}") from None
     if not names:
         raise UserError(f"the server at {endpoint.url} serves no model")
-    return Endpoint(endpoint.url, api_key=endpoint.api_key, model=names[0])
+    return Endpoint(endpoint.url, api_key=endpoint.api_key, model=names[0], dialect=dialect_of(endpoint))
+
+
+def dialect_of(endpoint: Endpoint) -> str:
+    """llama.cpp's server answers /props with its build (and is then asked in its own API: token ids
+    and the prompt cache are only there); any other server is spoken to in OpenAI's."""
+    try:
+        props = json.loads(get(endpoint, "/props", timeout=5.0))
+    except (ServerDown, ValueError):
+        return "openai"
+    return "llama.cpp" if isinstance(props, dict) and "build_info" in props else "openai"

@@ -15,7 +15,7 @@ def figures(cumulative: Snapshot, window: Snapshot) -> dict:
     spec, scope = acceptance_scope(cumulative, window)
     sglang = cumulative.has(metrics.SGLANG["accept_length"])
     out = {
-        "engine": "sglang" if sglang else "vllm",
+        "engine": "sglang" if sglang else cumulative.engine,
         "window_s": round(window.taken, 3),
         "acceptance_scope": scope,
         "acceptance": stats.acceptance(spec.value(metrics.DRAFTS), spec.value(metrics.DRAFT_TOKENS),
