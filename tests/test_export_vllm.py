@@ -16,7 +16,7 @@ from specdec_cli.serving import metrics
 from specdec_cli.serving.client import complete
 from specdec_cli.serving.configs import encode_prompts
 from specdec_cli.serving.server import ManagedServer, ServerConfig
-from vllm_support import PROMPTS, require_vllm
+from engine_support import PROMPTS, require_vllm
 
 VERIFY = {1: 1.1, 2: 1.2, 3: 1.3, 4: 1.4}
 

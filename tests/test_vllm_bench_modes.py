@@ -8,7 +8,7 @@ import json
 
 from specdec_cli.serving.server import running_servers
 
-from vllm_support import require_vllm, specdec, write_prompts
+from engine_support import require_vllm, specdec, write_prompts
 
 TIMEOUT = 900
 

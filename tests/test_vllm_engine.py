@@ -16,7 +16,7 @@ from specdec_cli.serving.client import complete
 from specdec_cli.serving.configs import encode_prompts, server_configs, start_all
 from specdec_cli.serving.server import running_servers
 
-from vllm_support import PROMPTS, error_lines, group_alive, require_vllm, specdec, write_prompts
+from engine_support import PROMPTS, error_lines, group_alive, require_vllm, specdec, write_prompts
 
 TIMEOUT = 600  # seconds any one command may take on a loaded 2-core machine
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from vllm_support import error_lines, write_prompts
+from engine_support import error_lines, write_prompts
 
 
 def run(*args: str, **env: str) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ from specdec_cli.pairs.loading import transformers_directory
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.serving.server import free_port, running_servers
 
-from vllm_support import error_lines, group_alive, require_vllm, servers_on_port, specdec, write_prompts
+from engine_support import error_lines, group_alive, require_vllm, servers_on_port, specdec, write_prompts
 
 TIMEOUT = 600
 

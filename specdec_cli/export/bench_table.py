@@ -19,7 +19,7 @@ from ..errors import UserError, read_json
 
 LAST_BATCH = 256  # vLLM's default --max-num-seqs: the last range reaches it
 PLAIN = "plain"
-MODE_K = re.compile(r"^(?:vllm-)?(?P<method>[a-z0-9_]+):(?P<k>\d+)$")
+MODE_K = re.compile(r"^(?:vllm-|llama-)?(?P<method>[a-z0-9_]+):(?P<k>\d+)$")  # llama-ngram-mod:K is not ngram
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ class Level:
 
 
 def mode_k(mode: str) -> tuple[str, int] | None:
-    """'vllm-ngram:4' → ('ngram', 4), 'vllm-plain' → ('plain', 0); None for anything else."""
-    name = mode.removeprefix("vllm-")
+    """'vllm-ngram:4' (or 'llama-ngram:4') → ('ngram', 4), 'vllm-plain' → ('plain', 0); None for anything else."""
+    name = re.sub(r"^(vllm|llama)-", "", mode)
     if name == PLAIN:
         return PLAIN, 0
     match = MODE_K.match(mode)
@@ -82,8 +82,9 @@ def levels(data: dict, method: str, path: Path) -> list[Level]:
         by_level.setdefault(concurrency, {})[parsed[1]] = speed
     found = [Level(c, speeds) for c, speeds in sorted(by_level.items()) if 0 in speeds and len(speeds) > 1]
     if not found:
-        raise UserError(f"--from-bench {path}: no concurrency level with both vllm-plain and a {method} mode "
-                        "(run `specdec bench --engine vllm --concurrency 1,2,4,... --modes vllm-plain,...`)")
+        raise UserError(f"--from-bench {path}: no concurrency level with both the engine's plain mode and a {method} mode "
+                        "(run `specdec bench --engine vllm --concurrency 1,2,4,... --modes vllm-plain,...`, or "
+                        "--engine llama.cpp with llama-plain,...)")
     return found
 
 

@@ -26,7 +26,7 @@ class LlamaFlags:
     source: str  # one line for the export: where these names came from
 
     @classmethod
-    def documented(cls, why: str = "no llama-server on PATH") -> "LlamaFlags":
+    def documented(cls, why: str = "no llama-server built (bash install.sh llama.cpp) or on PATH") -> "LlamaFlags":
         return cls(**CURRENT, current=True,
                    source=f"llama-server flag names: the documented 2026 ones ({why}; older builds call them "
                           "--model-draft/--draft-max/--draft-min/--draft-p-min)")

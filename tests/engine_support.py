@@ -1,6 +1,6 @@
-"""What the real-vLLM tests share: the environment's presence (missing → the test FAILS, unless a
-developer asked to skip them), running specdec as a subprocess, and checks that no server outlived
-its test."""
+"""What the real-engine tests share: vLLM's environment and llama.cpp's server present (missing → the
+test FAILS, unless a developer asked to skip them), running specdec as a subprocess, and checks that
+no server outlived its test."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from specdec_cli.errors import UserError
 from specdec_cli.serving import environment
 from specdec_cli.serving.server import group_members
 
-SKIP_VAR = "SPECDEC_SKIP_VLLM_TESTS"  # a developer's quick run: the real-server tests skip instead of failing
+SKIP_VAR = "SPECDEC_SKIP_VLLM_TESTS"  # a developer's quick run: the real-vLLM tests skip instead of failing
+LLAMA_SKIP_VAR = "SPECDEC_SKIP_LLAMA_TESTS"  # the same for the real llama.cpp tests
 
 # Prompts that repeat themselves, so that prompt lookup (vLLM's ngram) finds drafts within 16 tokens.
 PROMPTS = [
@@ -34,6 +35,32 @@ def require_vllm() -> None:
             pytest.skip(f"{exc} ({SKIP_VAR} is set)")
         pytest.fail(f"{exc}. These tests start a real vLLM server; set {SKIP_VAR}=1 to skip them "
                     "on a quick local run", pytrace=False)
+
+
+def require_llama() -> None:
+    try:
+        environment.llama_server()
+    except UserError as exc:
+        if os.environ.get(LLAMA_SKIP_VAR):
+            pytest.skip(f"{exc} ({LLAMA_SKIP_VAR} is set)")
+        pytest.fail(f"{exc}. These tests start a real llama.cpp server; set {LLAMA_SKIP_VAR}=1 to skip them "
+                    "on a quick local run", pytrace=False)
+
+
+def llama_servers() -> list[int]:
+    """Pids of llama-server processes running now (zombies waiting for a reaper do not count)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if argv and argv[0].endswith(b"llama-server") and state != "Z":
+            found.append(int(entry.name))
+    return found
 
 
 def write_prompts(directory: Path) -> Path:

@@ -1,0 +1,225 @@
+"""specdec against a REAL llama.cpp server (no mock), the one `bash install.sh test` builds: the bench
+at concurrency 1 and 2 with plain and prompt lookup, the equivalence check with drafts, the export's
+flags starting a server that drafts as asked, `watch --once --json` on its counters, a server killed
+mid-run and a busy port; after every test, no llama-server may still run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from specdec_cli.pairs.loading import gguf_file, transformers_directory
+from specdec_cli.pairs.registry import load_registry
+from specdec_cli.serving import metrics
+from specdec_cli.serving.client import complete
+from specdec_cli.serving.configs import encode_prompts
+from specdec_cli.serving.llama_server import LlamaConfig
+from specdec_cli.serving.server import ManagedServer, free_port, running_servers
+
+from engine_support import PROMPTS, error_lines, group_alive, llama_servers, require_llama, specdec, write_prompts
+
+TIMEOUT = 300  # seconds any one command may take on a loaded 2-core machine
+TOKENS = "48"  # long enough for prompt lookup to find the copies in every prompt
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running():
+    require_llama()
+    before = set(llama_servers())
+    yield
+    assert set(llama_servers()) <= before, "a llama-server outlived its test"
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    return write_prompts(tmp_path_factory.mktemp("llama"))
+
+
+def bench_args(prompts: Path, *extra: str) -> list[str]:
+    return ["bench", "--engine", "llama.cpp", "--prompts", str(prompts), "--max-new-tokens", TOKENS, "--threads", "2",
+            "--loop-modes", "none", *extra]
+
+
+@pytest.fixture(scope="module")
+def bench(prompts, tmp_path_factory):
+    """One engine bench for the module: llama-plain and llama-ngram:4 at concurrency 1 and 2."""
+    require_llama()
+    out = tmp_path_factory.mktemp("llama-bench") / "bench.json"
+    done = specdec(*bench_args(prompts, "--modes", "llama-plain,llama-ngram:4", "--concurrency", "1,2", "--json"),
+                   timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    out.write_text(done.stdout)
+    return json.loads(done.stdout), out
+
+
+def test_bench_measures_plain_and_lookup_at_concurrency_1_and_2(bench):
+    result, _ = bench
+    assert result["levels"] == [1, 2] and result["plain"] == "llama-plain"
+    for mode in ("llama-plain", "llama-ngram:4"):
+        for level in ("1", "2"):
+            figures = result["modes"][mode][level]
+            assert figures["failed"] == 0 and figures["completed"] == figures["requests"] >= 3
+            assert figures["output_tokens"] == int(TOKENS) * figures["requests"]  # ignore_eos: every request runs to the end
+            assert figures["ttft"]["p50_ms"] > 0 and figures["e2el"]["p99_ms"] >= figures["e2el"]["p50_ms"]
+    assert result["modes"]["llama-plain"]["1"]["acceptance"]["drafts"] == 0
+    lookup = result["modes"]["llama-ngram:4"]["1"]["acceptance"]
+    assert lookup["drafts"] > 0 and 0 < lookup["accepted"] <= lookup["draft_tokens"]
+    assert set(result["gain"]["llama-ngram:4"]) == {"1", "2"} and result["gain"]["llama-ngram:4"]["1"]["gain"] > 0
+    engine = result["manifest"]["engine"]
+    assert engine["name"].startswith("llama.cpp ") and Path(engine["binary"]).is_file()
+    arguments = engine["servers"]["llama-ngram:4"]["arguments"]
+    assert arguments[arguments.index("--spec-type") + 1] == "ngram-simple" and arguments[arguments.index("-np") + 1] == "2"
+    assert "--spec-type" not in engine["servers"]["llama-plain"]["arguments"]
+    gguf = gguf_file(load_registry(None).pair(None).target.source, "test")
+    assert arguments[arguments.index("-m") + 1] == str(gguf)  # the pair's GGUF as it is: the loop's own weights
+    assert result["manifest"]["target"]["gguf"] == str(gguf)
+
+
+def test_equivalence_with_the_draft_model_drafts_and_places_every_divergence(prompts, tmp_path):
+    report = tmp_path / "equivalence.json"
+    done = specdec("verify-equivalence", "--engine", "llama.cpp", "--spec", "draft:3", "--prompts", str(prompts),
+                   "--max-new-tokens", "32", "--concurrency", "2", "--threads", "2", "--json", "--report", str(report),
+                   timeout=TIMEOUT)
+    result = json.loads(done.stdout)
+    assert done.returncode == (0 if result["equivalent"] else 1), done.stderr  # a divergence is a finding, exit 1
+    assert json.loads(report.read_text()) == result
+    assert set(result["levels"]) == {"1", "2"} and result["reference"] == "llama-plain"
+    for level in result["levels"].values():
+        assert level["drafts"] > 0 and 0 < level["accepted"] <= level["draft_tokens"] and level["failed"] == []
+        assert level["identical"] + level["near_ties"] + level["divergences"] == level["prompts"] == len(PROMPTS)
+        assert level["plain_repeat"]["identical"] + level["plain_repeat"]["near_ties"] + level["plain_repeat"]["divergences"] == len(PROMPTS)
+        for divergence in level["details"]:
+            assert divergence["kind"] in ("near-tie", "divergence") and divergence["position"] >= 0
+            assert isinstance(divergence["plain_repeat_differs"], bool)
+    drafted = result["manifest"]["engine"]["servers"]["llama-draft:3"]["arguments"]
+    assert Path(drafted[drafted.index("--spec-draft-model") + 1]).is_file()  # converted to GGUF once, in the cache
+
+
+def test_exported_flags_start_a_server_that_drafts_as_asked_and_watch_reads_it(bench, tmp_path):
+    result, path = bench
+    from_bench = specdec("export", "--engine", "llama.cpp", "--drafter", "ngram", "--from-bench", str(path), "--json",
+                         timeout=120)
+    assert from_bench.returncode == 0, from_bench.stderr
+    level = result["modes"]
+    best = "llama-ngram:4" if level["llama-ngram:4"]["1"]["output_tok_s"] > level["llama-plain"]["1"]["output_tok_s"] else None
+    flags = json.loads(from_bench.stdout)["flags"]
+    assert ("--spec-draft-n-max" in flags) == (best is not None)  # K from the engine's own measured speed at level 1
+
+    measured = tmp_path / "bench.json"  # a bench in which lookup at K 4 won: its export must draft
+    measured.write_text(json.dumps({"modes": {"llama-plain": {"1": {"output_tok_s": 100.0}},
+                                              "llama-ngram:4": {"1": {"output_tok_s": 130.0}}}}))
+    done = specdec("export", "--engine", "llama.cpp", "--drafter", "ngram", "--from-bench", str(measured), "--json",
+                   timeout=120)
+    assert done.returncode == 0, done.stderr
+    flags = json.loads(done.stdout)["flags"]
+    gguf = gguf_file(load_registry(None).pair(None).target.source, "test")
+    assert flags[:3] == ["llama-server", "-m", str(gguf)]
+    assert flags[3:] == ["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"]
+    with ManagedServer(LlamaConfig("export", gguf, "smol", tuple(flags[3:]), threads=2)) as server:
+        ids = encode_prompts(transformers_directory(load_registry(None).pair(None).target.source),
+                             [(p["id"], p["prompt"]) for p in PROMPTS])
+        done = [complete(server.endpoint, tokens, 64, ignore_eos=True) for _, tokens in ids]
+        assert [c.error for c in done] == [None] * len(PROMPTS) and all(c.output_tokens == 64 for c in done)
+        counters = metrics.scrape(server.endpoint)
+        assert counters.engine == "llama.cpp" and counters.value(metrics.DRAFTS) > 0
+        assert counters.value(metrics.DRAFT_TOKENS) == sum(c.drafted for c in done)  # the counters and the responses agree
+        assert counters.value(metrics.ACCEPTED) == sum(c.accepted for c in done)
+        watched = specdec("watch", server.endpoint.url, "--once", "--json", "--interval", "0.3", timeout=120)
+        assert watched.returncode == 0, watched.stderr
+        shown = json.loads(watched.stdout)
+        assert shown["engine"] == "llama.cpp" and shown["acceptance_scope"] == "since start"  # nothing drafted in the window
+        assert shown["acceptance"]["drafts"] == counters.value(metrics.DRAFTS)
+        assert shown["acceptance"]["accepted"] == counters.value(metrics.ACCEPTED)
+        assert shown["running"] == 0 and shown["ttft"]["p50_ms"] is None  # llama.cpp keeps no latency histograms
+    assert not group_alive(server.process.pid)
+
+
+def test_a_bench_attached_to_llama_servers_speaks_their_dialect(prompts):
+    gguf = gguf_file(load_registry(None).pair(None).target.source, "test")
+    with ManagedServer(LlamaConfig("plain", gguf, "smol", threads=2)) as plain, \
+            ManagedServer(LlamaConfig("lookup", gguf, "smol", ("--spec-type", "ngram-simple", "--spec-draft-n-max", "4"),
+                                      threads=2)) as lookup:
+        done = specdec("bench", "--server", lookup.endpoint.url, "--reference", plain.endpoint.url, "--prompts", str(prompts),
+                       "--max-new-tokens", TOKENS, "--concurrency", "1", "--json", timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["plain"] == "llama-plain" and set(result["modes"]) == {"llama-plain", "server"}
+    assert result["modes"]["server"]["1"]["failed"] == 0 and result["modes"]["server"]["1"]["acceptance"]["drafts"] > 0
+
+
+def test_a_server_killed_mid_bench_keeps_the_levels_done_and_exits_3(prompts):
+    port = free_port()
+    command = [sys.executable, "-m", "specdec_cli", *bench_args(prompts, "--modes", "llama-plain,llama-ngram:4",
+                                                                "--concurrency", "1,2", "--requests", "6", "--port",
+                                                                str(port), "--json")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    lines: list[str] = []
+    out: list[str] = []
+    readers = [threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True),
+               threading.Thread(target=lambda: out.append(process.stdout.read()), daemon=True)]
+    for reader in readers:
+        reader.start()
+    groups, deadline = {}, time.monotonic() + TIMEOUT
+    try:
+        while not any("llama-plain: concurrency 2" in line for line in lines):
+            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
+            groups |= {e["mode"]: e["pid"] for e in running_servers() if e["url"].endswith((f":{port}", f":{port + 1}"))}
+            time.sleep(0.05)
+        assert set(groups) == {"llama-plain", "llama-ngram:4"}
+        os.killpg(groups["llama-ngram:4"], signal.SIGKILL)  # the lookup server dies while plain runs level 2
+        process.wait(timeout=TIMEOUT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    for reader in readers:
+        reader.join(10)
+    assert process.returncode == 3, "".join(lines)
+    result = json.loads(out[0])
+    assert result["levels"] == [1] and set(result["modes"]["llama-ngram:4"]) == {"1"}
+    assert "llama-ngram:4 died" in result["interrupted"]
+    errors = error_lines("".join(lines))
+    assert len(errors) == 1 and "the llama.cpp server for llama-ngram:4 died" in errors[0] and "llama-ngram-4-" in errors[0]
+    assert not any(group_alive(pgid) for pgid in groups.values()), "a server outlived the command"
+
+
+def test_a_busy_port_is_one_error_line_naming_the_log_and_exit_2(prompts):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = specdec(*bench_args(prompts, "--modes", "llama-plain", "--concurrency", "1", "--port", str(port)),
+                       timeout=TIMEOUT)
+    assert done.returncode == 2, done.stderr
+    errors = error_lines(done.stderr)
+    assert len(errors) == 1 and "Traceback" not in done.stderr
+    assert "the llama.cpp server for llama-plain exited with code" in errors[0] and "its port is in use" in errors[0]
+    log = Path(errors[0].rsplit("its log: ", 1)[1])
+    assert log.is_file() and "couldn't bind HTTP server socket" in log.read_text()
+
+
+def test_a_missing_server_is_one_line_that_says_how_to_build_it(prompts, monkeypatch):
+    monkeypatch.setenv("SPECDEC_LLAMA_SERVER", "/nonexistent/llama-server")
+    done = specdec(*bench_args(prompts, "--modes", "llama-plain"), timeout=120)
+    assert done.returncode == 2
+    assert error_lines(done.stderr) == ["specdec: error: llama.cpp's server is not built ($SPECDEC_LLAMA_SERVER="
+                                        "/nonexistent/llama-server is not an executable): run `bash install.sh llama.cpp` "
+                                        "(or point $SPECDEC_LLAMA_SERVER at a llama-server binary)"]
+
+
+def test_the_built_servers_help_names_the_flags_an_export_writes():
+    from specdec_cli.export.llama_flags import probe
+    from specdec_cli.serving.environment import llama_server
+
+    names = probe()
+    assert names.current and (names.spec_type, names.n_max, names.model_draft) == (
+        "--spec-type", "--spec-draft-n-max", "--spec-draft-model")
+    assert names.source == f"llama-server flag names from {llama_server()} --help (current names)"
