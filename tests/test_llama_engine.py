@@ -22,7 +22,7 @@ from specdec_cli.pairs.registry import load_registry
 from specdec_cli.serving import metrics
 from specdec_cli.serving.client import complete
 from specdec_cli.serving.configs import encode_prompts
-from specdec_cli.serving.llama_server import LlamaConfig
+from specdec_cli.serving.llama_server import LlamaConfig, speculative_flags
 from specdec_cli.serving.server import ManagedServer, free_port, running_servers
 
 from engine_support import PROMPTS, error_lines, group_alive, llama_servers, require_llama, specdec, write_prompts
@@ -78,6 +78,7 @@ def test_bench_measures_plain_and_lookup_at_concurrency_1_and_2(bench):
     assert engine["name"].startswith("llama.cpp ") and Path(engine["binary"]).is_file()
     arguments = engine["servers"]["llama-ngram:4"]["arguments"]
     assert arguments[arguments.index("--spec-type") + 1] == "ngram-simple" and arguments[arguments.index("-np") + 1] == "2"
+    assert arguments[arguments.index("--spec-ngram-simple-size-m") + 1] == "4"  # K: ngram types ignore --spec-draft-n-max
     assert "--spec-type" not in engine["servers"]["llama-plain"]["arguments"]
     gguf = gguf_file(load_registry(None).pair(None).target.source, "test")
     assert arguments[arguments.index("-m") + 1] == str(gguf)  # the pair's GGUF as it is: the loop's own weights
@@ -123,7 +124,7 @@ def test_exported_flags_start_a_server_that_drafts_as_asked_and_watch_reads_it(b
     flags = json.loads(done.stdout)["flags"]
     gguf = gguf_file(load_registry(None).pair(None).target.source, "test")
     assert flags[:3] == ["llama-server", "-m", str(gguf)]
-    assert flags[3:] == ["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"]
+    assert flags[3:] == ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "4"]
     with ManagedServer(LlamaConfig("export", gguf, "smol", tuple(flags[3:]), threads=2)) as server:
         ids = encode_prompts(transformers_directory(load_registry(None).pair(None).target.source),
                              [(p["id"], p["prompt"]) for p in PROMPTS])
@@ -131,6 +132,7 @@ def test_exported_flags_start_a_server_that_drafts_as_asked_and_watch_reads_it(b
         assert [c.error for c in done] == [None] * len(PROMPTS) and all(c.output_tokens == 64 for c in done)
         counters = metrics.scrape(server.endpoint)
         assert counters.engine == "llama.cpp" and counters.value(metrics.DRAFTS) > 0
+        assert counters.value(metrics.DRAFT_TOKENS) <= 4 * counters.value(metrics.DRAFTS)  # K 4, as exported
         assert counters.value(metrics.DRAFT_TOKENS) == sum(c.drafted for c in done)  # the counters and the responses agree
         assert counters.value(metrics.ACCEPTED) == sum(c.accepted for c in done)
         watched = specdec("watch", server.endpoint.url, "--once", "--json", "--interval", "0.3", timeout=120)
@@ -146,8 +148,7 @@ def test_exported_flags_start_a_server_that_drafts_as_asked_and_watch_reads_it(b
 def test_a_bench_attached_to_llama_servers_speaks_their_dialect(prompts):
     gguf = gguf_file(load_registry(None).pair(None).target.source, "test")
     with ManagedServer(LlamaConfig("plain", gguf, "smol", threads=2)) as plain, \
-            ManagedServer(LlamaConfig("lookup", gguf, "smol", ("--spec-type", "ngram-simple", "--spec-draft-n-max", "4"),
-                                      threads=2)) as lookup:
+            ManagedServer(LlamaConfig("lookup", gguf, "smol", speculative_flags("lookup", 4), threads=2)) as lookup:
         done = specdec("bench", "--server", lookup.endpoint.url, "--reference", plain.endpoint.url, "--prompts", str(prompts),
                        "--max-new-tokens", TOKENS, "--concurrency", "1", "--json", timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr

@@ -24,6 +24,7 @@ class LlamaFlags:
     spec_type: str
     current: bool
     source: str  # one line for the export: where these names came from
+    ngram_length: bool = True  # the build sets an ngram type's own draft length (--spec-ngram-simple-size-m)
 
     @classmethod
     def documented(cls, why: str = "no llama-server built (bash install.sh llama.cpp) or on PATH") -> "LlamaFlags":
@@ -38,11 +39,12 @@ def from_help(text: str, binary: str) -> LlamaFlags:
         names = dict(CURRENT)
         if "--spec-draft-model" not in text:  # early 2026 builds kept -md/--model-draft
             names["model_draft"] = "--model-draft"
-        return LlamaFlags(**names, current=True, source=f"llama-server flag names from {binary} --help (current names)")
+        return LlamaFlags(**names, current=True, source=f"llama-server flag names from {binary} --help (current names)",
+                          ngram_length="--spec-ngram-simple-size-m" in text)
     if "--draft-max" in text:
         spec_type = "--spec-type" if "--spec-type" in text else ""
         return LlamaFlags(**{**LEGACY, "spec_type": spec_type}, current=False,
-                          source=f"llama-server flag names from {binary} --help (legacy names)")
+                          source=f"llama-server flag names from {binary} --help (legacy names)", ngram_length=False)
     return LlamaFlags.documented(f"{binary} --help lists no draft flags")
 
 
