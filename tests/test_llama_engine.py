@@ -28,7 +28,7 @@ from specdec_cli.serving.server import ManagedServer, free_port, running_servers
 from engine_support import PROMPTS, error_lines, group_alive, llama_servers, require_llama, specdec, write_prompts
 
 TIMEOUT = 300  # seconds any one command may take on a loaded 2-core machine
-TOKENS = "48"  # long enough for prompt lookup to find the copies in every prompt
+TOKENS = "96"  # long enough for ngram-mod (24-token matches) to find the copies
 
 
 @pytest.fixture(autouse=True)
@@ -77,8 +77,8 @@ def test_bench_measures_plain_and_lookup_at_concurrency_1_and_2(bench):
     engine = result["manifest"]["engine"]
     assert engine["name"].startswith("llama.cpp ") and Path(engine["binary"]).is_file()
     arguments = engine["servers"]["llama-ngram:4"]["arguments"]
-    assert arguments[arguments.index("--spec-type") + 1] == "ngram-simple" and arguments[arguments.index("-np") + 1] == "2"
-    assert arguments[arguments.index("--spec-ngram-simple-size-m") + 1] == "4"  # K: ngram types ignore --spec-draft-n-max
+    assert arguments[arguments.index("--spec-type") + 1] == "ngram-mod" and arguments[arguments.index("-np") + 1] == "2"
+    assert arguments[arguments.index("--spec-ngram-mod-n-max") + 1] == "4"  # K: ngram types ignore --spec-draft-n-max
     assert "--spec-type" not in engine["servers"]["llama-plain"]["arguments"]
     gguf = gguf_file(load_registry(None).pair(None).target.source, "test")
     assert arguments[arguments.index("-m") + 1] == str(gguf)  # the pair's GGUF as it is: the loop's own weights
@@ -113,7 +113,7 @@ def test_exported_flags_start_a_server_that_drafts_as_asked_and_watch_reads_it(b
     level = result["modes"]
     best = "llama-ngram:4" if level["llama-ngram:4"]["1"]["output_tok_s"] > level["llama-plain"]["1"]["output_tok_s"] else None
     flags = json.loads(from_bench.stdout)["flags"]
-    assert ("--spec-draft-n-max" in flags) == (best is not None)  # K from the engine's own measured speed at level 1
+    assert ("--spec-type" in flags) == (best is not None)  # K from the engine's own measured speed at level 1
 
     measured = tmp_path / "bench.json"  # a bench in which lookup at K 4 won: its export must draft
     measured.write_text(json.dumps({"modes": {"llama-plain": {"1": {"output_tok_s": 100.0}},
@@ -124,12 +124,12 @@ def test_exported_flags_start_a_server_that_drafts_as_asked_and_watch_reads_it(b
     flags = json.loads(done.stdout)["flags"]
     gguf = gguf_file(load_registry(None).pair(None).target.source, "test")
     assert flags[:3] == ["llama-server", "-m", str(gguf)]
-    assert flags[3:] == ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "4"]
+    assert flags[3:] == ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "4", "--spec-ngram-mod-n-min", "1"]
     with ManagedServer(LlamaConfig("export", gguf, "smol", tuple(flags[3:]), threads=2)) as server:
         ids = encode_prompts(transformers_directory(load_registry(None).pair(None).target.source),
                              [(p["id"], p["prompt"]) for p in PROMPTS])
-        done = [complete(server.endpoint, tokens, 64, ignore_eos=True) for _, tokens in ids]
-        assert [c.error for c in done] == [None] * len(PROMPTS) and all(c.output_tokens == 64 for c in done)
+        done = [complete(server.endpoint, tokens, 96, ignore_eos=True) for _, tokens in ids]
+        assert [c.error for c in done] == [None] * len(PROMPTS) and all(c.output_tokens == 96 for c in done)
         counters = metrics.scrape(server.endpoint)
         assert counters.engine == "llama.cpp" and counters.value(metrics.DRAFTS) > 0
         assert counters.value(metrics.DRAFT_TOKENS) <= 4 * counters.value(metrics.DRAFTS)  # K 4, as exported
@@ -148,7 +148,7 @@ def test_exported_flags_start_a_server_that_drafts_as_asked_and_watch_reads_it(b
 def test_a_bench_attached_to_llama_servers_speaks_their_dialect(prompts):
     gguf = gguf_file(load_registry(None).pair(None).target.source, "test")
     with ManagedServer(LlamaConfig("plain", gguf, "smol", threads=2)) as plain, \
-            ManagedServer(LlamaConfig("lookup", gguf, "smol", speculative_flags("lookup", 4), threads=2)) as lookup:
+            ManagedServer(LlamaConfig("lookup", gguf, "smol", speculative_flags("ngram-mod", 4), threads=2)) as lookup:
         done = specdec("bench", "--server", lookup.endpoint.url, "--reference", plain.endpoint.url, "--prompts", str(prompts),
                        "--max-new-tokens", TOKENS, "--concurrency", "1", "--json", timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr

@@ -33,5 +33,6 @@ def test_a_config_file_mode_and_the_own_loop_beside_it(tmp_path):
     own = result["own_loop"]
     assert own["concurrency"] == 1 and own["prompts"] == 3 and set(own["modes"]) == {"plain", "ngram:3"}
     assert own["modes"]["ngram:3"]["identical_to_plain"] is True and own["modes"]["plain"]["tokens_per_s"] > 0
+    assert 0 < own["modes"]["plain"]["p50_token_latency_s"] <= own["modes"]["plain"]["p90_token_latency_s"]  # beside TPOT
     assert "specdec's own loop at concurrency 1" not in done.stdout  # --json: the object alone
     assert not [s for s in running_servers() if mode in s.get("mode", "")]

@@ -133,7 +133,7 @@ def own_loop(spec, items, encoded, count, max_new_tokens, threads, modes_text, p
     _, report = bench.measure(spec, chosen, prompts, max_new_tokens, sampling_params(0.0, 0, 1.0),
                               profile=watcher.profile if watcher else None)
     keep = ("tokens_per_s", "speedup_vs_plain", "acceptance_rate", "mean_accepted_length", "completion_length",
-            "identical_to_plain", "wall_s")
+            "identical_to_plain", "wall_s", "ttft_s", "p50_token_latency_s", "p90_token_latency_s")
     return {"concurrency": 1, "dtype": spec.target.dtype, "prompts": len(prompts), "modes": {
         mode: {k: figures.get(k) for k in keep} for mode, figures in report["modes"].items()}}
 

@@ -13,6 +13,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from ..serving.bench import DEFAULT_LLAMA_NGRAM
 from ..serving.llama_server import speculative_flags
 from .llama_flags import LlamaFlags
 
@@ -170,9 +171,9 @@ def llama_cpp(plan: Plan, names: LlamaFlags) -> Export:
         if d.kind == NGRAM and not names.spec_type:
             notes.append("this llama-server has no --spec-type: it cannot draft by prompt lookup")
         elif d.kind == NGRAM:
-            # llama-ngram:K's flags (what an engine bench measured); a build without an ngram type's own
+            # llama-ngram:K's flags (what an engine bench measures); a build without an ngram type's own
             # length flag takes --draft-max, which its ngram-simple may ignore.
-            flags += (list(speculative_flags("lookup", plan.k)) if names.ngram_length
+            flags += (list(speculative_flags(DEFAULT_LLAMA_NGRAM, plan.k)) if names.ngram_length
                       else [names.spec_type, "ngram-simple", names.n_max, str(plan.k)])
         else:
             draft = d.path if d.kind == MODEL else f"{d.path}.gguf"

@@ -19,10 +19,10 @@ PLAIN = "vllm-plain"
 METHODS = {"ngram": "ngram", "draft": "draft_model", "eagle3": "eagle3"}  # mode prefix → vLLM's method
 CONFIG = "vllm-config"  # vllm-config:FILE, a server started with the --speculative-config JSON in FILE
 LLAMA_PLAIN = "llama-plain"
-# llama-server's --spec-type per mode prefix. llama-ngram:K is "lookup": ngram-simple looking up n-grams
-# of at most 3 tokens, what specdec's own ngram does (llama_server.speculative_flags; docs/llama-cpp.md
-# has every type's figures); the named types keep their own lookup settings.
-LLAMA_TYPES = {"ngram": "lookup", "ngram-simple": "ngram-simple", "ngram-map-k": "ngram-map-k",
+# llama-server's --spec-type per mode prefix. llama-ngram:K is ngram-mod, the type that drafted best
+# on the unseen prompts (docs/llama-cpp.md has every type's figures).
+DEFAULT_LLAMA_NGRAM = "ngram-mod"
+LLAMA_TYPES = {"ngram": DEFAULT_LLAMA_NGRAM, "ngram-simple": "ngram-simple", "ngram-map-k": "ngram-map-k",
                "ngram-mod": "ngram-mod", "ngram-cache": "ngram-cache", "draft": "draft-simple"}
 ENGINES = ("vllm", "llama.cpp")
 
@@ -48,7 +48,7 @@ def plain_mode(engine: str) -> str:
 def mode_names(engine: str) -> str:
     """The modes an engine takes, for an error or --help."""
     if engine == "llama.cpp":
-        return (f"{LLAMA_PLAIN}, llama-ngram:K (ngram-simple, lookup of up to 3 tokens), llama-ngram-simple:K, llama-ngram-map-k:K, "
+        return (f"{LLAMA_PLAIN}, llama-ngram:K ({DEFAULT_LLAMA_NGRAM}), llama-ngram-simple:K, llama-ngram-map-k:K, "
                 f"llama-ngram-mod:K, llama-ngram-cache:K and llama-draft:K (K from 1 to {MAX_K})")
     return f"{PLAIN}, vllm-ngram:K, vllm-draft:K, vllm-eagle3:K (K from 1 to {MAX_K}) and {CONFIG}:FILE"
 

@@ -53,20 +53,13 @@ class LlamaConfig:
         return environment.llama_environment()
 
 
-LOOKUP_N = 3  # the longest n-gram llama-ngram:K looks up: specdec's own prompt lookup's (drafters.NgramDrafter)
-
-
 def speculative_flags(method: str | None, k: int, draft: Path | None = None) -> tuple[str, ...]:
     """A mode's flags, K drafted tokens at most. Each ngram type has its own length flag and ignores
     --spec-draft-n-max (which only a draft model and ngram-cache read): ngram-simple's draft m-gram,
-    ngram-map-k's, ngram-mod's n-max (its n-min 1: whatever it finds, as specdec's lookup). ``lookup``
-    (llama-ngram:K) is ngram-simple looking up at most LOOKUP_N tokens, where its own default (12)
-    finds almost nothing in answers. A draft model keeps every draft (p-min 0), as specdec's chain of K."""
+    ngram-map-k's, ngram-mod's n-max (its n-min 1: whatever it finds, as specdec's lookup). A draft
+    model keeps every draft (p-min 0), as specdec's chain of K."""
     if method is None:
         return ()
-    if method == "lookup":
-        return ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(LOOKUP_N),
-                "--spec-ngram-simple-size-m", str(k))
     length = {"ngram-simple": ("--spec-ngram-simple-size-m", str(k)), "ngram-map-k": ("--spec-ngram-map-k-size-m", str(k)),
               "ngram-mod": ("--spec-ngram-mod-n-max", str(k), "--spec-ngram-mod-n-min", "1")}
     flags = ("--spec-type", method, *length.get(method, ("--spec-draft-n-max", str(k))))
