@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from specdec_cli.errors import UserError
 from specdec_cli.serving import environment
-from specdec_cli.serving.server import group_members
+from specdec_cli.serving.server import group_members, running_servers
 
 SKIP_VAR = "SPECDEC_SKIP_VLLM_TESTS"  # a developer's quick run: the real-vLLM tests skip instead of failing
 LLAMA_SKIP_VAR = "SPECDEC_SKIP_LLAMA_TESTS"  # the same for the real llama.cpp tests
@@ -28,23 +31,47 @@ PROMPTS = [
 
 
 def require_vllm() -> None:
-    try:
-        environment.vllm_python()
-    except UserError as exc:
-        if os.environ.get(SKIP_VAR):
-            pytest.skip(f"{exc} ({SKIP_VAR} is set)")
-        pytest.fail(f"{exc}. These tests start a real vLLM server; set {SKIP_VAR}=1 to skip them "
-                    "on a quick local run", pytrace=False)
+    _require(environment.vllm_python, SKIP_VAR, "a real vLLM server")
 
 
 def require_llama() -> None:
+    _require(environment.llama_server, LLAMA_SKIP_VAR, "a real llama.cpp server")
+
+
+def _require(find, skip_var: str, what: str) -> None:
     try:
-        environment.llama_server()
+        find()
     except UserError as exc:
-        if os.environ.get(LLAMA_SKIP_VAR):
-            pytest.skip(f"{exc} ({LLAMA_SKIP_VAR} is set)")
-        pytest.fail(f"{exc}. These tests start a real llama.cpp server; set {LLAMA_SKIP_VAR}=1 to skip them "
-                    "on a quick local run", pytrace=False)
+        if os.environ.get(skip_var):
+            pytest.skip(f"{exc} ({skip_var} is set)")
+        pytest.fail(f"{exc}. These tests start {what}; set {skip_var}=1 to skip them on a quick local run", pytrace=False)
+
+
+def kill_mid_bench(command: list[str], port: int, modes: tuple[str, str], when: str, timeout: float):
+    """Run a managed-server bench of two modes (on ``port`` and the next), SIGKILL the second mode's
+    server group once a stderr line contains ``when``; (return code, stderr lines, stdout, the groups)."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    lines: list[str] = []
+    out: list[str] = []
+    readers = [threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True),
+               threading.Thread(target=lambda: out.append(process.stdout.read()), daemon=True)]
+    for reader in readers:
+        reader.start()
+    groups, deadline = {}, time.monotonic() + timeout
+    try:
+        while not any(when in line for line in lines):
+            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
+            groups |= {e["mode"]: e["pid"] for e in running_servers() if e["url"].endswith((f":{port}", f":{port + 1}"))}
+            time.sleep(0.05)
+        assert set(groups) == set(modes)
+        os.killpg(groups[modes[1]], signal.SIGKILL)
+        process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    for reader in readers:
+        reader.join(10)
+    return process.returncode, lines, out[0] if out else "", groups
 
 
 def llama_servers() -> list[int]:

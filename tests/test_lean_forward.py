@@ -125,13 +125,22 @@ def test_what_it_does_not_cover_runs_transformers_forward_and_is_counted():
     assert not supported(quantise_model(tiny_llama(seed=3, hidden=64), "int4", fuse=False))
 
 
-def test_a_run_that_leaves_the_lean_forward_counts_every_such_forward_and_warns_once(pair_dir, monkeypatch):
-    monkeypatch.setattr(lean_forward, "ROWWISE_UP_TO", 0)  # every verify block now leaves the lean forward
-    result = CliRunner().invoke(app, ["generate", "--models", str(pair_dir / "models.yaml"), "--pair", "tiny", "--dtype",
-                                      "int8", "--json", "--max-new-tokens", "6", "-k", "2"], input="abc\nxyz\n")
+def test_a_run_that_leaves_the_lean_forward_counts_every_such_forward_and_warns_once(pair_dir, monkeypatch, tmp_path):
+    monkeypatch.setattr(lean_forward, "ROWWISE_UP_TO", 0)  # every forward on a cache now leaves the lean forward
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("abc\nxyz\n")
+    common = ["--models", str(pair_dir / "models.yaml"), "--pair", "tiny", "--dtype", "int8", "--max-new-tokens", "6"]
+    result = CliRunner().invoke(app, ["bench", *common, "--prompts", str(prompts), "--modes", "plain,spec:2", "--json"])
     assert result.exit_code == 0, result.output
-    stats = [json.loads(line)["stats"] for line in result.stdout.splitlines()]
-    # every verify block, and the short prompt's forward (shorter than the dense copies take)
-    assert len(stats) == 2 and all(s["fallback_forwards"] == s["rounds"] + 1 > 1 for s in stats), stats
+    modes = json.loads(result.stdout)["modes"]
+    # bench's target carries transformers' model (loaded at the start): every round's forward, and
+    # each short prompt's (shorter than the dense copies take), ran there and was counted
+    assert [modes[m]["fallback_forwards"] - modes[m]["rounds"] for m in ("plain", "spec:2")] == [2, 2]
     warnings = [line for line in result.stderr.splitlines() if "fallback_forwards" in line]
-    assert len(warnings) == 1 and warnings[0].startswith("specdec: warning: prompt 1: "), result.stderr
+    assert warnings == [f"specdec: warning: target forwards ran transformers' forward instead of the lean int8/int4 one "
+                        f"(slower): plain {modes['plain']['fallback_forwards']}, spec:2 {modes['spec:2']['fallback_forwards']}; "
+                        "fallback_forwards counts them"]
+    # generate's target has no transformers model to fall back on: such a call is refused, not built mid-run
+    refused = CliRunner().invoke(app, ["generate", *common, "--json", "-k", "2"], input="abc\n")
+    assert isinstance(refused.exception, RuntimeError)
+    assert str(refused.exception).startswith("the lean forward does not run this call")

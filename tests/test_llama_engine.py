@@ -6,13 +6,8 @@ mid-run and a busy port; after every test, no llama-server may still run."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,9 +18,9 @@ from specdec_cli.serving import metrics
 from specdec_cli.serving.client import complete
 from specdec_cli.serving.configs import encode_prompts
 from specdec_cli.serving.llama_server import LlamaConfig, speculative_flags
-from specdec_cli.serving.server import ManagedServer, free_port, running_servers
+from specdec_cli.serving.server import ManagedServer, free_port
 
-from engine_support import PROMPTS, error_lines, group_alive, llama_servers, require_llama, specdec, write_prompts
+from engine_support import PROMPTS, error_lines, group_alive, kill_mid_bench, llama_servers, require_llama, specdec, write_prompts
 
 TIMEOUT = 300  # seconds any one command may take on a loaded 2-core machine
 TOKENS = "96"  # long enough for ngram-mod (24-token matches) to find the copies
@@ -162,29 +157,11 @@ def test_a_server_killed_mid_bench_keeps_the_levels_done_and_exits_3(prompts):
     command = [sys.executable, "-m", "specdec_cli", *bench_args(prompts, "--modes", "llama-plain,llama-ngram:4",
                                                                 "--concurrency", "1,2", "--requests", "6", "--port",
                                                                 str(port), "--json")]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    lines: list[str] = []
-    out: list[str] = []
-    readers = [threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True),
-               threading.Thread(target=lambda: out.append(process.stdout.read()), daemon=True)]
-    for reader in readers:
-        reader.start()
-    groups, deadline = {}, time.monotonic() + TIMEOUT
-    try:
-        while not any("llama-plain: concurrency 2" in line for line in lines):
-            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
-            groups |= {e["mode"]: e["pid"] for e in running_servers() if e["url"].endswith((f":{port}", f":{port + 1}"))}
-            time.sleep(0.05)
-        assert set(groups) == {"llama-plain", "llama-ngram:4"}
-        os.killpg(groups["llama-ngram:4"], signal.SIGKILL)  # the lookup server dies while plain runs level 2
-        process.wait(timeout=TIMEOUT)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    for reader in readers:
-        reader.join(10)
-    assert process.returncode == 3, "".join(lines)
-    result = json.loads(out[0])
+    # the lookup server dies while plain runs level 2
+    code, lines, out, groups = kill_mid_bench(command, port, ("llama-plain", "llama-ngram:4"), "llama-plain: concurrency 2",
+                                              TIMEOUT)
+    assert code == 3, "".join(lines)
+    result = json.loads(out)
     assert result["levels"] == [1] and set(result["modes"]["llama-ngram:4"]) == {"1"}
     assert "llama-ngram:4 died" in result["interrupted"]
     errors = error_lines("".join(lines))

@@ -5,23 +5,19 @@ every case nothing left running."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from specdec_cli.pairs.loading import transformers_directory
 from specdec_cli.pairs.registry import load_registry
-from specdec_cli.serving.server import free_port, running_servers
+from specdec_cli.serving.server import free_port
 
-from engine_support import error_lines, group_alive, require_vllm, servers_on_port, specdec, write_prompts
+from engine_support import error_lines, group_alive, kill_mid_bench, require_vllm, servers_on_port, specdec, write_prompts
 
 TIMEOUT = 600
 
@@ -40,29 +36,11 @@ def test_server_killed_mid_bench_writes_the_levels_done_and_exits_3(tmp_path):
     port = free_port()
     command = _bench(write_prompts(tmp_path), port, "--modes", "vllm-plain,vllm-ngram:4", "--concurrency", "1,4",
                      "--requests", "3", "--json")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    lines: list[str] = []
-    out: list[str] = []
-    readers = [threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True),
-               threading.Thread(target=lambda: out.append(process.stdout.read()), daemon=True)]
-    for reader in readers:
-        reader.start()
-    groups, deadline = {}, time.monotonic() + TIMEOUT
-    try:
-        while not any("vllm-plain: concurrency 4" in line for line in lines):
-            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
-            groups |= {e["mode"]: e["pid"] for e in running_servers() if e["url"].endswith((f":{port}", f":{port + 1}"))}
-            time.sleep(0.2)
-        assert set(groups) == {"vllm-plain", "vllm-ngram:4"}
-        os.killpg(groups["vllm-ngram:4"], signal.SIGKILL)  # the ngram server dies while plain runs level 4
-        process.wait(timeout=300)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    for reader in readers:
-        reader.join(10)
-    assert process.returncode == 3, "".join(lines)
-    result = json.loads(out[0])
+    # the ngram server dies while plain runs level 4
+    code, lines, out, groups = kill_mid_bench(command, port, ("vllm-plain", "vllm-ngram:4"), "vllm-plain: concurrency 4",
+                                              TIMEOUT)
+    assert code == 3, "".join(lines)
+    result = json.loads(out)
     assert result["levels"] == [1] and set(result["modes"]["vllm-ngram:4"]) == {"1"}
     assert result["modes"]["vllm-ngram:4"]["1"]["acceptance"]["drafts"] > 0
     assert "vllm-ngram:4 died" in result["interrupted"]
