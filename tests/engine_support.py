@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -76,7 +78,11 @@ def kill_mid_bench(command: list[str], port: int, modes: tuple[str, str], when: 
 
 def llama_servers() -> list[int]:
     """Pids of llama-server processes running now (zombies waiting for a reaper do not count)."""
-    found = []
+    return [pid for pid, argv, state in _processes() if argv[0].endswith(b"llama-server") and state != "Z"]
+
+
+def _processes():
+    """(pid, argv, state) of every process, from /proc."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -85,9 +91,16 @@ def llama_servers() -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if argv and argv[0].endswith(b"llama-server") and state != "Z":
-            found.append(int(entry.name))
-    return found
+        yield int(entry.name), argv, state
+
+
+@contextmanager
+def busy_port():
+    """A port of 127.0.0.1 that something else listens on."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
 
 
 def write_prompts(directory: Path) -> Path:
@@ -108,18 +121,8 @@ def group_alive(pgid: int) -> bool:
 
 def servers_on_port(port: int) -> list[int]:
     """Pids of vLLM API servers whose command line names this port."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"vllm.entrypoints.openai.api_server" in argv and b"--port" in argv:
-            if argv[argv.index(b"--port") + 1] == str(port).encode():
-                found.append(int(entry.name))
-    return found
+    return [pid for pid, argv, _ in _processes() if b"vllm.entrypoints.openai.api_server" in argv and b"--port" in argv
+            and argv[argv.index(b"--port") + 1] == str(port).encode()]
 
 
 def error_lines(stderr: str) -> list[str]:

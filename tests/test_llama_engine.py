@@ -6,7 +6,6 @@ mid-run and a busy port; after every test, no llama-server may still run."""
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
@@ -20,7 +19,8 @@ from specdec_cli.serving.configs import encode_prompts
 from specdec_cli.serving.llama_server import LlamaConfig, speculative_flags
 from specdec_cli.serving.server import ManagedServer, free_port
 
-from engine_support import PROMPTS, error_lines, group_alive, kill_mid_bench, llama_servers, require_llama, specdec, write_prompts
+from engine_support import (PROMPTS, busy_port, error_lines, group_alive, kill_mid_bench, llama_servers, require_llama, specdec,
+                            write_prompts)
 
 TIMEOUT = 300  # seconds any one command may take on a loaded 2-core machine
 TOKENS = "96"  # long enough for ngram-mod (24-token matches) to find the copies
@@ -170,10 +170,7 @@ def test_a_server_killed_mid_bench_keeps_the_levels_done_and_exits_3(prompts):
 
 
 def test_a_busy_port_is_one_error_line_naming_the_log_and_exit_2(prompts):
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        port = holder.getsockname()[1]
+    with busy_port() as port:
         done = specdec(*bench_args(prompts, "--modes", "llama-plain", "--concurrency", "1", "--port", str(port)),
                        timeout=TIMEOUT)
     assert done.returncode == 2, done.stderr

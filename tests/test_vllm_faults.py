@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from specdec_cli.pairs.loading import transformers_directory
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.serving.server import free_port
 
-from engine_support import error_lines, group_alive, kill_mid_bench, require_vllm, servers_on_port, specdec, write_prompts
+from engine_support import busy_port, error_lines, group_alive, kill_mid_bench, require_vllm, servers_on_port, specdec, write_prompts
 
 TIMEOUT = 600
 
@@ -50,10 +49,7 @@ def test_server_killed_mid_bench_writes_the_levels_done_and_exits_3(tmp_path):
 
 
 def test_busy_port_is_one_error_line_naming_the_log(tmp_path):
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        port = holder.getsockname()[1]
+    with busy_port() as port:
         done = subprocess.run(_bench(write_prompts(tmp_path), port, "--modes", "vllm-plain", "--concurrency", "1"),
                               capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     assert done.returncode == 2, done.stderr
