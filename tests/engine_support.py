@@ -76,6 +76,31 @@ def kill_mid_bench(command: list[str], port: int, modes: tuple[str, str], when: 
     return process.returncode, lines, out[0] if out else "", groups
 
 
+def assert_killed_run(code: int, lines: list[str], out: str, groups: dict, killed: str, said: str) -> dict:
+    """What a bench whose ``killed`` server died after level 1 must leave: exit 3, level 1 written,
+    one error line that says ``said`` and names the server's log, no process of either server. Its result."""
+    assert code == 3, "".join(lines)
+    result = json.loads(out)
+    assert result["levels"] == [1] and set(result["modes"][killed]) == {"1"}
+    assert f"{killed} died" in result["interrupted"]
+    errors = error_lines("".join(lines))
+    log = killed.replace(":", "-")
+    assert len(errors) == 1 and said in errors[0] and f"vllm-logs/{log}-" in errors[0]
+    assert not any(group_alive(pgid) for pgid in groups.values()), "a server outlived the command"
+    return result
+
+
+def assert_port_refused(done: subprocess.CompletedProcess, said: str, in_log: str) -> None:
+    """A server that could not bind its port: exit 2, one error line that says ``said``, blames the
+    port and names a log that holds the engine's own words for it (``in_log``)."""
+    assert done.returncode == 2, done.stderr
+    errors = error_lines(done.stderr)
+    assert len(errors) == 1 and "Traceback" not in done.stderr
+    assert said in errors[0] and "its port is in use" in errors[0]
+    log = Path(errors[0].rsplit("its log: ", 1)[1])
+    assert log.is_file() and in_log in log.read_text()
+
+
 def llama_servers() -> list[int]:
     """Pids of llama-server processes running now (zombies waiting for a reaper do not count)."""
     return [pid for pid, argv, state in _processes() if argv[0].endswith(b"llama-server") and state != "Z"]

@@ -185,6 +185,8 @@ def test_llama_server_help_decides_the_flag_names():
     assert (legacy.model_draft, legacy.n_max, legacy.p_min, legacy.current) == ("--model-draft", "--draft-max", "--draft-p-min", False)
     current = from_help("--spec-type TYPES\n--spec-draft-model FNAME\n--spec-draft-n-max N\n", "llama-server")
     assert (current.model_draft, current.n_max, current.current) == ("--spec-draft-model", "--spec-draft-n-max", True)
+    assert not current.ngram_length and not legacy.ngram_length  # no --spec-ngram-mod-n-max: ngram-simple with --draft-max
+    assert from_help("--spec-draft-n-max N\n--spec-ngram-mod-n-max N\n", "llama-server").ngram_length
     assert "documented" in from_help("usage: nothing about drafts", "llama-server").source
 
 

@@ -19,8 +19,8 @@ from specdec_cli.serving.configs import encode_prompts
 from specdec_cli.serving.llama_server import LlamaConfig, speculative_flags
 from specdec_cli.serving.server import ManagedServer, free_port
 
-from engine_support import (PROMPTS, busy_port, error_lines, group_alive, kill_mid_bench, llama_servers, require_llama, specdec,
-                            write_prompts)
+from engine_support import (PROMPTS, assert_killed_run, assert_port_refused, busy_port, error_lines, group_alive, kill_mid_bench, llama_servers, require_llama,
+                            specdec, write_prompts)
 
 TIMEOUT = 300  # seconds any one command may take on a loaded 2-core machine
 TOKENS = "96"  # long enough for ngram-mod (24-token matches) to find the copies
@@ -160,25 +160,14 @@ def test_a_server_killed_mid_bench_keeps_the_levels_done_and_exits_3(prompts):
     # the lookup server dies while plain runs level 2
     code, lines, out, groups = kill_mid_bench(command, port, ("llama-plain", "llama-ngram:4"), "llama-plain: concurrency 2",
                                               TIMEOUT)
-    assert code == 3, "".join(lines)
-    result = json.loads(out)
-    assert result["levels"] == [1] and set(result["modes"]["llama-ngram:4"]) == {"1"}
-    assert "llama-ngram:4 died" in result["interrupted"]
-    errors = error_lines("".join(lines))
-    assert len(errors) == 1 and "the llama.cpp server for llama-ngram:4 died" in errors[0] and "llama-ngram-4-" in errors[0]
-    assert not any(group_alive(pgid) for pgid in groups.values()), "a server outlived the command"
+    assert_killed_run(code, lines, out, groups, "llama-ngram:4", "the llama.cpp server for llama-ngram:4 died")
 
 
 def test_a_busy_port_is_one_error_line_naming_the_log_and_exit_2(prompts):
     with busy_port() as port:
         done = specdec(*bench_args(prompts, "--modes", "llama-plain", "--concurrency", "1", "--port", str(port)),
                        timeout=TIMEOUT)
-    assert done.returncode == 2, done.stderr
-    errors = error_lines(done.stderr)
-    assert len(errors) == 1 and "Traceback" not in done.stderr
-    assert "the llama.cpp server for llama-plain exited with code" in errors[0] and "its port is in use" in errors[0]
-    log = Path(errors[0].rsplit("its log: ", 1)[1])
-    assert log.is_file() and "couldn't bind HTTP server socket" in log.read_text()
+    assert_port_refused(done, "the llama.cpp server for llama-plain exited with code", "couldn't bind HTTP server socket")
 
 
 def test_a_missing_server_is_one_line_that_says_how_to_build_it(prompts, monkeypatch):

@@ -4,7 +4,6 @@ every case nothing left running."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -16,7 +15,8 @@ from specdec_cli.pairs.loading import transformers_directory
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.serving.server import free_port
 
-from engine_support import busy_port, error_lines, group_alive, kill_mid_bench, require_vllm, servers_on_port, specdec, write_prompts
+from engine_support import (assert_killed_run, assert_port_refused, busy_port, error_lines, kill_mid_bench, require_vllm, servers_on_port,
+                            specdec, write_prompts)
 
 TIMEOUT = 600
 
@@ -38,26 +38,15 @@ def test_server_killed_mid_bench_writes_the_levels_done_and_exits_3(tmp_path):
     # the ngram server dies while plain runs level 4
     code, lines, out, groups = kill_mid_bench(command, port, ("vllm-plain", "vllm-ngram:4"), "vllm-plain: concurrency 4",
                                               TIMEOUT)
-    assert code == 3, "".join(lines)
-    result = json.loads(out)
-    assert result["levels"] == [1] and set(result["modes"]["vllm-ngram:4"]) == {"1"}
+    result = assert_killed_run(code, lines, out, groups, "vllm-ngram:4", "the vLLM server for vllm-ngram:4 died")
     assert result["modes"]["vllm-ngram:4"]["1"]["acceptance"]["drafts"] > 0
-    assert "vllm-ngram:4 died" in result["interrupted"]
-    errors = error_lines("".join(lines))
-    assert len(errors) == 1 and "vllm-ngram:4 died" in errors[0] and "vllm-logs/vllm-ngram-4-" in errors[0]
-    assert not any(group_alive(pgid) for pgid in groups.values()), "a server outlived the command"
 
 
 def test_busy_port_is_one_error_line_naming_the_log(tmp_path):
     with busy_port() as port:
         done = subprocess.run(_bench(write_prompts(tmp_path), port, "--modes", "vllm-plain", "--concurrency", "1"),
                               capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
-    assert done.returncode == 2, done.stderr
-    errors = error_lines(done.stderr)
-    assert len(errors) == 1 and "Traceback" not in done.stderr
-    assert "vllm-plain exited with code" in errors[0] and "its port is in use" in errors[0]
-    log = Path(errors[0].rsplit("its log: ", 1)[1])
-    assert log.is_file() and "Address already in use" in log.read_text()
+    assert_port_refused(done, "the vLLM server for vllm-plain exited with code", "Address already in use")
     assert servers_on_port(port) == []
 
 

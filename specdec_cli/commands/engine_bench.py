@@ -16,7 +16,7 @@ from ..errors import UserError
 from ..prompts import read_file
 from .common import WRITE_FAILED, error_line, invocation, plain_console, resolve_pair, write_output
 
-ENGINES = ("vllm", "llama.cpp")  # serving/bench.py's, named here so that a bad one is refused before any import
+ENGINES = ("vllm", "llama.cpp")  # the engines specdec starts (serving/configs.py builds their servers)
 DEFAULT_LOOP = "plain,auto"  # specdec's own loop beside an engine bench: plain decoding and the default drafter
 DIED = 3  # a server died mid-run: the levels finished are written, exit 3
 
@@ -53,7 +53,8 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
     levels_text = rate or concurrency or "1,4"
     levels = engine_bench_core.parse_levels(levels_text, "--rate" if rate else "--concurrency")
     slos = engine_bench_core.parse_slos(slo)
-    chosen = engine_bench_core.parse_modes(modes or default_modes(engine), engine) if engine else []
+    default = f"{engine_bench_core.plain_mode(engine)},{engine_bench_core.mode_prefix(engine)}ngram:4" if engine else ""
+    chosen = engine_bench_core.parse_modes(modes or default, engine) if engine else []  # plain and lookup at K 4
     for path, option in ((markdown, "--markdown"), (plot, "--plot")):
         if path:
             check_writable(path, option)
@@ -100,11 +101,6 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
     if failure:
         error_line(f"{failure}; the levels finished before it are written")
         raise typer.Exit(DIED)
-
-
-def default_modes(engine: str) -> str:
-    """Plain and prompt lookup at K 4: the engine's speculation that needs nothing but the target."""
-    return "llama-plain,llama-ngram:4" if engine == "llama.cpp" else "vllm-plain,vllm-ngram:4"
 
 
 def served_eagle3(spec, progress) -> Path:

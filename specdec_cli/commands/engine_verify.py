@@ -37,11 +37,10 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
     kinds = SPEC_KINDS.get(engine, SPEC_KINDS["vllm"])
     if engine and not spec_text:
         raise UserError(f"--engine {engine} needs --spec {kinds}: the speculative server to check")
-    from ..serving.bench import parse_levels, parse_modes, plain_mode
+    from ..serving.bench import mode_prefix, parse_levels, parse_modes, plain_mode
 
-    prefix = "llama-" if engine == "llama.cpp" else "vllm-"
     try:
-        modes = parse_modes(f"{plain_mode(engine)},{prefix}{spec_text}", engine) if engine else []
+        modes = parse_modes(f"{plain_mode(engine)},{mode_prefix(engine)}{spec_text}", engine) if engine else []
         if engine and len(modes) < 2:
             raise UserError("plain")
     except UserError:

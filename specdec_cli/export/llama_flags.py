@@ -24,7 +24,7 @@ class LlamaFlags:
     spec_type: str
     current: bool
     source: str  # one line for the export: where these names came from
-    ngram_length: bool = True  # the build sets an ngram type's own draft length (--spec-ngram-simple-size-m)
+    ngram_length: bool = True  # the build sets the default ngram type's own draft length (--spec-ngram-mod-n-max)
 
     @classmethod
     def documented(cls, why: str = "no llama-server built (bash install.sh llama.cpp) or on PATH") -> "LlamaFlags":
@@ -40,7 +40,7 @@ def from_help(text: str, binary: str) -> LlamaFlags:
         if "--spec-draft-model" not in text:  # early 2026 builds kept -md/--model-draft
             names["model_draft"] = "--model-draft"
         return LlamaFlags(**names, current=True, source=f"llama-server flag names from {binary} --help (current names)",
-                          ngram_length="--spec-ngram-simple-size-m" in text)
+                          ngram_length="--spec-ngram-mod-n-max" in text)
     if "--draft-max" in text:
         spec_type = "--spec-type" if "--spec-type" in text else ""
         return LlamaFlags(**{**LEGACY, "spec_type": spec_type}, current=False,

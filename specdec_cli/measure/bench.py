@@ -215,7 +215,8 @@ class Bench:
             **options, **kwargs,
         )
         stamps = [(at, len(chunk)) for at, chunk in streamer.chunks]
-        sample = _timed(Sample(prompt, [], 0.0, 0.0, [], seed=seed), [t for _, chunk in streamer.chunks for t in chunk], started, stamps)
+        sample = _timed(Sample(prompt, [], 0.0, 0.0, [], rounds=len(stamps), seed=seed),  # a streamed chunk a round
+                        [t for _, chunk in streamer.chunks for t in chunk], started, stamps)
         if "assistant_model" in kwargs:
             # Constant schedule: K drafts a round, and each round after the first token (which
             # prefill gives) emits accepted + 1. Prompt lookup drafts a varying number that the
@@ -244,7 +245,6 @@ class _StampStreamer(BaseStreamer):
 
 def _timed(sample: Sample, tokens: list[int], started: float, stamps: list[tuple[float, int]]) -> Sample:
     sample.tokens = tokens
-    sample.rounds = len(stamps)
     sample.wall_s = (stamps[-1][0] if stamps else time.perf_counter()) - started
     sample.ttft_s = stamps[0][0] - started if stamps else sample.wall_s
     previous = stamps[0][0] if stamps else started

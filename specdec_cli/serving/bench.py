@@ -24,7 +24,6 @@ LLAMA_PLAIN = "llama-plain"
 DEFAULT_LLAMA_NGRAM = "ngram-mod"
 LLAMA_TYPES = {"ngram": DEFAULT_LLAMA_NGRAM, "ngram-simple": "ngram-simple", "ngram-map-k": "ngram-map-k",
                "ngram-mod": "ngram-mod", "ngram-cache": "ngram-cache", "draft": "draft-simple"}
-ENGINES = ("vllm", "llama.cpp")
 
 
 @dataclass(frozen=True)
@@ -40,9 +39,14 @@ class EngineMode:
         return self.name.split(":")[0]
 
 
+def mode_prefix(engine: str) -> str:
+    """How an engine's mode names start: vllm-, llama-."""
+    return "llama-" if engine == "llama.cpp" else "vllm-"
+
+
 def plain_mode(engine: str) -> str:
     """The mode every other one's gain is measured against."""
-    return LLAMA_PLAIN if engine == "llama.cpp" else PLAIN
+    return mode_prefix(engine) + "plain"
 
 
 def mode_names(engine: str) -> str:
@@ -69,7 +73,7 @@ def parse_modes(text: str, engine: str = "vllm") -> list[EngineMode]:
             modes.append(EngineMode(part, "config", config=path))
             continue
         prefix, _, k = part.partition(":")
-        family = "llama-" if engine == "llama.cpp" else "vllm-"
+        family = mode_prefix(engine)
         known = LLAMA_TYPES if engine == "llama.cpp" else METHODS
         method = known.get(prefix.removeprefix(family)) if prefix.startswith(family) else None
         if method is None or not k.isdigit() or not 1 <= int(k) <= MAX_K:
