@@ -28,6 +28,7 @@ from .client import Endpoint, ServerDown, get
 
 START_TIMEOUT_S = 300.0  # a cold start here takes ~20-25 s; a CUDA host's first compile, minutes
 STOP_GRACE_S = 10.0
+DIED_GRACE_S = 5.0  # how long a server that stopped answering may take to exit before it counts as alive
 
 
 class ServerFailed(UserError):
@@ -195,8 +196,13 @@ class ManagedServer:
         return self.process is not None and not self._stopped and self.process.poll() is None
 
     def died(self) -> str | None:
-        """Why the server is gone (its exit code and log), or None while it runs."""
-        if self.process is None or self.process.poll() is None:
+        """Why the server is gone (its exit code and log), or None while it runs. Asked once it stopped
+        answering: a killed server of a few GB takes a moment to exit, so it is waited for (bounded)."""
+        if self.process is None:
+            return None
+        try:
+            self.process.wait(DIED_GRACE_S)
+        except subprocess.TimeoutExpired:
             return None
         return f"the {self.config.engine} server for {self.config.label} died (exit code {self.process.returncode}); its log: {self.log_path}"
 
