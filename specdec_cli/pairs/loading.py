@@ -24,7 +24,7 @@ import transformers
 
 from ..errors import UserError
 from ..notices import log
-from ..runtime import dense_prefill, prepared
+from ..runtime import dense_prefill, prepared, q8_kernel
 from ..runtime.lean_forward import use_lean_forward
 from ..runtime.lean_model import LeanCausalLM, lean_config
 from ..runtime.quantize import QUANTISED, quantise_model
@@ -118,7 +118,8 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lea
     Llama comes as runtime/lean_model.py's skeleton, without transformers' model."""
     lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
     dense_dtype = dense_prefill.dense_dtype() if lean else None
-    key = _prepared_key(spec, directory, gguf_path, dense_dtype)
+    native = native_kernel()
+    key = _prepared_key(spec, directory, gguf_path, dense_dtype, native)
     path = _prepared_path(key, Path(directory).name) if key else None
     if path is not None and path.is_file():
         try:
@@ -137,7 +138,7 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lea
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
     if path is not None and sum(p.numel() for p in model.parameters()) >= SLOW_TO_PREPARE:
         log.info(f"preparing the {spec.dtype} target once (later runs map it from {path})")
-    model, dense = _quantised(model, spec.dtype, gguf_path, dense_dtype)
+    model, dense = _quantised(model, spec.dtype, gguf_path, dense_dtype, native)
     if path is not None:
         try:
             prepared.save(path, model, dense, key)
@@ -163,7 +164,21 @@ def _short(text: str) -> str:
 SLOW_TO_PREPARE = 20_000_000  # parameters: a smaller target is prepared in well under a second, silently
 
 
-def _prepared_key(spec: ModelSpec, directory: str, gguf_path: Path | None, dense_dtype) -> str | None:
+def native_kernel() -> bool:
+    """Whether the target's linears run on specdec's own kernel (runtime/q8_kernel.py); where it
+    cannot, torch's int4/int8 kernels run instead, and the user is told why (once a process)."""
+    try:
+        q8_kernel.load()
+    except q8_kernel.Unavailable as exc:
+        if not getattr(native_kernel, "told", False):
+            native_kernel.told = True
+            log.warning(f"specdec's int8 matmul kernel is not available ({exc}): the target runs on torch's "
+                        "int4/int8 kernels, whose verify blocks cost more")
+        return False
+    return True
+
+
+def _prepared_key(spec: ModelSpec, directory: str, gguf_path: Path | None, dense_dtype, native: bool) -> str | None:
     """What a prepared file must have been written under: the source's fingerprint (a GGUF's converted
     directory is named by its own; a local directory's files by size and time), the dtype, the prompt
     copies' dtype and the code; None for a hub repository, whose files are not here to fingerprint."""
@@ -175,7 +190,8 @@ def _prepared_key(spec: ModelSpec, directory: str, gguf_path: Path | None, dense
         identity = f"{root}:" + ",".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
     else:
         return None
-    return "|".join([identity, spec.dtype, str(dense_dtype), prepared.code_digest(), transformers.__version__])
+    kernel = "q8" if native else "torch"
+    return "|".join([identity, spec.dtype, str(dense_dtype), kernel, prepared.code_digest(), transformers.__version__])
 
 
 def _lean_skeleton(config, directory: str, tensors: dict, layout: dict) -> LeanCausalLM:
@@ -211,7 +227,8 @@ def _finish(model: PreTrainedModel, dense, lean: bool) -> PreTrainedModel:
     return model
 
 
-def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None, dense_dtype) -> tuple[PreTrainedModel, list | None]:
+def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None, dense_dtype,
+               native: bool) -> tuple[PreTrainedModel, list | None]:
     """Weight-only int8/int4 linears that take and give bfloat16 (float32 inputs take the kernels'
     slow paths: 3-7x slower here), in a model that otherwise stays float32: norms, attention and
     residuals in float32 are faster on a CPU than in bfloat16 and do not depend on the block length,
@@ -224,7 +241,7 @@ def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None, dense_
 
     dense = dense_prefill.dense_weights(model, dense_dtype) if dense_dtype is not None else None
     blocks = gguf_int4_blocks(gguf_path, model) if kind == "int4" and gguf_path is not None else {}
-    return quantise_model(model, kind, blocks), dense
+    return quantise_model(model, kind, blocks, native=native), dense
 
 
 def _resolve(source: ModelSource) -> tuple[str, str | None]:

@@ -28,7 +28,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .dense_prefill import DENSE_FROM, lean_layer
 from .fused_projections import SharedProjection
-from .quantize import Int4Linear, Int8Linear, padded_columns
+from . import q8_kernel
+from .quantize import Int4Linear, Int8Linear, Q8Linear, padded_columns
 from .rowwise_attention import ROWWISE_UP_TO, attend_rows, visible_keys_once
 
 HANDLED = {"input_ids", "cache", "use_cache", "logits_to_keep", "attention_mask", "position_ids", "output_hidden_states"}
@@ -39,6 +40,15 @@ def kernel(linear, widen: bool = True):
     forward computes, without the reshapes a 2D input does not need. ``widen=False`` leaves the
     output in the kernel's bfloat16, for a caller that adds it to a float32 tensor: type promotion
     widens it exactly inside the add, the same sum for one op less."""
+    if isinstance(linear, Q8Linear):  # float32 in and out: nothing to widen
+        codes, scale, offset, bits, width = linear.codes, linear.scale, linear.offset, linear.bits, linear.out_features
+        padded = codes.shape[0] * q8_kernel.TILE != width
+        op, avx512 = q8_kernel.op(), q8_kernel.load() == "avx512"
+
+        def native(x):
+            out = op(x, codes, scale, offset, bits, avx512)
+            return out[:, :width] if padded else out
+        return native
     if isinstance(linear, Int4Linear):
         packed, group, table, width = linear.packed, linear.group, linear.scales_and_zeros, linear.out_features
         padded = packed.shape[0] * 8 != width  # the int4 pack holds rows in 16s; padding rows are cut
@@ -66,7 +76,7 @@ def supported(model) -> bool:
         return False
     if not all(layer_supported(layer) for layer in model.model.layers):
         return False
-    quantised = (Int4Linear, Int8Linear)
+    quantised = (Int4Linear, Int8Linear, Q8Linear)
     head = model.lm_head
     return isinstance(head, quantised) and head.bias is None
 
@@ -83,7 +93,7 @@ def layer_weights(layer, intermediate: int) -> tuple:
 def layer_supported(layer) -> bool:
     """A Llama decoder layer whose projections are fused and quantised, without biases."""
     attention, mlp = layer.self_attn, layer.mlp
-    quantised = (Int4Linear, Int8Linear)
+    quantised = (Int4Linear, Int8Linear, Q8Linear)
     shared = (getattr(attention, "qkv_proj", None), getattr(mlp, "gate_up_proj", None))
     if not all(isinstance(s, SharedProjection) and isinstance(s.linear, quantised) and s.linear.bias is None for s in shared):
         return False

@@ -36,9 +36,9 @@ import torch
 from torch import nn
 
 from .fused_projections import SIBLINGS, SharedProjection, install
-from .quantize import Int4Linear, Int8Linear, int8_columns
+from .quantize import Int4Linear, Int8Linear, Q8Linear, int8_columns
 
-FORMAT = "2"
+FORMAT = "3"
 DENSE = "dense"  # tensor name prefix of the prompt copies: dense.LAYER.INDEX
 SUFFIX = ".pt"
 ALIGNMENT = 64  # bytes: what torch.save gives every tensor, more than any CPU kernel here asks
@@ -129,9 +129,11 @@ def dense_copies(tensors: dict[str, torch.Tensor], layout: dict) -> list[tuple[t
 
 def _flatten(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict]:
     """Every tensor of ``model`` once by name, and the layout that puts them back."""
-    layout: dict = {"int4": {}, "int8": {}, "shared": [], "parameters": [], "buffers": [], "aliases": {}}
+    layout: dict = {"int4": {}, "int8": {}, "q8": {}, "shared": [], "parameters": [], "buffers": [], "aliases": {}}
     for name, module in model.named_modules():
-        if isinstance(module, Int4Linear):
+        if isinstance(module, Q8Linear):
+            layout["q8"][name] = [module.in_features, module.out_features, module.bits]
+        elif isinstance(module, Int4Linear):
             layout["int4"][name] = [module.in_features, module.out_features, module.group]
         elif isinstance(module, Int8Linear):
             layout["int8"][name] = [module.in_features, module.out_features]
@@ -157,6 +159,10 @@ def _flatten(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict]:
 def _assemble(skeleton: nn.Module, tensors: dict[str, torch.Tensor], layout: dict) -> nn.Module:
     def linear(name: str) -> nn.Module:
         bias = tensors.get(f"{name}.bias")
+        if name in layout["q8"]:
+            in_features, out_features, bits = layout["q8"][name]
+            return Q8Linear(tensors[f"{name}.codes"], tensors[f"{name}.scale"], tensors[f"{name}.offset"], bits,
+                            in_features, out_features, bias)
         if name in layout["int4"]:
             in_features, out_features, group = layout["int4"][name]
             return Int4Linear.from_packed(tensors[f"{name}.packed"], tensors[f"{name}.scales_and_zeros"],
@@ -174,12 +180,13 @@ def _assemble(skeleton: nn.Module, tensors: dict[str, torch.Tensor], layout: dic
         inner = f"{parent_name}.{shared_name}.linear" if parent_name else f"{shared_name}.linear"
         install(parent, tuple(siblings), linear(inner), widths)
         fused.add(inner)
-    quantised = (set(layout["int4"]) | set(layout["int8"])) - fused
+    quantised = (set(layout["int4"]) | set(layout["int8"]) | set(layout["q8"])) - fused
     for name in quantised:
         parent_name, _, child = name.rpartition(".")
         setattr(skeleton.get_submodule(parent_name) if parent_name else skeleton, child, linear(name))
     owned = {f"{name}.{attr}" for name in layout["int4"] for attr in ("packed", "scales_and_zeros", "bias")}
     owned |= {f"{name}.{attr}" for name in layout["int8"] for attr in ("q", "scale", "bias")}
+    owned |= {f"{name}.{attr}" for name in layout["q8"] for attr in ("codes", "scale", "offset", "bias")}
     for kind in ("parameters", "buffers"):
         for name in layout[kind]:
             if name in owned:

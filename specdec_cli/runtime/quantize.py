@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from . import q8_kernel
 from .fused_projections import install, sibling_groups
 
 GROUP = 32  # weights per int4 group: a GGUF block
@@ -132,6 +133,51 @@ class Int4Linear(nn.Module):
         return out[:, : self.out_features].float().t()
 
 
+class Q8Linear(nn.Module):
+    """int4 or int8 weight codes against int8 activation codes on specdec's own kernel (q8_kernel.py):
+    ``w = scale * code + offset`` per block of 32 inputs. Takes and gives float32."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, in_features: int,
+                 out_features: int, bias: torch.Tensor | None = None):
+        """The kernel's own tensors (``q8_kernel.pack``'s, or as prepared.py saved them), copying nothing."""
+        super().__init__()
+        self.in_features, self.out_features, self.bits = in_features, out_features, bits
+        self.register_buffer("codes", codes)
+        self.register_buffer("scale", scale)
+        self.register_buffer("offset", offset)
+        self.register_buffer("bias", None if bias is None else bias.detach())
+
+    @classmethod
+    def from_int4(cls, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, bias=None) -> "Q8Linear":
+        """GGUF Q4_1-style groups (``q * scale + minimum``, q in 0..15), exactly."""
+        return cls(*q8_kernel.pack(q, scale, minimum, 4), 4, q.shape[1], q.shape[0], bias)
+
+    @classmethod
+    def from_int8(cls, q: torch.Tensor, scale: torch.Tensor, bias=None) -> "Q8Linear":
+        """Per-channel symmetric int8 (``q * scale``) as codes q + 128 with offset −128 · scale."""
+        blocks = q.shape[1] // q8_kernel.BLOCK
+        scale = scale.float()[:, None].expand(-1, blocks)
+        return cls(*q8_kernel.pack(q.to(torch.int32) + 128, scale, -128 * scale, 8), 8, q.shape[1], q.shape[0], bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = q8_kernel.matmul(x.reshape(-1, self.in_features).float(), self.codes, self.scale, self.offset, self.bits)
+        out = out[:, : self.out_features].to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+    def dequantized(self) -> torch.Tensor:
+        """The weights the codes stand for, float32 [out, in]."""
+        return q8_kernel.unpack(self.codes, self.scale, self.offset, self.bits)[: self.out_features]
+
+
+def native_linear(weight: torch.Tensor, kind: str, bias: torch.Tensor | None = None, blocks=None) -> Q8Linear:
+    """A float (out, in) weight, or a GGUF's int4 ``blocks``, on specdec's kernel (int8 where int4 groups do not fit)."""
+    if kind == "int4" and blocks is not None:
+        return Q8Linear.from_int4(*blocks, bias)
+    if kind == "int4" and fits_int4(weight.shape[1]):
+        return Q8Linear.from_int4(*int4_groups(weight), bias)
+    return Q8Linear.from_int8(*int8_per_channel(weight), bias)
+
+
 @contextmanager
 def dense_kernels(model: nn.Module):
     """Run ``model``'s weight-only int8/int4 linears as float32 matmuls on their own de-quantised
@@ -143,7 +189,7 @@ def dense_kernels(model: nn.Module):
     the top-1 ids agreed on 98.4 %, and matched the target's greedy answers exactly as often (1,374
     of 1,400). Costs the float32 weights' memory while it lasts, and ~3 s to de-quantise this
     project's target: nested, the inner context reuses the outer one's weights."""
-    patched = [m for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear)) and "forward" not in vars(m)]
+    patched = [m for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear, Q8Linear)) and "forward" not in vars(m)]
     for module in patched:
         module.forward = _dense_forward(module)
     try:
@@ -153,9 +199,10 @@ def dense_kernels(model: nn.Module):
             del module.forward  # back to the class's kernel forward
 
 
-def _dense_forward(linear: Int4Linear | Int8Linear):
+def _dense_forward(linear: Int4Linear | Int8Linear | Q8Linear):
     weight = linear.dequantized().contiguous()
-    rounding = (linear.scales_and_zeros if isinstance(linear, Int4Linear) else linear.scale).dtype
+    rounding = torch.float32 if isinstance(linear, Q8Linear) else (
+        linear.scales_and_zeros if isinstance(linear, Int4Linear) else linear.scale).dtype
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         out = nn.functional.linear(x.to(rounding).to(x.dtype), weight).to(rounding).to(x.dtype)
@@ -168,9 +215,12 @@ def _pad_rows(tensor: torch.Tensor, multiple: int) -> torch.Tensor:
     return torch.cat([tensor, tensor.new_zeros(missing, *tensor.shape[1:])]) if missing else tensor
 
 
-def quantised_linear(linear: nn.Linear, kind: str, dtype: torch.dtype, blocks=None) -> nn.Module:
+def quantised_linear(linear: nn.Linear, kind: str, dtype: torch.dtype, blocks=None, native: bool = False) -> nn.Module:
     """``linear`` as a weight-only int8 or int4 module; ``blocks`` (q, scale, minimum) from a GGUF
-    go in as they are, else the float weight is quantised."""
+    go in as they are, else the float weight is quantised. ``native``: on specdec's kernel where its
+    blocks of 32 inputs fit."""
+    if native and q8_kernel.fits(linear.in_features):
+        return native_linear(linear.weight.detach(), kind, linear.bias, blocks)
     if blocks is not None and kind == "int4":
         return Int4Linear(*blocks, linear.bias, dtype)
     return quantised_weight(linear.weight.detach(), kind, dtype, linear.bias)
@@ -189,29 +239,34 @@ def fits_int4(in_features: int) -> bool:
 
 
 def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None = None,
-                   dtype: torch.dtype = torch.bfloat16, fuse: bool = True) -> nn.Module:
+                   dtype: torch.dtype = torch.bfloat16, fuse: bool = True, native: bool = False) -> nn.Module:
     """Replace every nn.Linear by its weight-only quantised form, in place; ``blocks``: module name →
     GGUF int4 blocks. The lm_head keeps its float weight as ``float_weight`` (for a tied model that is
     the embedding itself), which a draft head scores with and fingerprints its target by. ``dtype``:
     what the kernels take and give (bfloat16: float32 takes their slow paths); the rest of the model
     keeps its own dtype, inputs and outputs are cast at each linear. A linear whose input width is not
     a multiple of 32 cannot take int4 groups and goes to int8. ``fuse``: q/k/v and gate/up become
-    one matmul each (fused_projections.py). Also for a bare module (a draft head): no lm_head then."""
+    one matmul each (fused_projections.py). ``native``: every linear whose input width fits goes to
+    specdec's own kernel (Q8Linear, float32 in and out; the caller checked that it loads). Also for a
+    bare module (a draft head): no lm_head then."""
     blocks = blocks or {}
     for parent_name, siblings in sibling_groups(model) if fuse else []:
         parent = model.get_submodule(parent_name) if parent_name else model
         linears = [getattr(parent, s) for s in siblings]
+        on_native = native and q8_kernel.fits(linears[0].in_features)
         if kind == "int4" and fits_int4(linears[0].in_features):
             parts = [blocks.get(f"{parent_name}.{s}" if parent_name else s) or int4_groups(linear.weight.detach())
                      for s, linear in zip(siblings, linears)]
-            fused = Int4Linear(*(torch.cat(part) for part in zip(*parts)), None, dtype)
+            stacked = [torch.cat(part) for part in zip(*parts)]
+            fused = Q8Linear.from_int4(*stacked) if on_native else Int4Linear(*stacked, None, dtype)
         else:  # int8 scales are per row: the stacked weight's are each sibling's own
-            fused = Int8Linear(*int8_per_channel(torch.cat([linear.weight.detach() for linear in linears])), None, dtype)
+            stacked = int8_per_channel(torch.cat([linear.weight.detach() for linear in linears]))
+            fused = Q8Linear.from_int8(*stacked) if on_native else Int8Linear(*stacked, None, dtype)
         install(parent, siblings, fused, [linear.out_features for linear in linears])
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     named = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     for name, module in named:
-        replacement = quantised_linear(module, kind, dtype, blocks.get(name))
+        replacement = quantised_linear(module, kind, dtype, blocks.get(name), native)
         if module is output:
             replacement.float_weight = module.weight
         parent_name, _, child = name.rpartition(".")

@@ -1,0 +1,267 @@
+// A weight-only int4/int8 matmul whose cost hardly grows with the rows of a verify block, and whose
+// every row is bit-identical to the same row computed alone.
+//
+// Each activation row is quantised to int8 per block of 32 values (scale amax / 127, as llama.cpp's
+// Q8_0), and multiplied by the unsigned weight codes with int32 dot products (AVX-512 VNNI's
+// vpdpbusd; AVX2's maddubs/madd). Integer sums are exact, so their order does not matter; the float
+// part, per row, output and block, is always the same two fused multiply-adds in block order:
+//     y = fma(float(dot), d_w * d_x, y);   y = fma(m_w, d_x * float(sum of the row's codes), y)
+// for weights w = d_w * code + m_w. A row never shares a reduction with another row and the work is
+// split over outputs only, so neither the number of rows nor of threads can change a result. The
+// weights of a 16-output tile are read once from memory for every row (later row blocks find them in
+// L1), which is what keeps extra rows cheap.
+//
+// Weight layout, per tile of 16 outputs and block of 32 inputs: 8 quads of 4 inputs, each quad
+// 64 bytes (output n's 4 codes at bytes 4n..4n+3, the order vpdpbusd multiplies in). 4-bit codes
+// pack two quads in 64 bytes: quad 2i in the low nibbles, quad 2i + 1 in the high ones.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t BLOCK = 32;  // inputs per activation scale and per weight scale
+constexpr int64_t TILE = 16;   // outputs per tile
+constexpr int64_t ROWS = 4;    // rows held in registers at once
+
+struct Quantised {
+  std::vector<int8_t> codes;   // [rows, K]
+  std::vector<float> scale;    // [rows, K / 32]
+  std::vector<float> offset;   // [rows, K / 32]: scale * sum of the block's codes
+};
+
+// One block of 32 values: code = round-to-even(v * (1 / d)), d = amax / 127. Both versions do these
+// same float ops per value (a maximum is exact in any order), so they give the same codes.
+int32_t quantise_block(const float* v, int8_t* out, float inverse) {
+  int32_t sum = 0;
+  for (int64_t i = 0; i < BLOCK; ++i) {
+    const int32_t c = static_cast<int32_t>(std::nearbyint(v[i] * inverse));
+    out[i] = static_cast<int8_t>(c);
+    sum += c;
+  }
+  return sum;
+}
+
+__attribute__((target("avx512f")))
+int32_t quantise_block_avx512(const float* v, int8_t* out, float inverse) {
+  const __m512 by = _mm512_set1_ps(inverse);
+  const __m512i low = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v), by));  // rounds to even
+  const __m512i high = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + 16), by));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(low));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(high));
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(low, high));
+}
+
+__attribute__((target("avx512f")))
+float block_amax_avx512(const float* v) {
+  const __m512 both = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(v)), _mm512_abs_ps(_mm512_loadu_ps(v + 16)));
+  return _mm512_reduce_max_ps(both);
+}
+
+// Row by row, block by block: a row gets the same codes alone or in a block of rows.
+Quantised quantise_rows(const float* x, int64_t rows, int64_t k, bool avx512) {
+  const int64_t blocks = k / BLOCK;
+  Quantised q{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks)};
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* v = x + r * k + b * BLOCK;
+      float amax = 0.f;
+      if (avx512) {
+        amax = block_amax_avx512(v);
+      } else {
+        for (int64_t i = 0; i < BLOCK; ++i) amax = std::fmax(amax, std::fabs(v[i]));
+      }
+      const float d = amax / 127.f;
+      const float inverse = d != 0.f ? 1.f / d : 0.f;
+      int8_t* out = q.codes.data() + r * k + b * BLOCK;
+      const int32_t sum = avx512 ? quantise_block_avx512(v, out, inverse) : quantise_block(v, out, inverse);
+      q.scale[r * blocks + b] = d;
+      q.offset[r * blocks + b] = d * static_cast<float>(sum);
+    }
+  }
+  return q;
+}
+
+// ---- AVX-512 VNNI -------------------------------------------------------------------------------
+
+template <int BITS, int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
+void tile_avx512(const uint8_t* w, const float* dw, const float* mw, const Quantised& q, int64_t row0,
+                 int64_t k, float* y, int64_t n_total, int64_t n0) {
+  const int64_t blocks = k / BLOCK;
+  const int64_t block_bytes = BITS == 4 ? 256 : 512;
+  __m512 acc[R][2];  // even and odd blocks: two float chains, summed at the end
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* wb = w + b * block_bytes;
+    __m512i quads[8];
+    if (BITS == 4) {
+      for (int i = 0; i < 4; ++i) {
+        const __m512i packed = _mm512_loadu_si512(wb + 64 * i);
+        quads[2 * i] = _mm512_and_si512(packed, low);
+        quads[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+      }
+    } else {
+      for (int i = 0; i < 8; ++i) quads[i] = _mm512_loadu_si512(wb + 64 * i);
+    }
+    const __m512 scale_w = _mm512_loadu_ps(dw + b * TILE);
+    const __m512 offset_w = _mm512_loadu_ps(mw + b * TILE);
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = row0 + r;
+      const int32_t* codes = reinterpret_cast<const int32_t*>(q.codes.data() + row * k + b * BLOCK);
+      __m512i dots[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};  // two chains; integer sums are exact
+      for (int i = 0; i < 8; ++i) {
+        int32_t four;
+        std::memcpy(&four, codes + i, 4);
+        dots[i & 1] = _mm512_dpbusd_epi32(dots[i & 1], quads[i], _mm512_set1_epi32(four));
+      }
+      const __m512i dot = _mm512_add_epi32(dots[0], dots[1]);
+      const __m512 scale = _mm512_mul_ps(scale_w, _mm512_set1_ps(q.scale[row * blocks + b]));
+      __m512& sum = acc[r][b & 1];
+      sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, sum);
+      sum = _mm512_fmadd_ps(offset_w, _mm512_set1_ps(q.offset[row * blocks + b]), sum);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (row0 + r) * n_total + n0, _mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+// ---- AVX2 (no VNNI): the same integers by maddubs/madd, the same float ops -----------------------
+
+template <int BITS, int R>
+__attribute__((target("avx2,fma")))
+void tile_avx2(const uint8_t* w, const float* dw, const float* mw, const Quantised& q, int64_t row0,
+               int64_t k, float* y, int64_t n_total, int64_t n0) {
+  const int64_t blocks = k / BLOCK;
+  const int64_t block_bytes = BITS == 4 ? 256 : 512;
+  __m256 acc[R][2][2];  // per half of the tile, even and odd blocks (as the AVX-512 path)
+  for (int r = 0; r < R; ++r)
+    for (int half = 0; half < 2; ++half) acc[r][half][0] = acc[r][half][1] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* wb = w + b * block_bytes;
+    __m256i quads[8][2];  // per quad, outputs 0-7 and 8-15
+    for (int half = 0; half < 2; ++half) {
+      if (BITS == 4) {
+        for (int i = 0; i < 4; ++i) {
+          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * i + 32 * half));
+          quads[2 * i][half] = _mm256_and_si256(packed, low);
+          quads[2 * i + 1][half] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        }
+      } else {
+        for (int i = 0; i < 8; ++i)
+          quads[i][half] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * i + 32 * half));
+      }
+    }
+    for (int half = 0; half < 2; ++half) {
+      const __m256 scale_w = _mm256_loadu_ps(dw + b * TILE + 8 * half);
+      const __m256 offset_w = _mm256_loadu_ps(mw + b * TILE + 8 * half);
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = row0 + r;
+        const uint8_t* codes = reinterpret_cast<const uint8_t*>(q.codes.data() + row * k + b * BLOCK);
+        __m256i dot = _mm256_setzero_si256();
+        for (int i = 0; i < 8; ++i) {
+          int32_t four;
+          std::memcpy(&four, codes + 4 * i, 4);
+          const __m256i x = _mm256_set1_epi32(four);
+          if (BITS == 4) {  // codes <= 15: a pair's sum stays far inside int16
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(quads[i][half], x), ones));
+          } else {  // codes up to 255 would saturate int16: (code - 128) * x, then + 128 * x
+            const __m256i centred = _mm256_xor_si256(quads[i][half], bias);  // signed code - 128
+            const __m256i magnitude = _mm256_sign_epi8(centred, centred);
+            const __m256i signed_x = _mm256_sign_epi8(x, centred);
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
+          }
+        }
+        if (BITS == 8) {
+          int32_t sum = 0;
+          for (int i = 0; i < BLOCK; ++i) sum += static_cast<int8_t>(codes[i]);
+          dot = _mm256_add_epi32(dot, _mm256_set1_epi32(128 * sum));
+        }
+        const __m256 scale = _mm256_mul_ps(scale_w, _mm256_set1_ps(q.scale[row * blocks + b]));
+        __m256& sum = acc[r][half][b & 1];
+        sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, sum);
+        sum = _mm256_fmadd_ps(offset_w, _mm256_set1_ps(q.offset[row * blocks + b]), sum);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int half = 0; half < 2; ++half)
+      _mm256_storeu_ps(y + (row0 + r) * n_total + n0 + 8 * half, _mm256_add_ps(acc[r][half][0], acc[r][half][1]));
+}
+
+template <int BITS>
+void tiles(bool avx512, const uint8_t* w, const float* dw, const float* mw, const Quantised& q, int64_t rows,
+           int64_t k, float* y, int64_t n, int64_t tile) {
+  const int64_t blocks = k / BLOCK;
+  const int64_t tile_bytes = blocks * (BITS == 4 ? 256 : 512);
+  const uint8_t* wt = w + tile * tile_bytes;
+  const float* dt = dw + tile * blocks * TILE;
+  const float* mt = mw + tile * blocks * TILE;
+  int64_t row = 0;
+  for (; row + ROWS <= rows; row += ROWS) {
+    if (avx512) tile_avx512<BITS, ROWS>(wt, dt, mt, q, row, k, y, n, tile * TILE);
+    else tile_avx2<BITS, ROWS>(wt, dt, mt, q, row, k, y, n, tile * TILE);
+  }
+  switch (rows - row) {  // the last 1-3 rows in one pass over the tile
+    case 3:
+      if (avx512) tile_avx512<BITS, 3>(wt, dt, mt, q, row, k, y, n, tile * TILE);
+      else tile_avx2<BITS, 3>(wt, dt, mt, q, row, k, y, n, tile * TILE);
+      break;
+    case 2:
+      if (avx512) tile_avx512<BITS, 2>(wt, dt, mt, q, row, k, y, n, tile * TILE);
+      else tile_avx2<BITS, 2>(wt, dt, mt, q, row, k, y, n, tile * TILE);
+      break;
+    case 1:
+      if (avx512) tile_avx512<BITS, 1>(wt, dt, mt, q, row, k, y, n, tile * TILE);
+      else tile_avx2<BITS, 1>(wt, dt, mt, q, row, k, y, n, tile * TILE);
+      break;
+  }
+}
+
+// x [rows, K] float32; codes [N / 16, K / 32, 256 or 512] uint8; scale, offset [N / 16, K / 32, 16] float32.
+at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset,
+                     int64_t bits, bool avx512) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 [rows, K]");
+  TORCH_CHECK(bits == 4 || bits == 8, "bits: 4 or 8");
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 3 && codes.is_contiguous(), "codes: uint8 [tiles, blocks, bytes]");
+  const int64_t rows = x.size(0), k = x.size(1), tiles_n = codes.size(0), n = tiles_n * TILE;
+  TORCH_CHECK(k % BLOCK == 0 && codes.size(1) == k / BLOCK && codes.size(2) == (bits == 4 ? 256 : 512), "codes do not fit x");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
+              offset.is_contiguous() && scale.numel() == n * (k / BLOCK) && offset.numel() == scale.numel(),
+              "scale, offset: float32 [tiles, blocks, 16]");
+  auto y = at::empty({rows, n}, x.options());
+  if (rows == 0) return y;
+  const Quantised q = quantise_rows(x.data_ptr<float>(), rows, k, avx512);
+  const uint8_t* w = codes.data_ptr<uint8_t>();
+  const float* dw = scale.data_ptr<float>();
+  const float* mw = offset.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, tiles_n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      if (bits == 4) tiles<4>(avx512, w, dw, mw, q, rows, k, out, n, tile);
+      else tiles<8>(avx512, w, dw, mw, q, rows, k, out, n, tile);
+    }
+  });
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(specdec, m) {
+  m.def("q8_matmul(Tensor x, Tensor codes, Tensor scale, Tensor offset, int bits, bool avx512) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("q8_matmul", &q8_matmul);
+}

@@ -1,0 +1,157 @@
+"""specdec's own weight-only matmul (native/q8_matmul.cpp): int4 or int8 weight codes against int8
+activation codes, with integer dot products. torch's int4/int8 kernels unpack the weights again for
+every 4 rows, so a 5-row verify block costs almost twice a one-token call; this one reads a tile of
+weights once for all rows, and each row's result is bit-identical to that row computed alone (its
+integer sums are exact, its float steps the same few in the same order). The arithmetic differs from
+torch's kernels (activations are rounded to 8 bits per block of 32, not to bfloat16), so a target on
+it is a new target: docs/precision.md says by how much.
+
+The library is compiled once per torch version and source, with the machine's C++ compiler, into
+specdec's cache (``install.sh`` does it; the first load does it otherwise, ~10 s). Where it cannot
+be built or the CPU lacks AVX2, ``load`` says why and the target runs on torch's kernels instead.
+It runs AVX-512 VNNI where torch's own CPU capability is AVX-512, else AVX2 (``ATEN_CPU_CAPABILITY=avx2``
+gives the AVX2 path here); both give the same bits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from ..pairs.cache_dir import cache_root
+
+SOURCE = Path(__file__).with_name("native") / "q8_matmul.cpp"
+BLOCK = 32  # inputs per scale, activations and weights alike
+TILE = 16  # outputs per weight tile
+FLAGS = ["-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-w"]
+
+
+class Unavailable(RuntimeError):
+    """The kernel cannot run here; the message says why."""
+
+
+def library_path() -> Path:
+    """Where the library for this source, torch version and flags is kept."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(f"{torch.__version__}|{' '.join(FLAGS)}".encode())
+    return cache_root() / "kernels" / f"q8_matmul-{digest.hexdigest()[:16]}.so"
+
+
+def build(path: Path | None = None) -> Path:
+    """Compile the library into ``path`` (atomically); ``Unavailable`` with the compiler's last words."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    path = path or library_path()
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        raise Unavailable("no C++ compiler found (apt-get install g++, or set CXX)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(handle)
+    command = [compiler, *FLAGS, *(f"-I{p}" for p in include_paths()), str(SOURCE),
+               *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch_cpu", "-o", staging]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise Unavailable(f"compiling {SOURCE.name} failed: {last}")
+        os.replace(staging, path)
+    finally:
+        Path(staging).unlink(missing_ok=True)
+    return path
+
+
+def cpu_path() -> str:
+    """"avx512" or "avx2", as torch's own kernels choose (``ATEN_CPU_CAPABILITY``), or "" without AVX2."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability in ("AVX512", "AMX") and torch.cpu._is_vnni_supported():
+        return "avx512"
+    return "avx2" if capability in ("AVX2", "AVX512", "AMX") else ""
+
+
+@cache
+def load() -> str:
+    """Load the library (building it first when missing) and return its CPU path; ``Unavailable``
+    (remembered: one attempt a process) when it cannot run here."""
+    if os.environ.get("SPECDEC_TORCH_KERNELS"):
+        raise Unavailable("SPECDEC_TORCH_KERNELS is set")
+    path_name = cpu_path()
+    if not path_name:
+        raise Unavailable(f"the CPU path {torch.backends.cpu.get_cpu_capability()} has no AVX2")
+    path = library_path()
+    if not path.exists():
+        from ..notices import log
+
+        log.info("compiling specdec's int8 matmul kernel (once, ~10 s)")
+        build(path)
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as exc:
+        raise Unavailable(f"{path} does not load: {exc}") from None
+    return path_name
+
+
+def available() -> bool:
+    try:
+        load()
+    except Unavailable:
+        return False
+    return True
+
+
+def fits(in_features: int) -> bool:
+    return in_features % BLOCK == 0
+
+
+def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> tuple[torch.Tensor, ...]:
+    """Weights ``w = scale * code + offset`` per block of 32 inputs (codes [N, K] in 0..2^bits − 1,
+    scale and offset [N, K / 32]) in the kernel's layout: codes [N/16, K/32, 256 | 512] uint8, scale
+    and offset [N/16, K/32, 16] float32; N is padded to 16 with zero weights."""
+    missing = -codes.shape[0] % TILE
+    if missing:
+        codes, scale, offset = (torch.cat([t, t.new_zeros(missing, t.shape[1])]) for t in (codes, scale, offset))
+    rows, columns = codes.shape
+    tiles, blocks = rows // TILE, columns // BLOCK
+    quads = codes.to(torch.uint8).view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4).reshape(tiles, blocks, 8, 64)
+    if bits == 4:
+        quads = quads[:, :, 0::2] | (quads[:, :, 1::2] << 4)
+    per_tile = lambda t: t.float().view(tiles, TILE, blocks).permute(0, 2, 1).contiguous()  # noqa: E731
+    return quads.reshape(tiles, blocks, -1).contiguous(), per_tile(scale), per_tile(offset)
+
+
+def unpack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:
+    """``pack``'s layout back to float32 weights [N padded to 16, K]: ``scale * code + offset``."""
+    tiles, blocks = codes.shape[:2]
+    quads = codes.view(tiles, blocks, -1, 64)
+    if bits == 4:
+        quads = torch.stack([quads & 0x0F, quads >> 4], dim=3).view(tiles, blocks, 8, 64)
+    values = quads.view(tiles, blocks, 8, TILE, 4).permute(0, 3, 1, 2, 4).reshape(tiles, TILE, blocks, BLOCK).float()
+    per_output = lambda t: t.permute(0, 2, 1)[..., None]  # noqa: E731  [tiles, 16, blocks, 1]
+    return (values * per_output(scale) + per_output(offset)).reshape(tiles * TILE, blocks * BLOCK)
+
+
+def op():
+    """The loaded op itself, for a caller that calls it per layer (contiguous float32 x; no checks in Python)."""
+    load()
+    return torch.ops.specdec.q8_matmul
+
+
+def matmul(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:
+    """x [rows, K] float32 → [rows, N padded to 16] float32."""
+    avx512 = load() == "avx512"  # loads the op first
+    return torch.ops.specdec.q8_matmul(x.contiguous(), codes, scale, offset, bits, avx512)
+
+
+if __name__ == "__main__":  # install.sh: build (or find) the library for this torch
+    try:
+        print(f"specdec's int8 matmul kernel ready ({load()}) at {library_path()}", file=sys.stderr)
+    except Unavailable as exc:
+        print(f"specdec's int8 matmul kernel is not available: {exc}; torch's kernels will run", file=sys.stderr)

@@ -1,0 +1,148 @@
+"""specdec's own int8-activation matmul (runtime/q8_kernel.py): its layout is exact, each row's
+result is the same bits whatever the rows, threads or CPU path beside it, a verify block of the lean
+forward on it scores every row exactly as one-token forwards do, and where it cannot run the target
+says so and runs torch's kernels."""
+
+import copy
+import logging
+
+import pytest
+import torch
+from conftest import tiny_llama
+from transformers import DynamicCache
+
+from specdec_cli.pairs import loading
+from specdec_cli.runtime import q8_kernel
+from specdec_cli.runtime.lean_forward import use_lean_forward
+from specdec_cli.runtime.quantize import Int4Linear, Q8Linear, int4_groups, quantise_model
+from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
+
+pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
+
+
+def weights(bits: int, outputs: int = 40, inputs: int = 96, seed: int = 0):
+    """Random codes, scales and offsets; 40 outputs: the last tile is padded."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 2**bits, (outputs, inputs), generator=g)
+    scale = torch.rand(outputs, inputs // 32, generator=g) * 0.02 + 0.001
+    offset = -scale * 2 ** (bits - 1) * torch.rand(outputs, inputs // 32, generator=g)
+    return codes, scale, offset
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_packed_layout_unpacks_to_the_weights_it_was_given(bits):
+    codes, scale, offset = weights(bits)
+    packed = q8_kernel.pack(codes, scale, offset, bits)
+    assert packed[0].shape == (3, 3, 256 if bits == 4 else 512)
+    want = (codes.float().view(40, 3, 32) * scale[..., None] + offset[..., None]).view(40, 96)
+    got = q8_kernel.unpack(*packed, bits)
+    assert torch.equal(got[:40], want) and torch.equal(got[40:], torch.zeros(8, 96))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_activations_on_the_int8_grid_give_the_exact_product(bits):
+    """Each block of x is d · (integer codes, one of them ±127): its int8 codes are exact, so the
+    kernel's result is the float64 product up to float32 rounding: a misplaced weight would not be."""
+    codes, scale, offset = weights(bits)
+    g = torch.Generator().manual_seed(1)
+    x_codes = torch.randint(-127, 128, (5, 96), generator=g)
+    x_codes[:, ::32] = 127
+    x = (x_codes.float().view(5, 3, 32) * torch.tensor([0.5, 0.25, 2.0])[None, :, None]).view(5, 96)
+    w = (codes.double().view(40, 3, 32) * scale.double()[..., None] + offset.double()[..., None]).view(40, 96)
+    got = q8_kernel.matmul(x, *q8_kernel.pack(codes, scale, offset, bits), bits)[:, :40]
+    torch.testing.assert_close(got.double(), x.double() @ w.t(), rtol=1e-5, atol=1e-4)
+
+
+def run_rows(x, packed, bits, avx512):
+    return torch.ops.specdec.q8_matmul(x.contiguous(), *packed, bits, avx512)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_every_row_is_bit_identical_alone_in_any_block_and_on_any_thread_count(bits):
+    packed = q8_kernel.pack(*weights(bits, outputs=64, inputs=128), bits)
+    x = torch.randn(16, 128, generator=torch.Generator().manual_seed(2)) * 3
+    avx512 = q8_kernel.load() == "avx512"
+    alone = torch.cat([run_rows(x[i : i + 1], packed, bits, avx512) for i in range(16)])
+    for rows in range(1, 17):
+        assert torch.equal(run_rows(x[:rows], packed, bits, avx512), alone[:rows]), rows
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(run_rows(x, packed, bits, avx512), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_avx2_and_avx512_paths_give_the_same_bits(bits):
+    if q8_kernel.load() != "avx512":
+        pytest.skip("this run's CPU path has no AVX-512 VNNI")
+    packed = q8_kernel.pack(*weights(bits, outputs=48, inputs=576), bits)
+    x = torch.randn(9, 576, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(run_rows(x, packed, bits, True), run_rows(x, packed, bits, False))
+
+
+def test_a_zero_block_and_rows_of_zeros_give_the_offsets_alone():
+    codes, scale, offset = weights(4)
+    x = torch.zeros(2, 96)
+    x[1, 32:64] = 1.0  # block 1 only
+    got = q8_kernel.matmul(x, *q8_kernel.pack(codes, scale, offset, 4), 4)[:, :40]
+    assert torch.equal(got[0], torch.zeros(40))
+    w = codes[:, 32:64].double() * scale[:, 1:2].double() + offset[:, 1:2].double()
+    torch.testing.assert_close(got[1].double(), w.sum(1), rtol=1e-5, atol=1e-5)
+
+
+def lean_native(kind):
+    model = quantise_model(tiny_llama(seed=3, hidden=64, layers=3), kind, native=True)
+    assert any(isinstance(m, Q8Linear) for m in model.modules())
+    assert not any(isinstance(m, Int4Linear) for m in model.modules())
+    use_rowwise_attention(model)
+    lean = copy.copy(model)
+    assert use_lean_forward(lean)
+    return model, lean
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_a_verify_block_on_the_kernel_scores_every_row_as_one_token_forwards_do(kind):
+    model, lean = lean_native(kind)
+    ids = torch.randint(3, 98, (1, 46), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        lean(ids[:, :30], cache=cache, use_cache=True, logits_to_keep=1)
+        one_token = torch.stack([lean(ids[:, t : t + 1], cache=cache, use_cache=True).logits[0, -1] for t in range(30, 46)])
+        for length in range(2, 17):
+            cache = DynamicCache(config=model.config)
+            lean(ids[:, :30], cache=cache, use_cache=True, logits_to_keep=1)
+            block = lean(ids[:, 30 : 30 + length], cache=cache, use_cache=True).logits[0]
+            assert torch.equal(block, one_token[:length]), length
+        # transformers' forward on the same modules: the same bits
+        want, got = model(ids[:, :20]).logits, lean(ids[:, :20]).logits
+        assert torch.equal(want, got)
+
+
+def test_the_kernels_weights_are_the_gguf_blocks_exactly():
+    weight = torch.randn(24, 64, generator=torch.Generator().manual_seed(5))
+    groups = int4_groups(weight)
+    linear = Q8Linear.from_int4(*groups)
+    want = (groups[0].float().view(24, 2, 32) * groups[1][..., None] + groups[2][..., None]).view(24, 64)
+    assert torch.equal(linear.dequantized(), want)
+
+
+def test_a_compiler_that_fails_is_named_with_its_last_words(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "/bin/false")
+    with pytest.raises(q8_kernel.Unavailable, match="compiling q8_matmul.cpp failed"):
+        q8_kernel.build(tmp_path / "k.so")
+    assert not list(tmp_path.iterdir())  # no half-written library left
+
+
+def test_without_the_kernel_the_target_says_so_once_and_runs_torchs(monkeypatch, caplog):
+    def unavailable():
+        raise q8_kernel.Unavailable("no C++ compiler found")
+    monkeypatch.setattr(q8_kernel, "load", unavailable)
+    monkeypatch.delattr(loading.native_kernel, "told", raising=False)
+    with caplog.at_level(logging.WARNING, logger="specdec"):
+        assert loading.native_kernel() is False
+        assert loading.native_kernel() is False
+    told = [r.getMessage() for r in caplog.records if "int8 matmul kernel" in r.getMessage()]
+    assert told == ["specdec's int8 matmul kernel is not available (no C++ compiler found): the target runs on "
+                    "torch's int4/int8 kernels, whose verify blocks cost more"]
