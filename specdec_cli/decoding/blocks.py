@@ -114,12 +114,13 @@ def forward_code() -> str:
     """A digest of this package's code that shapes a target forward (quantised linears, fused
     projections, row-by-row attention, the lean forward, the KV cache): costs measured under other
     code are stale."""
-    from ..runtime import fused_projections, lean_forward, quantize, rowwise_attention
+    from ..runtime import fused_projections, lean_forward, q8_kernel, quantize, rowwise_attention
     from . import kv
 
     digest = hashlib.sha256()
-    for module in (fused_projections, lean_forward, quantize, rowwise_attention, kv):
+    for module in (fused_projections, lean_forward, q8_kernel, quantize, rowwise_attention, kv):
         digest.update(Path(module.__file__).read_bytes())
+    digest.update(q8_kernel.SOURCE.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -127,8 +128,9 @@ def cached_costs(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, 
     """Seconds of a block of each length for this model on this machine (see cached_plan); {} off a CPU."""
     if input_device(model).type != "cpu":
         return {}
-    key = "|".join([identity, str(model.dtype), torch.__version__, transformers.__version__, str(torch.get_num_threads()),
-                    cpu_name(), forward_code()])
+    head = model.get_output_embeddings()  # which kernels: torch's (Int4Linear, Int8Linear) or specdec's (Q8Linear)
+    key = "|".join([identity, str(model.dtype), type(head).__name__, torch.__version__, transformers.__version__,
+                    str(torch.get_num_threads()), cpu_name(), forward_code()])
     path = cache_dir / f"block-costs-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     try:
         costs = {int(n): float(s) for n, s in json.loads(path.read_text()).items()}

@@ -30,7 +30,7 @@ from .dense_prefill import DENSE_FROM, lean_layer
 from .fused_projections import SharedProjection
 from . import q8_kernel
 from .quantize import Int4Linear, Int8Linear, Q8Linear, padded_columns
-from .rowwise_attention import ROWWISE_UP_TO, attend_rows, visible_keys_once
+from .rowwise_attention import ROWWISE_UP_TO, attend_rows, native_rows, on_native_kernels, visible_keys_once
 
 HANDLED = {"input_ids", "cache", "use_cache", "logits_to_keep", "attention_mask", "position_ids", "output_hidden_states"}
 
@@ -103,7 +103,9 @@ def layer_supported(layer) -> bool:
 class LeanDecoder:
     """Llama decoder layers as a flat function of precomputed weights (``layer_weights``)."""
 
-    def __init__(self, config):
+    def __init__(self, config, native: bool = False):
+        """``native``: attend on specdec's attention op (the model's linears are on its kernels)."""
+        self.native = native
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.groups = self.heads // self.kv_heads
@@ -141,6 +143,8 @@ class LeanDecoder:
 
     def attend(self, query, key, value, seen):
         """[1, heads, rows, dim] -> [rows, heads, dim], exactly as rowwise_attention computes it."""
+        if self.native:
+            return native_rows(query, key, value, self.scaling, seen)[0]
         return attend_rows(query, key, value, self.scaling, self.groups, seen)[0]
 
     def attend_prompt(self, query, key, value):
@@ -159,7 +163,7 @@ class LeanLlama(LeanDecoder):
     def __init__(self, model, dense: list[tuple[torch.Tensor, ...]] | None = None):
         """``dense``: dense (bfloat16 or float32) weights per layer for a prompt's forward (dense_prefill.py), or None."""
         config = model.config
-        super().__init__(config)
+        super().__init__(config, on_native_kernels(model))
         self.model, self.transformers_forward = model, model.forward
         self.fallbacks = 0  # forwards handed to transformers' forward (fallback_forwards)
         self.embed = model.model.embed_tokens.weight

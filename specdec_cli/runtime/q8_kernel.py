@@ -31,7 +31,7 @@ from ..pairs.cache_dir import cache_root
 SOURCE = Path(__file__).with_name("native") / "q8_matmul.cpp"
 BLOCK = 32  # inputs per scale, activations and weights alike
 TILE = 16  # outputs per weight tile
-FLAGS = ["-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-w"]
+FLAGS = ["-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-w"]
 
 
 class Unavailable(RuntimeError):
@@ -40,7 +40,9 @@ class Unavailable(RuntimeError):
 
 def library_path() -> Path:
     """Where the library for this source, torch version and flags is kept."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256()
+    for source in sorted(SOURCE.parent.iterdir()):
+        digest.update(source.read_bytes())
     digest.update(f"{torch.__version__}|{' '.join(FLAGS)}".encode())
     return cache_root() / "kernels" / f"q8_matmul-{digest.hexdigest()[:16]}.so"
 
@@ -138,10 +140,10 @@ def unpack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits:
     return (values * per_output(scale) + per_output(offset)).reshape(tiles * TILE, blocks * BLOCK)
 
 
-def op():
-    """The loaded op itself, for a caller that calls it per layer (contiguous float32 x; no checks in Python)."""
+def op(name: str = "q8_matmul"):
+    """A loaded op itself (``q8_matmul`` or ``attend_rows``), for a caller that calls it per layer."""
     load()
-    return torch.ops.specdec.q8_matmul
+    return getattr(torch.ops.specdec, name)
 
 
 def matmul(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:

@@ -10,13 +10,21 @@ forward makes — removes the difference. A row's keys are its causal prefix, or
 mask, the cache and its ancestors gathered in order: what the cache holds once the path is kept.
 Long inputs (a prompt) take the ordinary kernel: they are computed the same way in plain and
 speculative decoding.
+
+A target on specdec's own kernels (quantize.Q8Linear) attends with their attention op instead
+(native/attention_rows.inc): the same one-query arithmetic for every row, but all rows of a block in
+one call, and a fixed order of float ops of its own (a one-token forward runs it too). It is chosen
+with the linears' kernel when the model is loaded (``native``), never per call.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import q8_kernel
+
 NAME = "specdec_rowwise"
+NATIVE = "specdec_native_rows"
 ROWWISE_UP_TO = 64  # query rows; verify blocks are at most MAX_K + 1
 
 
@@ -49,6 +57,27 @@ def visible_keys_once(mask: torch.Tensor | None, rows: int, keys: int) -> list[t
     return _last[1]
 
 
+def native_rows(query, key, value, scaling, seen: list | None = None) -> torch.Tensor:
+    """attend_rows on specdec's attention op: [1, heads, rows, dim] -> [1, rows, heads, dim]."""
+    rows, keys = query.shape[2], key.shape[2]
+    counts, index = row_keys(seen, rows, keys)
+    out = q8_kernel.op("attend_rows")(query[0].transpose(0, 1), key[0], value[0], counts, index, scaling,
+                                      q8_kernel.load() == "avx512")
+    return out[None]
+
+
+def row_keys(seen: list | None, rows: int, keys: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per row how many keys it sees, and which (None: its causal prefix), as the attention op takes them."""
+    if not seen or all(gathered is None for gathered in seen):
+        return torch.arange(keys - rows + 1, keys + 1), None
+    lists = [torch.arange(keys - rows + row + 1) if gathered is None else gathered for row, gathered in enumerate(seen)]
+    counts = torch.tensor([len(keys_seen) for keys_seen in lists])
+    index = torch.zeros(rows, int(counts.max()), dtype=torch.long)
+    for row, keys_seen in enumerate(lists):
+        index[row, : len(keys_seen)] = keys_seen
+    return counts, index
+
+
 def attend_rows(query, key, value, scaling, groups: int, seen: list | None = None) -> torch.Tensor:
     """[1, heads, rows, dim] -> [1, rows, heads, dim]: each query row as a one-query call over the keys
     it may see (``seen``: per row the gathered key positions, or None for its causal prefix)."""
@@ -67,7 +96,7 @@ def attend_rows(query, key, value, scaling, groups: int, seen: list | None = Non
     return torch.cat(outputs, dim=1)
 
 
-def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, native=False, **kwargs):
     rows, keys = query.shape[2], key.shape[2]
     if rows > ROWWISE_UP_TO or query.shape[0] != 1 or module.training:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -75,15 +104,30 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     # transformers passes no mask to a one-token forward
     seen = None if attention_mask is None else visible_keys_once(attention_mask, rows, keys)
+    if native:
+        return native_rows(query, key, value, scaling, seen), None
     return attend_rows(query, key, value, scaling, getattr(module, "num_key_value_groups", 1), seen), None
 
 
+def native_attention(module, query, key, value, attention_mask, **kwargs):
+    return rowwise_attention(module, query, key, value, attention_mask, native=True, **kwargs)
+
+
 def use_rowwise_attention(model) -> None:
-    """Make ``model`` (a transformers model) attend row by row. Registered here, not on import: the
+    """Make ``model`` (a transformers model) attend row by row: on specdec's attention op when its
+    linears run on specdec's kernels, else one SDPA call a row. Registered here, not on import: the
     lean forward uses this module's functions without transformers' attention and masking code."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-    AttentionInterface.register(NAME, rowwise_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # long inputs go to sdpa with its own mask
-    model.set_attn_implementation(NAME)
+    name = NATIVE if on_native_kernels(model) else NAME
+    AttentionInterface.register(name, native_attention if name == NATIVE else rowwise_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)  # long inputs go to sdpa with its own mask
+    model.set_attn_implementation(name)
+
+
+def on_native_kernels(model) -> bool:
+    """Whether ``model``'s linears were put on specdec's kernels when it was loaded (quantize.Q8Linear)."""
+    from .quantize import Q8Linear
+
+    return any(isinstance(m, Q8Linear) for m in model.modules())

@@ -21,7 +21,9 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -256,12 +258,118 @@ at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   return y;
 }
 
+// ---- attention, row by row in one call -----------------------------------------------------------
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+namespace path_avx512 {
+#include "attention_rows.inc"
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace path_avx2 {
+#include "attention_rows.inc"
+}
+#pragma GCC pop_options
+
+// head_dim 64 or 128 on AVX-512: the same three passes as attend_one, with each score's dot product
+// as D / 16 vector products summed in order and then across lanes, and the output in registers.
+template <int D>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+void attend_one_wide(const float* q, const float* k, const float* v, int64_t key_stride, int64_t value_stride,
+                     const int64_t* keys, int64_t count, float scale, float* scores, float* out) {
+  constexpr int C = D / 16;
+  __m512 query[C];
+  for (int c = 0; c < C; ++c) query[c] = _mm512_loadu_ps(q + 16 * c);
+  float best = -INFINITY;
+  for (int64_t j = 0; j < count; ++j) {
+    const float* kj = k + keys[j] * key_stride;
+    __m512 dot = _mm512_mul_ps(query[0], _mm512_loadu_ps(kj));
+    for (int c = 1; c < C; ++c) dot = _mm512_fmadd_ps(query[c], _mm512_loadu_ps(kj + 16 * c), dot);
+    scores[j] = _mm512_reduce_add_ps(dot) * scale;
+    best = scores[j] > best ? scores[j] : best;
+  }
+  const float total = path_avx512::exponentiate(scores, count, best);
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < count; ++j) {
+    const float* vj = v + keys[j] * value_stride;
+    const __m512 p = _mm512_set1_ps(scores[j]);
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * c), acc[c]);
+  }
+  const __m512 inverse = _mm512_set1_ps(1.f / total);
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], inverse));
+}
+
+// q [rows, heads, dim] (dim contiguous), key and value [kv_heads, keys, dim] (dim contiguous); row r sees
+// keys index[r, 0..counts[r]) when index is given, else keys 0..counts[r]. Returns [rows, heads, dim].
+at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value, const at::Tensor& counts,
+                       const std::optional<at::Tensor>& index, double scale, bool avx512) {
+  TORCH_CHECK(q.dim() == 3 && key.dim() == 3 && value.dim() == 3, "q, key, value: 3 dimensions");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat && value.scalar_type() == at::kFloat,
+              "float32 only");
+  TORCH_CHECK(q.stride(2) == 1 && key.stride(2) == 1 && value.stride(2) == 1, "the last dimension must be contiguous");
+  const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = key.size(0), keys = key.size(1);
+  TORCH_CHECK(heads % kv_heads == 0 && key.size(2) == dim && value.size(0) == kv_heads && value.size(1) == keys &&
+              value.size(2) == dim, "shapes do not match");
+  TORCH_CHECK(counts.scalar_type() == at::kLong && counts.is_contiguous() && counts.numel() == rows, "counts: int64 [rows]");
+  const int64_t* count = counts.data_ptr<int64_t>();
+  int64_t widest = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(count[r] >= 1 && count[r] <= keys, "a row must see between 1 and all keys");
+    widest = std::max(widest, count[r]);
+  }
+  std::vector<int64_t> causal;
+  const int64_t* chosen = nullptr;
+  int64_t index_stride = 0;
+  if (index.has_value()) {
+    TORCH_CHECK(index->scalar_type() == at::kLong && index->dim() == 2 && index->size(0) == rows &&
+                index->size(1) >= widest && index->stride(1) == 1, "index: int64 [rows, >= counts]");
+    chosen = index->data_ptr<int64_t>();
+    index_stride = index->stride(0);
+  } else {
+    causal.resize(widest);
+    for (int64_t j = 0; j < widest; ++j) causal[j] = j;
+    chosen = causal.data();
+  }
+  auto out = at::empty({rows, heads, dim}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = key.data_ptr<float>();
+  const float* vp = value.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t groups = heads / kv_heads;
+  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(widest);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r = task / heads, h = task % heads, g = h / groups;
+      const float* qr = qp + r * q.stride(0) + h * q.stride(1);
+      const float* kg = kp + g * key.stride(0);
+      const float* vg = vp + g * value.stride(0);
+      const int64_t* keys_r = chosen + r * index_stride;
+      float* o = op + (r * heads + h) * dim;
+      if (avx512 && dim == 64) attend_one_wide<64>(qr, kg, vg, key.stride(1), value.stride(1), keys_r, count[r],
+                                                   static_cast<float>(scale), scores.data(), o);
+      else if (avx512 && dim == 128) attend_one_wide<128>(qr, kg, vg, key.stride(1), value.stride(1), keys_r, count[r],
+                                                          static_cast<float>(scale), scores.data(), o);
+      else if (avx512) path_avx512::attend_one(qr, kg, vg, key.stride(1), value.stride(1), keys_r, count[r], dim,
+                                          static_cast<float>(scale), scores.data(), o);
+      else path_avx2::attend_one(qr, kg, vg, key.stride(1), value.stride(1), keys_r, count[r], dim,
+                                 static_cast<float>(scale), scores.data(), o);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specdec, m) {
   m.def("q8_matmul(Tensor x, Tensor codes, Tensor scale, Tensor offset, int bits, bool avx512) -> Tensor");
+  m.def("attend_rows(Tensor q, Tensor key, Tensor value, Tensor counts, Tensor? index, float scale, bool avx512) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("q8_matmul", &q8_matmul);
+  m.impl("attend_rows", &attend_rows);
 }
