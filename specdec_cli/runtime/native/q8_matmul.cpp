@@ -303,6 +303,55 @@ void attend_one_wide(const float* q, const float* k, const float* v, int64_t key
   for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], inverse));
 }
 
+// The queries of one kv head (several rows, several heads of its group) in one pass over its keys:
+// each key and value is read once for all of them. Each query's arithmetic is attend_one_wide's,
+// op for op (the same products, sums and order), so its result is the same bits as alone.
+template <int D>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+void attend_shared_wide(const float* const* qs, float* const* outs, const int64_t* counts, int n, const float* k,
+                        const float* v, int64_t key_stride, int64_t value_stride, float scale, float* scores,
+                        int64_t width) {
+  constexpr int C = D / 16;
+  int64_t widest = 0;
+  float best[4];
+  for (int i = 0; i < n; ++i) {
+    widest = std::max(widest, counts[i]);
+    best[i] = -INFINITY;
+  }
+  for (int64_t j = 0; j < widest; ++j) {
+    const float* kj = k + j * key_stride;
+    __m512 key[C];
+    for (int c = 0; c < C; ++c) key[c] = _mm512_loadu_ps(kj + 16 * c);
+    for (int i = 0; i < n; ++i) {
+      if (j >= counts[i]) continue;
+      __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qs[i]), key[0]);
+      for (int c = 1; c < C; ++c) dot = _mm512_fmadd_ps(_mm512_loadu_ps(qs[i] + 16 * c), key[c], dot);
+      const float score = _mm512_reduce_add_ps(dot) * scale;
+      scores[i * width + j] = score;
+      best[i] = score > best[i] ? score : best[i];
+    }
+  }
+  float total[4];
+  for (int i = 0; i < n; ++i) total[i] = path_avx512::exponentiate(scores + i * width, counts[i], best[i]);
+  __m512 acc[4][C];
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < C; ++c) acc[i][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < widest; ++j) {
+    const float* vj = v + j * value_stride;
+    __m512 value[C];
+    for (int c = 0; c < C; ++c) value[c] = _mm512_loadu_ps(vj + 16 * c);
+    for (int i = 0; i < n; ++i) {
+      if (j >= counts[i]) continue;
+      const __m512 p = _mm512_set1_ps(scores[i * width + j]);
+      for (int c = 0; c < C; ++c) acc[i][c] = _mm512_fmadd_ps(p, value[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    const __m512 inverse = _mm512_set1_ps(1.f / total[i]);
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(outs[i] + 16 * c, _mm512_mul_ps(acc[i][c], inverse));
+  }
+}
+
 // q [rows, heads, dim] (dim contiguous), key and value [kv_heads, keys, dim] (dim contiguous); row r sees
 // keys index[r, 0..counts[r]) when index is given, else keys 0..counts[r]. Returns [rows, heads, dim].
 at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value, const at::Tensor& counts,
@@ -340,6 +389,33 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& key, const at::Ten
   const float* vp = value.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t groups = heads / kv_heads;
+  if (avx512 && !index.has_value() && rows > 1 && (dim == 64 || dim == 128)) {
+    // causal rows of a block: per kv head, up to 4 of its queries share each pass over the keys
+    const int64_t per_head = rows * groups, chunks = (per_head + 3) / 4;
+    at::parallel_for(0, kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(4 * widest);
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t g = task / chunks, first = (task % chunks) * 4;
+        const int n = static_cast<int>(std::min<int64_t>(4, per_head - first));
+        const float* qs[4];
+        float* outs[4];
+        int64_t counts_i[4];
+        for (int i = 0; i < n; ++i) {
+          const int64_t r = (first + i) / groups, h = g * groups + (first + i) % groups;
+          qs[i] = qp + r * q.stride(0) + h * q.stride(1);
+          outs[i] = op + (r * heads + h) * dim;
+          counts_i[i] = count[r];
+        }
+        if (dim == 64)
+          attend_shared_wide<64>(qs, outs, counts_i, n, kp + g * key.stride(0), vp + g * value.stride(0), key.stride(1),
+                                 value.stride(1), static_cast<float>(scale), scores.data(), widest);
+        else
+          attend_shared_wide<128>(qs, outs, counts_i, n, kp + g * key.stride(0), vp + g * value.stride(0), key.stride(1),
+                                  value.stride(1), static_cast<float>(scale), scores.data(), widest);
+      }
+    });
+    return out;
+  }
   at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(widest);
     for (int64_t task = begin; task < end; ++task) {
