@@ -92,8 +92,32 @@ def test_a_zero_block_and_rows_of_zeros_give_the_offsets_alone():
     torch.testing.assert_close(got[1].double(), w.sum(1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dim", [16, 64, 128])  # 64 and 128 take the wide AVX-512 paths, others the generic one
+def test_attention_rows_are_the_exact_softmax_and_bit_identical_alone_or_in_a_block(dim):
+    g = torch.Generator().manual_seed(7)
+    keys = torch.randn(3, 130, dim, generator=g)[:, :120]  # a cache view: rows of keys 130 apart
+    values = torch.randn(3, 130, dim, generator=g)[:, :120]
+    q = torch.randn(16, 9, dim, generator=g)
+    counts = torch.arange(105, 121)
+    attend = q8_kernel.op("attend_rows")
+    avx512 = q8_kernel.load() == "avx512"
+    block = attend(q, keys, values, counts, None, 0.3, avx512)
+    for row in range(16):
+        alone = attend(q[row : row + 1], keys, values, counts[row : row + 1], None, 0.3, avx512)
+        assert torch.equal(alone[0], block[row]), row
+        tail = attend(q[row:], keys, values, counts[row:].contiguous(), None, 0.3, avx512)
+        assert torch.equal(tail, block[row:]), row
+        k, v = keys.repeat_interleave(3, 0)[:, : counts[row]].double(), values.repeat_interleave(3, 0)[:, : counts[row]].double()
+        weights = (torch.einsum("hd,hkd->hk", q[row].double(), k) * 0.3).softmax(-1)
+        torch.testing.assert_close(block[row].double(), torch.einsum("hk,hkd->hd", weights, v), rtol=1e-5, atol=1e-6)
+    # a tree's rows gather their keys (an index): the same values in the same order give the same bits
+    index = torch.arange(120).flip(0)[None].expand(2, -1).contiguous()
+    gathered = attend(q[:2], keys, values, torch.tensor([120, 120]), index, 0.3, avx512)
+    assert torch.equal(gathered, attend(q[:2], keys.flip(1), values.flip(1), torch.tensor([120, 120]), None, 0.3, avx512))
+
+
 def lean_native(kind):
-    model = quantise_model(tiny_llama(seed=3, hidden=64, layers=3), kind, native=True)
+    model = quantise_model(tiny_llama(seed=3, hidden=256, layers=2), kind, native=True)  # head_dim 64
     assert any(isinstance(m, Q8Linear) for m in model.modules())
     assert not any(isinstance(m, Int4Linear) for m in model.modules())
     use_rowwise_attention(model)
@@ -146,3 +170,28 @@ def test_without_the_kernel_the_target_says_so_once_and_runs_torchs(monkeypatch,
     told = [r.getMessage() for r in caplog.records if "int8 matmul kernel" in r.getMessage()]
     assert told == ["specdec's int8 matmul kernel is not available (no C++ compiler found): the target runs on "
                     "torch's int4/int8 kernels, whose verify blocks cost more"]
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_a_tree_on_the_kernels_scores_each_node_as_one_token_forwards_along_its_path(lean):
+    """A tree's rows gather their ancestors (an index per row) where a chain's see their prefix: on
+    specdec's attention op both must still give the one-token forward's bits."""
+    from specdec_cli.decoding.tree import Tree, verify_tree
+
+    model, lean_model = lean_native("int4")
+    model = lean_model if lean else model
+    tree = Tree(torch.tensor([5, 17, 23, 40, 41, 9, 12]), (-1, 0, 0, 1, 2, 2, 5))
+    prompt = torch.randint(3, 98, (1, 20), generator=torch.Generator().manual_seed(6))
+
+    def prefilled():
+        cache = DynamicCache(config=model.config)
+        model(prompt, cache=cache, use_cache=True)
+        return cache
+
+    with torch.inference_mode():
+        tree_logits = verify_tree(model, prefilled(), tree, torch.device("cpu")).logits[0]
+        for leaf in (3, 4, 6):
+            cache = prefilled()
+            for node in tree.path_to(leaf):
+                step = model(torch.tensor([[int(tree.tokens[node])]]), cache=cache, use_cache=True).logits[0, -1]
+                assert torch.equal(tree_logits[node], step), (leaf, node)
