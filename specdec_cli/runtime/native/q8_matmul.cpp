@@ -274,6 +274,28 @@ namespace path_avx2 {
 }
 #pragma GCC pop_options
 
+// The sum of 16 lanes in one fixed tree: lanes i + 8, then i + 4, i + 2, i + 1. sum16x4 sums four
+// vectors at once by the same tree (the shuffles only move lanes), so each of its sums is sum16's bits.
+__attribute__((target("avx512f,avx512dq,fma")))
+inline float sum16(__m512 v) {
+  const __m256 s = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  const __m128 u = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  const __m128 w = _mm_add_ps(u, _mm_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(w) + _mm_cvtss_f32(_mm_permute_ps(w, _MM_SHUFFLE(1, 1, 1, 1)));
+}
+
+__attribute__((target("avx512f,avx512dq,fma")))
+inline void sum16x4(__m512 a, __m512 b, __m512 c, __m512 d, float* out) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));  // i + 8
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  const __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));  // i + 4
+  const __m512 w = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2)));  // i + 2
+  const __m512 r = _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(1, 1, 1, 1)));  // i + 1
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, r);
+  out[0] = lanes[0], out[1] = lanes[4], out[2] = lanes[8], out[3] = lanes[12];
+}
+
 // head_dim 64 or 128 on AVX-512: the same three passes as attend_one, with each score's dot product
 // as D / 16 vector products summed in order and then across lanes, and the output in registers.
 template <int D>
@@ -288,7 +310,7 @@ void attend_one_wide(const float* q, const float* k, const float* v, int64_t key
     const float* kj = k + keys[j] * key_stride;
     __m512 dot = _mm512_mul_ps(query[0], _mm512_loadu_ps(kj));
     for (int c = 1; c < C; ++c) dot = _mm512_fmadd_ps(query[c], _mm512_loadu_ps(kj + 16 * c), dot);
-    scores[j] = _mm512_reduce_add_ps(dot) * scale;
+    scores[j] = sum16(dot) * scale;
     best = scores[j] > best ? scores[j] : best;
   }
   const float total = path_avx512::exponentiate(scores, count, best);
@@ -314,19 +336,28 @@ void attend_shared_wide(const float* const* qs, float* const* outs, const int64_
   constexpr int C = D / 16;
   int64_t widest = 0;
   float best[4];
+  __m512 query[4][C];
   for (int i = 0; i < n; ++i) {
     widest = std::max(widest, counts[i]);
     best[i] = -INFINITY;
+    for (int c = 0; c < C; ++c) query[i][c] = _mm512_loadu_ps(qs[i] + 16 * c);
   }
   for (int64_t j = 0; j < widest; ++j) {
     const float* kj = k + j * key_stride;
     __m512 key[C];
     for (int c = 0; c < C; ++c) key[c] = _mm512_loadu_ps(kj + 16 * c);
+    __m512 dots[4];
+    for (int i = 0; i < 4; ++i) {
+      dots[i] = _mm512_setzero_ps();
+      if (i >= n) continue;
+      dots[i] = _mm512_mul_ps(query[i][0], key[0]);
+      for (int c = 1; c < C; ++c) dots[i] = _mm512_fmadd_ps(query[i][c], key[c], dots[i]);
+    }
+    float sums[4];
+    sum16x4(dots[0], dots[1], dots[2], dots[3], sums);
     for (int i = 0; i < n; ++i) {
       if (j >= counts[i]) continue;
-      __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qs[i]), key[0]);
-      for (int c = 1; c < C; ++c) dot = _mm512_fmadd_ps(_mm512_loadu_ps(qs[i] + 16 * c), key[c], dot);
-      const float score = _mm512_reduce_add_ps(dot) * scale;
+      const float score = sums[i] * scale;
       scores[i * width + j] = score;
       best[i] = score > best[i] ? score : best[i];
     }
