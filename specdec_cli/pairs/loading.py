@@ -24,12 +24,13 @@ import transformers
 
 from ..errors import UserError
 from ..notices import log
-from ..runtime import dense_prefill, prepared, q8_kernel
+from ..runtime import dense_prefill, prepared
 from ..runtime.lean_forward import use_lean_forward
 from ..runtime.lean_model import LeanCausalLM, lean_config
 from ..runtime.quantize import QUANTISED, quantise_model
 from ..runtime.rowwise_attention import use_rowwise_attention
 from . import superseded
+from .native_kernel import native_kernel
 from .cache_dir import cache_root
 from .registry import ModelSpec
 from .sources import ModelSource
@@ -162,20 +163,6 @@ def _short(text: str) -> str:
 
 
 SLOW_TO_PREPARE = 20_000_000  # parameters: a smaller target is prepared in well under a second, silently
-
-
-def native_kernel() -> bool:
-    """Whether the target's linears run on specdec's own kernel (runtime/q8_kernel.py); where it
-    cannot, torch's int4/int8 kernels run instead, and the user is told why (once a process)."""
-    try:
-        q8_kernel.load()
-    except q8_kernel.Unavailable as exc:
-        if not getattr(native_kernel, "told", False):
-            native_kernel.told = True
-            log.warning(f"specdec's int8 matmul kernel is not available ({exc}): the target runs on torch's "
-                        "int4/int8 kernels, whose verify blocks cost more")
-        return False
-    return True
 
 
 def _prepared_key(spec: ModelSpec, directory: str, gguf_path: Path | None, dense_dtype, native: bool) -> str | None:

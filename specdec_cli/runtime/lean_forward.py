@@ -43,7 +43,7 @@ def kernel(linear, widen: bool = True):
     if isinstance(linear, Q8Linear):  # float32 in and out: nothing to widen
         codes, scale, offset, bits, width = linear.codes, linear.scale, linear.offset, linear.bits, linear.out_features
         padded = codes.shape[0] * q8_kernel.TILE != width
-        op, avx512 = q8_kernel.op(), q8_kernel.load() == "avx512"
+        op, avx512 = q8_kernel.op(), q8_kernel.avx512()
 
         def native(x):
             out = op(x, codes, scale, offset, bits, avx512)

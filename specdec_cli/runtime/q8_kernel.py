@@ -7,7 +7,8 @@ torch's kernels (activations are rounded to 8 bits per block of 32, not to bfloa
 it is a new target: docs/precision.md says by how much.
 
 The library is compiled once per torch version and source, with the machine's C++ compiler, into
-specdec's cache (``install.sh`` does it; the first load does it otherwise, ~10 s). Where it cannot
+specdec's cache (``install.sh`` does it through pairs/native_kernel.py; the first load does it
+otherwise, ~10 s). Where it cannot
 be built or the CPU lacks AVX2, ``load`` says why and the target runs on torch's kernels instead.
 It runs AVX-512 VNNI where torch's own CPU capability is AVX-512, else AVX2 (``ATEN_CPU_CAPABILITY=avx2``
 gives the AVX2 path here); both give the same bits.
@@ -19,14 +20,12 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
-from functools import cache
 from pathlib import Path
 
 import torch
 
-from ..pairs.cache_dir import cache_root
+from ..notices import log
 
 SOURCE = Path(__file__).with_name("native") / "q8_matmul.cpp"
 BLOCK = 32  # inputs per scale, activations and weights alike
@@ -38,20 +37,19 @@ class Unavailable(RuntimeError):
     """The kernel cannot run here; the message says why."""
 
 
-def library_path() -> Path:
-    """Where the library for this source, torch version and flags is kept."""
+def library_path(cache: Path) -> Path:
+    """Where, under the specdec cache ``cache``, the library for this source, torch version and flags is kept."""
     digest = hashlib.sha256()
     for source in sorted(SOURCE.parent.iterdir()):
         digest.update(source.read_bytes())
     digest.update(f"{torch.__version__}|{' '.join(FLAGS)}".encode())
-    return cache_root() / "kernels" / f"q8_matmul-{digest.hexdigest()[:16]}.so"
+    return cache / "kernels" / f"q8_matmul-{digest.hexdigest()[:16]}.so"
 
 
-def build(path: Path | None = None) -> Path:
+def build(path: Path) -> Path:
     """Compile the library into ``path`` (atomically); ``Unavailable`` with the compiler's last words."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    path = path or library_path()
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not compiler:
         raise Unavailable("no C++ compiler found (apt-get install g++, or set CXX)")
@@ -79,19 +77,18 @@ def cpu_path() -> str:
     return "avx2" if capability in ("AVX2", "AVX512", "AMX") else ""
 
 
-@cache
-def load() -> str:
-    """Load the library (building it first when missing) and return its CPU path; ``Unavailable``
-    (remembered: one attempt a process) when it cannot run here."""
+def load(cache: Path) -> str:
+    """Load the library from the specdec cache ``cache`` (building it there first when missing) and
+    return its CPU path; ``Unavailable`` when it cannot run here."""
     if os.environ.get("SPECDEC_TORCH_KERNELS"):
         raise Unavailable("SPECDEC_TORCH_KERNELS is set")
+    if loaded():
+        return cpu_path()
     path_name = cpu_path()
     if not path_name:
         raise Unavailable(f"the CPU path {torch.backends.cpu.get_cpu_capability()} has no AVX2")
-    path = library_path()
+    path = library_path(cache)
     if not path.exists():
-        from ..notices import log
-
         log.info("compiling specdec's int8 matmul kernel (once, ~10 s)")
         build(path)
     try:
@@ -101,12 +98,8 @@ def load() -> str:
     return path_name
 
 
-def available() -> bool:
-    try:
-        load()
-    except Unavailable:
-        return False
-    return True
+def loaded() -> bool:
+    return hasattr(torch.ops.specdec, "q8_matmul")
 
 
 def fits(in_features: int) -> bool:
@@ -141,19 +134,18 @@ def unpack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits:
 
 
 def op(name: str = "q8_matmul"):
-    """A loaded op itself (``q8_matmul`` or ``attend_rows``), for a caller that calls it per layer."""
-    load()
+    """A loaded op itself (``q8_matmul`` or ``attend_rows``), for a caller that calls it per layer;
+    a model on these kernels exists only once ``load`` succeeded."""
+    if not loaded():
+        raise Unavailable("specdec's kernels are not loaded (q8_kernel.load)")
     return getattr(torch.ops.specdec, name)
+
+
+def avx512() -> bool:
+    """The ops' CPU-path argument: AVX-512 VNNI, else AVX2 (the same bits either way for the matmul)."""
+    return cpu_path() == "avx512"
 
 
 def matmul(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:
     """x [rows, K] float32 → [rows, N padded to 16] float32."""
-    avx512 = load() == "avx512"  # loads the op first
-    return torch.ops.specdec.q8_matmul(x.contiguous(), codes, scale, offset, bits, avx512)
-
-
-if __name__ == "__main__":  # install.sh: build (or find) the library for this torch
-    try:
-        print(f"specdec's int8 matmul kernel ready ({load()}) at {library_path()}", file=sys.stderr)
-    except Unavailable as exc:
-        print(f"specdec's int8 matmul kernel is not available: {exc}; torch's kernels will run", file=sys.stderr)
+    return op()(x.contiguous(), codes, scale, offset, bits, avx512())

@@ -62,7 +62,7 @@ def native_rows(query, key, value, scaling, seen: list | None = None) -> torch.T
     rows, keys = query.shape[2], key.shape[2]
     counts, index = row_keys(seen, rows, keys)
     out = q8_kernel.op("attend_rows")(query[0].transpose(0, 1), key[0], value[0], counts, index, scaling,
-                                      q8_kernel.load() == "avx512")
+                                      q8_kernel.avx512())
     return out[None]
 
 
