@@ -31,6 +31,7 @@ def pytest_configure(config):
         root = _made_cache = tempfile.mkdtemp(prefix="specdec-test-cache-")
         os.environ[TEST_CACHE] = root  # a nested run shares it
     os.environ["SPECDEC_CACHE"] = root
+    os.environ.setdefault("SPECDEC_KERNELS", os.path.join(root, "kernels"))  # compiled once, for tests with caches of their own
     for variable, name in (("XDG_CACHE_HOME", ".xdg-cache"), ("XDG_CONFIG_HOME", ".xdg-config")):
         os.environ[variable] = os.path.join(root, name)
 

@@ -4,6 +4,7 @@ and `generate -k 0` that never imports transformers' modeling code."""
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -160,7 +161,8 @@ def test_generation_from_a_prepared_target_imports_no_modeling_code(pair_dir, ca
     """Plain (-k 0: no drafter loaded) and with the quantised head, chains and trees, after a short and
     a long prompt, from a warm cache."""
     args = ["--models", str(pair_dir / "models.yaml"), "--pair", "tiny-alt", "--dtype", "int4", *drafting, prompt]
-    env = {"SPECDEC_CACHE": str(cache), "PATH": "/usr/bin:/bin", "HOME": str(cache.parent)}
+    env = {"SPECDEC_CACHE": str(cache), "PATH": "/usr/bin:/bin", "HOME": str(cache.parent),
+           "SPECDEC_KERNELS": os.environ["SPECDEC_KERNELS"]}  # the session's compiled kernels
     runs = [subprocess.run([sys.executable, "-c", DECODE_ONLY, *args], capture_output=True, text=True, timeout=300,
                            cwd=ROOT, env=env) for _ in range(2)]  # the first prepares the target
     for done in runs:

@@ -37,13 +37,18 @@ class Unavailable(RuntimeError):
     """The kernel cannot run here; the message says why."""
 
 
+DIRECTORY_VAR = "SPECDEC_KERNELS"
+
+
 def library_path(cache: Path) -> Path:
-    """Where, under the specdec cache ``cache``, the library for this source, torch version and flags is kept."""
+    """Where the library for this source, torch version and flags is kept: ``$SPECDEC_KERNELS``, else
+    ``kernels/`` under the specdec cache ``cache``."""
     digest = hashlib.sha256()
     for source in sorted(SOURCE.parent.iterdir()):
         digest.update(source.read_bytes())
     digest.update(f"{torch.__version__}|{' '.join(FLAGS)}".encode())
-    return cache / "kernels" / f"q8_matmul-{digest.hexdigest()[:16]}.so"
+    directory = Path(os.environ[DIRECTORY_VAR]) if os.environ.get(DIRECTORY_VAR) else cache / "kernels"
+    return directory / f"q8_matmul-{digest.hexdigest()[:16]}.so"
 
 
 def build(path: Path) -> Path:
