@@ -34,8 +34,8 @@ from ..errors import UserError
 from ..limits import MAX_K
 from ..runtime.lean_forward import LeanDecoder, layer_supported, layer_weights
 from ..pairs.meta import META_FILE, read_meta, write_meta
-from ..runtime.quantize import QUANTISED, output_weight, quantise_model, quantised_weight
-from ..runtime.rowwise_attention import ROWWISE_UP_TO, visible_keys
+from ..runtime.quantize import QUANTISED, native_linear, output_weight, quantise_model, quantised_weight
+from ..runtime.rowwise_attention import ROWWISE_UP_TO, on_native_kernels, visible_keys
 from .drafters import Draft, Drafter, autoregress, common_prefix
 from .head_layer import default_rotary, layer_config, layer_skeleton
 from .control.gate import DraftGate
@@ -81,12 +81,13 @@ class DraftHead(nn.Module):
         self.skeleton = skeleton
         self.lean: tuple | None = None
 
-    def go_lean(self) -> None:
+    def go_lean(self, native: bool = False) -> None:
         """Once quantised (fused q/k/v and gate/up): run the decoder layer as lean_forward's flat
-        function, without transformers' per-call dispatch, which is most of a chain step. A skeleton
-        has no other layer to run: one the lean layer cannot run is refused here, at load time."""
+        function, without transformers' per-call dispatch, which is most of a chain step; ``native``:
+        its attention on specdec's op, as its linears. A skeleton has no other layer to run: one the
+        lean layer cannot run is refused here, at load time."""
         if layer_supported(self.layer):
-            self.lean = (LeanDecoder(self.config), layer_weights(self.layer, self.config.intermediate_size))
+            self.lean = (LeanDecoder(self.config, native), layer_weights(self.layer, self.config.intermediate_size))
         elif self.skeleton:
             raise ValueError("the draft head's layer is not a fused, quantised Llama layer without biases")
 
@@ -214,8 +215,8 @@ class HeadDrafter(Drafter):
     ones enter with the target's features in the same forward that starts the next draft.
 
     A head whose target runs weight-only int8 or int4 (``precision``) runs int8: its linears and
-    output rows through the same kernels, fused like the target's (runtime/quantize.py), its layer
-    through the lean path. Between two target forwards its weights leave the CPU's caches, so a
+    output rows on the target's kernels (specdec's where the target's are), fused like the target's
+    (runtime/quantize.py), its layer through the lean path. Between two target forwards its weights leave the CPU's caches, so a
     draft is paid in bytes: int8 made the shipped head's rounds 1.6x cheaper than float32 at the
     same acceptance; int4 saved another 17 % of draft time but cost 0.02 of α, a wash. Only the
     drafts change, never what the target accepts.
@@ -230,15 +231,17 @@ class HeadDrafter(Drafter):
         self.device = weight.device
         self.precision = "int8" if precision in QUANTISED else "float32"
         self.head = head.to(self.device).eval()
+        native = self.precision in QUANTISED and on_native_kernels(target)
         if self.precision in QUANTISED:  # a copy: the float head may be shared (training, tests)
-            self.head = quantise_model(copy.deepcopy(self.head), self.precision)
-            self.head.go_lean()
+            self.head = quantise_model(copy.deepcopy(self.head), self.precision, native=native)
+            self.head.go_lean(native)
         self.feature_layers = head.feature_layers
         self.embed = target.get_input_embeddings()
         self.vocab_size = target.config.get_text_config().vocab_size
         self.allowed = None if allowed is None else allowed.to(self.device)
         rows = (weight[: self.vocab_size] if allowed is None else weight[self.allowed]).detach().float()
-        self._score = (quantised_weight(rows, self.precision) if self.precision in QUANTISED
+        self._score = (native_linear(rows, self.precision) if native
+                       else quantised_weight(rows, self.precision) if self.precision in QUANTISED
                        else lambda hidden: head_logits(hidden, rows))
         self.reset()
 
