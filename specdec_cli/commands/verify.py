@@ -165,7 +165,7 @@ def verify_equivalence(
 
 
 def _tolerance(runtime) -> float:
-    """By the target's dtype; int8/int4 logits come out of bfloat16 kernels."""
+    """By the target's dtype; int8/int4 round activations to 8 bits (specdec's kernel) or bfloat16 (torch's)."""
     precision = runtime.target.precision
     from ..measure.equivalence import default_tolerance
 

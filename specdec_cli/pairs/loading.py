@@ -48,7 +48,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     source: ModelSource
     files: Path | None  # the directory the weights were read from, when local
-    precision: str = ""  # the dtype it was asked for (int8/int4 run with bfloat16 activations)
+    precision: str = ""  # the dtype it was asked for
 
 
 def load(spec: ModelSpec, lean: bool = False) -> LoadedModel:
@@ -216,11 +216,12 @@ def _finish(model: PreTrainedModel, dense, lean: bool) -> PreTrainedModel:
 
 def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None, dense_dtype,
                native: bool) -> tuple[PreTrainedModel, list | None]:
-    """Weight-only int8/int4 linears that take and give bfloat16 (float32 inputs take the kernels'
-    slow paths: 3-7x slower here), in a model that otherwise stays float32: norms, attention and
-    residuals in float32 are faster on a CPU than in bfloat16 and do not depend on the block length,
-    while the kernels give each row the same result at any block length, so a verify block scores
-    exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are. A Llama target
+    """Weight-only int8/int4 linears in a model that otherwise stays float32: on specdec's kernel
+    (``native``: int8 activation codes, float32 in and out, runtime/q8_kernel.py), else on torch's,
+    which take and give bfloat16 (float32 inputs take their slow paths: 3-7x slower here). Norms,
+    attention and residuals in float32 are faster on a CPU than in bfloat16 and do not depend on the
+    block length, while the kernels give each row the same result at any block length, so a verify
+    block scores exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are. A Llama target
     then runs the lean forward (lean_forward.py: transformers' ops, bit for bit, without its
     dispatch); ``SPECDEC_LEAN_FORWARD=0`` keeps transformers' forward. Its prompts run on dense copies
     of the float weights: bfloat16 where this CPU multiplies it fast, else float32 (dense_prefill.py)."""
