@@ -23,7 +23,7 @@ from specdec_cli.pairs.profile import (
     section_name,
     write_profile,
 )
-from specdec_cli.runtime.quantize import Int4Linear, Int8Linear, dequantize_int4, int4_groups, output_weight
+from specdec_cli.runtime.quantize import Int4Linear, Int8Linear, Q8Linear, dequantize_int4, int4_groups, output_weight
 from specdec_cli.pairs.registry import load_registry
 
 pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
@@ -86,13 +86,19 @@ def test_int4_from_float_keeps_every_group_within_half_a_step():
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
-def test_quantised_load_replaces_every_linear_and_keeps_the_float_lm_head_for_drafters(pair_dir, dtype):
+@pytest.mark.parametrize("kernels", ["specdec", "torch"])
+def test_quantised_load_replaces_every_linear_and_keeps_the_float_lm_head_for_drafters(pair_dir, dtype, kernels,
+                                                                                      monkeypatch):
+    if kernels == "torch":
+        monkeypatch.setenv("SPECDEC_TORCH_KERNELS", "1")
     spec = load_registry(pair_dir / "models.yaml").pair("tiny").target
     plain = load(spec).model
     loaded = load(replace(spec, dtype=dtype))
-    kind = Int8Linear if dtype == "int8" else Int4Linear
-    linears = [m for m in loaded.model.modules() if isinstance(m, (torch.nn.Linear, Int8Linear, Int4Linear))]
-    assert linears and all(isinstance(m, kind) for m in linears)
+    linears = [m for m in loaded.model.modules() if isinstance(m, (torch.nn.Linear, Int8Linear, Int4Linear, Q8Linear))]
+    if kernels == "torch":
+        assert linears and all(isinstance(m, Int8Linear if dtype == "int8" else Int4Linear) for m in linears)
+    else:
+        assert linears and all(isinstance(m, Q8Linear) and m.bits == int(dtype[3:]) for m in linears)
     assert loaded.precision == dtype and loaded.model.dtype == torch.float32  # only the linears' weights are compressed
     assert torch.equal(output_weight(loaded.model), plain.lm_head.weight)
 

