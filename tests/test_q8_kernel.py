@@ -175,3 +175,28 @@ def test_without_the_kernel_the_target_says_so_once_and_runs_torchs(monkeypatch,
     told = [r.getMessage() for r in caplog.records if "int8 matmul kernel" in r.getMessage()]
     assert told == ["specdec's int8 matmul kernel is not available (no C++ compiler found): the target runs on "
                     "torch's int4/int8 kernels, whose verify blocks cost more"]
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_a_tree_on_the_kernels_scores_each_node_as_one_token_forwards_along_its_path(lean):
+    """A tree's rows gather their ancestors (an index per row) where a chain's see their prefix: on
+    specdec's attention op both must still give the one-token forward's bits."""
+    from specdec_cli.decoding.tree import Tree, verify_tree
+
+    model, lean_model = lean_native("int4")
+    model = lean_model if lean else model
+    tree = Tree(torch.tensor([5, 17, 23, 40, 41, 9, 12]), (-1, 0, 0, 1, 2, 2, 5))
+    prompt = torch.randint(3, 98, (1, 20), generator=torch.Generator().manual_seed(6))
+
+    def prefilled():
+        cache = DynamicCache(config=model.config)
+        model(prompt, cache=cache, use_cache=True)
+        return cache
+
+    with torch.inference_mode():
+        tree_logits = verify_tree(model, prefilled(), tree, torch.device("cpu")).logits[0]
+        for leaf in (3, 4, 6):
+            cache = prefilled()
+            for node in tree.path_to(leaf):
+                step = model(torch.tensor([[int(tree.tokens[node])]]), cache=cache, use_cache=True).logits[0, -1]
+                assert torch.equal(tree_logits[node], step), (leaf, node)

@@ -32,7 +32,6 @@ namespace {
 
 constexpr int64_t BLOCK = 32;  // inputs per activation scale and per weight scale
 constexpr int64_t TILE = 16;   // outputs per tile
-constexpr int64_t ROWS = 4;    // rows held in registers at once
 
 struct Quantised {
   std::vector<int8_t> codes;   // [rows, K]
@@ -202,6 +201,17 @@ void tile_avx2(const uint8_t* w, const float* dw, const float* mw, const Quantis
       _mm256_storeu_ps(y + (row0 + r) * n_total + n0 + 8 * half, _mm256_add_ps(acc[r][half][0], acc[r][half][1]));
 }
 
+// Rows in passes of up to 8 (AVX-512: 32 registers) or 4 (AVX2: 16) over one tile: the weights are
+// unpacked once a pass, and only the first pass reads them from memory.
+template <int BITS, int R>
+void pass(bool avx512, const uint8_t* w, const float* dw, const float* mw, const Quantised& q, int64_t row, int64_t k,
+          float* y, int64_t n, int64_t n0) {
+  if constexpr (R <= 4) {
+    if (!avx512) return tile_avx2<BITS, R>(w, dw, mw, q, row, k, y, n, n0);
+  }
+  if constexpr (R <= 8) tile_avx512<BITS, R>(w, dw, mw, q, row, k, y, n, n0);
+}
+
 template <int BITS>
 void tiles(bool avx512, const uint8_t* w, const float* dw, const float* mw, const Quantised& q, int64_t rows,
            int64_t k, float* y, int64_t n, int64_t tile) {
@@ -210,24 +220,18 @@ void tiles(bool avx512, const uint8_t* w, const float* dw, const float* mw, cons
   const uint8_t* wt = w + tile * tile_bytes;
   const float* dt = dw + tile * blocks * TILE;
   const float* mt = mw + tile * blocks * TILE;
-  int64_t row = 0;
-  for (; row + ROWS <= rows; row += ROWS) {
-    if (avx512) tile_avx512<BITS, ROWS>(wt, dt, mt, q, row, k, y, n, tile * TILE);
-    else tile_avx2<BITS, ROWS>(wt, dt, mt, q, row, k, y, n, tile * TILE);
-  }
-  switch (rows - row) {  // the last 1-3 rows in one pass over the tile
-    case 3:
-      if (avx512) tile_avx512<BITS, 3>(wt, dt, mt, q, row, k, y, n, tile * TILE);
-      else tile_avx2<BITS, 3>(wt, dt, mt, q, row, k, y, n, tile * TILE);
-      break;
-    case 2:
-      if (avx512) tile_avx512<BITS, 2>(wt, dt, mt, q, row, k, y, n, tile * TILE);
-      else tile_avx2<BITS, 2>(wt, dt, mt, q, row, k, y, n, tile * TILE);
-      break;
-    case 1:
-      if (avx512) tile_avx512<BITS, 1>(wt, dt, mt, q, row, k, y, n, tile * TILE);
-      else tile_avx2<BITS, 1>(wt, dt, mt, q, row, k, y, n, tile * TILE);
-      break;
+  const int64_t most = avx512 ? 8 : 4, n0 = tile * TILE;
+  for (int64_t row = 0; row < rows; row += most) {
+    switch (std::min(most, rows - row)) {
+      case 8: pass<BITS, 8>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
+      case 7: pass<BITS, 7>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
+      case 6: pass<BITS, 6>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
+      case 5: pass<BITS, 5>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
+      case 4: pass<BITS, 4>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
+      case 3: pass<BITS, 3>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
+      case 2: pass<BITS, 2>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
+      default: pass<BITS, 1>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
+    }
   }
 }
 
