@@ -300,6 +300,25 @@ inline void sum16x4(__m512 a, __m512 b, __m512 c, __m512 d, float* out) {
   out[0] = lanes[0], out[1] = lanes[4], out[2] = lanes[8], out[3] = lanes[12];
 }
 
+// Sixteen dot products, dots[m][i] for key m and query i, by sum16's tree: quarter i of the result
+// holds query i's sums for keys 0..3, in order.
+__attribute__((target("avx512f,avx512dq,fma")))
+inline __m512 sum16x16(const __m512 (&dots)[4][4]) {
+  __m512 z[4];
+  for (int m = 0; m < 4; ++m) {
+    const __m512* d = dots[m];
+    const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x44), _mm512_shuffle_f32x4(d[0], d[1], 0xEE));
+    const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(d[2], d[3], 0x44), _mm512_shuffle_f32x4(d[2], d[3], 0xEE));
+    z[m] = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));  // quarter i: query i's i + 4 sums
+  }
+  const __m512 y01 = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 2, 3, 2)));  // i + 2
+  const __m512 y23 = _mm512_add_ps(_mm512_shuffle_ps(z[2], z[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(z[2], z[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(y01, y23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(y01, y23, _MM_SHUFFLE(3, 1, 3, 1)));  // i + 1
+}
+
 // head_dim 64 or 128 on AVX-512: the same three passes as attend_one, with each score's dot product
 // as D / 16 vector products summed in order and then across lanes, and the output in registers.
 template <int D>
@@ -310,7 +329,21 @@ void attend_one_wide(const float* q, const float* k, const float* v, int64_t key
   __m512 query[C];
   for (int c = 0; c < C; ++c) query[c] = _mm512_loadu_ps(q + 16 * c);
   float best = -INFINITY;
-  for (int64_t j = 0; j < count; ++j) {
+  int64_t j = 0;
+  for (; j + 4 <= count; j += 4) {  // four keys' sums by sum16x4 (sum16's tree)
+    __m512 dots[4];
+    for (int m = 0; m < 4; ++m) {
+      const float* kj = k + keys[j + m] * key_stride;
+      dots[m] = _mm512_mul_ps(query[0], _mm512_loadu_ps(kj));
+      for (int c = 1; c < C; ++c) dots[m] = _mm512_fmadd_ps(query[c], _mm512_loadu_ps(kj + 16 * c), dots[m]);
+    }
+    sum16x4(dots[0], dots[1], dots[2], dots[3], scores + j);
+    for (int m = 0; m < 4; ++m) {
+      scores[j + m] *= scale;
+      best = scores[j + m] > best ? scores[j + m] : best;
+    }
+  }
+  for (; j < count; ++j) {
     const float* kj = k + keys[j] * key_stride;
     __m512 dot = _mm512_mul_ps(query[0], _mm512_loadu_ps(kj));
     for (int c = 1; c < C; ++c) dot = _mm512_fmadd_ps(query[c], _mm512_loadu_ps(kj + 16 * c), dot);
@@ -346,7 +379,36 @@ void attend_shared_wide(const float* const* qs, float* const* outs, const int64_
     best[i] = -INFINITY;
     for (int c = 0; c < C; ++c) query[i][c] = _mm512_loadu_ps(qs[i] + 16 * c);
   }
-  for (int64_t j = 0; j < widest; ++j) {
+  int64_t common = counts[0];
+  for (int i = 1; i < n; ++i) common = std::min(common, counts[i]);
+  int64_t j = 0;
+  if (n == 4) {  // keys every query sees, four at a time: 16 sums by one tree
+    const __m512 scale_v = _mm512_set1_ps(scale);
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (; j + 4 <= common; j += 4) {
+      __m512 dots[4][4];
+      for (int m = 0; m < 4; ++m) {
+        const float* kj = k + (j + m) * key_stride;
+        __m512 key[C];
+        for (int c = 0; c < C; ++c) key[c] = _mm512_loadu_ps(kj + 16 * c);
+        for (int i = 0; i < 4; ++i) {
+          dots[m][i] = _mm512_mul_ps(query[i][0], key[0]);
+          for (int c = 1; c < C; ++c) dots[m][i] = _mm512_fmadd_ps(query[i][c], key[c], dots[m][i]);
+        }
+      }
+      const __m512 sums = _mm512_mul_ps(sum16x16(dots), scale_v);
+      top = _mm512_max_ps(top, sums);
+      _mm_storeu_ps(scores + j, _mm512_extractf32x4_ps(sums, 0));
+      _mm_storeu_ps(scores + width + j, _mm512_extractf32x4_ps(sums, 1));
+      _mm_storeu_ps(scores + 2 * width + j, _mm512_extractf32x4_ps(sums, 2));
+      _mm_storeu_ps(scores + 3 * width + j, _mm512_extractf32x4_ps(sums, 3));
+    }
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, top);
+    for (int i = 0; i < 4; ++i)
+      for (int m = 0; m < 4; ++m) best[i] = lanes[4 * i + m] > best[i] ? lanes[4 * i + m] : best[i];
+  }
+  for (; j < widest; ++j) {
     const float* kj = k + j * key_stride;
     __m512 key[C];
     for (int c = 0; c < C; ++c) key[c] = _mm512_loadu_ps(kj + 16 * c);
