@@ -374,15 +374,15 @@ void attend_shared_wide(const float* const* qs, float* const* outs, const int64_
   int64_t widest = 0;
   float best[4];
   __m512 query[4][C];
-  for (int i = 0; i < n; ++i) {
-    widest = std::max(widest, counts[i]);
+  for (int i = 0; i < 4; ++i) {  // fewer than 4 queries: the first stands in for the rest, unused
+    widest = std::max(widest, counts[i < n ? i : 0]);
     best[i] = -INFINITY;
-    for (int c = 0; c < C; ++c) query[i][c] = _mm512_loadu_ps(qs[i] + 16 * c);
+    for (int c = 0; c < C; ++c) query[i][c] = _mm512_loadu_ps(qs[i < n ? i : 0] + 16 * c);
   }
   int64_t common = counts[0];
   for (int i = 1; i < n; ++i) common = std::min(common, counts[i]);
   int64_t j = 0;
-  if (n == 4) {  // keys every query sees, four at a time: 16 sums by one tree
+  {  // keys every query sees, four at a time: 16 sums by one tree
     const __m512 scale_v = _mm512_set1_ps(scale);
     __m512 top = _mm512_set1_ps(-INFINITY);
     for (; j + 4 <= common; j += 4) {
