@@ -362,90 +362,99 @@ void attend_one_wide(const float* q, const float* k, const float* v, int64_t key
   for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], inverse));
 }
 
-// The queries of one kv head (several rows, several heads of its group) in one pass over its keys:
-// each key and value is read once for all of them. Each query's arithmetic is attend_one_wide's,
-// op for op (the same products, sums and order), so its result is the same bits as alone.
+// Many queries of one kv head (several rows, several heads of its group) in one stream over its keys
+// and values, which come from memory once and from L1 for the queries after the first four: scores
+// four keys by four queries at a time (sum16x16), the rest key by key (sum16x4), and the values in
+// blocks of 64 keys, each query's sum carried from block to block in memory (exactly). Each query's
+// arithmetic is attend_one_wide's, op for op, so its result is the same bits as alone.
+constexpr int64_t VALUE_BLOCK = 64;
+
 template <int D>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 void attend_shared_wide(const float* const* qs, float* const* outs, const int64_t* counts, int n, const float* k,
                         const float* v, int64_t key_stride, int64_t value_stride, float scale, float* scores,
-                        int64_t width) {
+                        int64_t width, float* sums_out) {
   constexpr int C = D / 16;
-  int64_t widest = 0;
-  float best[4];
-  __m512 query[4][C];
-  for (int i = 0; i < 4; ++i) {  // fewer than 4 queries: the first stands in for the rest, unused
-    widest = std::max(widest, counts[i < n ? i : 0]);
-    best[i] = -INFINITY;
-    for (int c = 0; c < C; ++c) query[i][c] = _mm512_loadu_ps(qs[i < n ? i : 0] + 16 * c);
-  }
-  int64_t common = counts[0];
-  for (int i = 1; i < n; ++i) common = std::min(common, counts[i]);
+  const int groups4 = (n + 3) / 4;  // queries in fours; the last four padded with the first query, unused
+  auto query = [&](int i) { return qs[i < n ? i : 0]; };
+  int64_t widest = 0, common = counts[0];
+  for (int i = 0; i < n; ++i) widest = std::max(widest, counts[i]), common = std::min(common, counts[i]);
+  std::vector<float> best(4 * groups4, -INFINITY);
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  std::vector<float> top(16 * groups4, -INFINITY);  // per four queries, the running maxima of their lanes
   int64_t j = 0;
-  {  // keys every query sees, four at a time: 16 sums by one tree
-    const __m512 scale_v = _mm512_set1_ps(scale);
-    __m512 top = _mm512_set1_ps(-INFINITY);
-    for (; j + 4 <= common; j += 4) {
+  for (; j + 4 <= common; j += 4) {  // keys every query sees, four at a time
+    for (int g = 0; g < groups4; ++g) {
       __m512 dots[4][4];
       for (int m = 0; m < 4; ++m) {
         const float* kj = k + (j + m) * key_stride;
-        __m512 key[C];
-        for (int c = 0; c < C; ++c) key[c] = _mm512_loadu_ps(kj + 16 * c);
         for (int i = 0; i < 4; ++i) {
-          dots[m][i] = _mm512_mul_ps(query[i][0], key[0]);
-          for (int c = 1; c < C; ++c) dots[m][i] = _mm512_fmadd_ps(query[i][c], key[c], dots[m][i]);
+          const float* qi = query(4 * g + i);
+          dots[m][i] = _mm512_mul_ps(_mm512_loadu_ps(qi), _mm512_loadu_ps(kj));
+          for (int c = 1; c < C; ++c)
+            dots[m][i] = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * c), _mm512_loadu_ps(kj + 16 * c), dots[m][i]);
         }
       }
       const __m512 sums = _mm512_mul_ps(sum16x16(dots), scale_v);
-      top = _mm512_max_ps(top, sums);
-      _mm_storeu_ps(scores + j, _mm512_extractf32x4_ps(sums, 0));
-      _mm_storeu_ps(scores + width + j, _mm512_extractf32x4_ps(sums, 1));
-      _mm_storeu_ps(scores + 2 * width + j, _mm512_extractf32x4_ps(sums, 2));
-      _mm_storeu_ps(scores + 3 * width + j, _mm512_extractf32x4_ps(sums, 3));
+      _mm512_storeu_ps(top.data() + 16 * g, _mm512_max_ps(_mm512_loadu_ps(top.data() + 16 * g), sums));
+      float* row = scores + 4 * g * width + j;
+      _mm_storeu_ps(row, _mm512_extractf32x4_ps(sums, 0));
+      _mm_storeu_ps(row + width, _mm512_extractf32x4_ps(sums, 1));
+      _mm_storeu_ps(row + 2 * width, _mm512_extractf32x4_ps(sums, 2));
+      _mm_storeu_ps(row + 3 * width, _mm512_extractf32x4_ps(sums, 3));
     }
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, top);
+  }
+  for (int g = 0; g < groups4; ++g)
     for (int i = 0; i < 4; ++i)
-      for (int m = 0; m < 4; ++m) best[i] = lanes[4 * i + m] > best[i] ? lanes[4 * i + m] : best[i];
-  }
-  for (; j < widest; ++j) {
+      for (int m = 0; m < 4; ++m) best[4 * g + i] = std::max(best[4 * g + i], top[16 * g + 4 * i + m]);
+  for (; j < widest; ++j) {  // the last keys, which some rows do not see
     const float* kj = k + j * key_stride;
-    __m512 key[C];
-    for (int c = 0; c < C; ++c) key[c] = _mm512_loadu_ps(kj + 16 * c);
-    __m512 dots[4];
-    for (int i = 0; i < 4; ++i) {
-      dots[i] = _mm512_setzero_ps();
-      if (i >= n) continue;
-      dots[i] = _mm512_mul_ps(query[i][0], key[0]);
-      for (int c = 1; c < C; ++c) dots[i] = _mm512_fmadd_ps(query[i][c], key[c], dots[i]);
-    }
-    float sums[4];
-    sum16x4(dots[0], dots[1], dots[2], dots[3], sums);
-    for (int i = 0; i < n; ++i) {
-      if (j >= counts[i]) continue;
-      const float score = sums[i] * scale;
-      scores[i * width + j] = score;
-      best[i] = score > best[i] ? score : best[i];
+    for (int g = 0; g < groups4; ++g) {
+      __m512 dots[4];
+      for (int i = 0; i < 4; ++i) {
+        const float* qi = query(4 * g + i);
+        dots[i] = _mm512_mul_ps(_mm512_loadu_ps(qi), _mm512_loadu_ps(kj));
+        for (int c = 1; c < C; ++c) dots[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * c), _mm512_loadu_ps(kj + 16 * c), dots[i]);
+      }
+      float sums[4];
+      sum16x4(dots[0], dots[1], dots[2], dots[3], sums);
+      for (int i = 0; i < 4 && 4 * g + i < n; ++i) {
+        const int q_i = 4 * g + i;
+        if (j >= counts[q_i]) continue;
+        const float score = sums[i] * scale;
+        scores[q_i * width + j] = score;
+        best[q_i] = score > best[q_i] ? score : best[q_i];
+      }
     }
   }
-  float total[4];
+  std::vector<float> total(n);
   for (int i = 0; i < n; ++i) total[i] = path_avx512::exponentiate(scores + i * width, counts[i], best[i]);
-  __m512 acc[4][C];
-  for (int i = 0; i < n; ++i)
-    for (int c = 0; c < C; ++c) acc[i][c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < widest; ++j) {
-    const float* vj = v + j * value_stride;
-    __m512 value[C];
-    for (int c = 0; c < C; ++c) value[c] = _mm512_loadu_ps(vj + 16 * c);
-    for (int i = 0; i < n; ++i) {
-      if (j >= counts[i]) continue;
-      const __m512 p = _mm512_set1_ps(scores[i * width + j]);
-      for (int c = 0; c < C; ++c) acc[i][c] = _mm512_fmadd_ps(p, value[c], acc[i][c]);
+  std::fill(sums_out, sums_out + n * D, 0.f);
+  for (int64_t start = 0; start < widest; start += VALUE_BLOCK) {
+    const int64_t stop = std::min(widest, start + VALUE_BLOCK);
+    for (int g = 0; g < groups4; ++g) {
+      const int in_group = std::min(4, n - 4 * g);
+      __m512 acc[4][C];
+      for (int i = 0; i < in_group; ++i)
+        for (int c = 0; c < C; ++c) acc[i][c] = _mm512_loadu_ps(sums_out + (4 * g + i) * D + 16 * c);
+      for (int64_t jj = start; jj < stop; ++jj) {
+        const float* vj = v + jj * value_stride;
+        __m512 value[C];
+        for (int c = 0; c < C; ++c) value[c] = _mm512_loadu_ps(vj + 16 * c);
+        for (int i = 0; i < in_group; ++i) {
+          if (jj >= counts[4 * g + i]) continue;
+          const __m512 p = _mm512_set1_ps(scores[(4 * g + i) * width + jj]);
+          for (int c = 0; c < C; ++c) acc[i][c] = _mm512_fmadd_ps(p, value[c], acc[i][c]);
+        }
+      }
+      for (int i = 0; i < in_group; ++i)
+        for (int c = 0; c < C; ++c) _mm512_storeu_ps(sums_out + (4 * g + i) * D + 16 * c, acc[i][c]);
     }
   }
   for (int i = 0; i < n; ++i) {
     const __m512 inverse = _mm512_set1_ps(1.f / total[i]);
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(outs[i] + 16 * c, _mm512_mul_ps(acc[i][c], inverse));
+    for (int c = 0; c < C; ++c)
+      _mm512_storeu_ps(outs[i] + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(sums_out + i * D + 16 * c), inverse));
   }
 }
 
@@ -487,16 +496,18 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& key, const at::Ten
   float* op = out.data_ptr<float>();
   const int64_t groups = heads / kv_heads;
   if (avx512 && !index.has_value() && rows > 1 && (dim == 64 || dim == 128)) {
-    // causal rows of a block: per kv head, up to 4 of its queries share each pass over the keys
-    const int64_t per_head = rows * groups, chunks = (per_head + 3) / 4;
-    at::parallel_for(0, kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores(4 * widest);
+    // causal rows of a block: per kv head, its queries in two halves, each half one stream over the keys
+    const int64_t per_head = rows * groups, half = (per_head + 1) / 2;
+    at::parallel_for(0, kv_heads * 2, 1, [&](int64_t begin, int64_t end) {
+      const int64_t padded = (half + 3) / 4 * 4;
+      std::vector<float> scores(padded * widest), sums(half * dim);
+      std::vector<const float*> qs(half);
+      std::vector<float*> outs(half);
+      std::vector<int64_t> counts_i(half);
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t g = task / chunks, first = (task % chunks) * 4;
-        const int n = static_cast<int>(std::min<int64_t>(4, per_head - first));
-        const float* qs[4];
-        float* outs[4];
-        int64_t counts_i[4];
+        const int64_t g = task / 2, first = (task % 2) * half;
+        const int n = static_cast<int>(std::min(half, per_head - first));
+        if (n <= 0) continue;
         for (int i = 0; i < n; ++i) {
           const int64_t r = (first + i) / groups, h = g * groups + (first + i) % groups;
           qs[i] = qp + r * q.stride(0) + h * q.stride(1);
@@ -504,11 +515,11 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& key, const at::Ten
           counts_i[i] = count[r];
         }
         if (dim == 64)
-          attend_shared_wide<64>(qs, outs, counts_i, n, kp + g * key.stride(0), vp + g * value.stride(0), key.stride(1),
-                                 value.stride(1), static_cast<float>(scale), scores.data(), widest);
+          attend_shared_wide<64>(qs.data(), outs.data(), counts_i.data(), n, kp + g * key.stride(0), vp + g * value.stride(0),
+                                 key.stride(1), value.stride(1), static_cast<float>(scale), scores.data(), widest, sums.data());
         else
-          attend_shared_wide<128>(qs, outs, counts_i, n, kp + g * key.stride(0), vp + g * value.stride(0), key.stride(1),
-                                  value.stride(1), static_cast<float>(scale), scores.data(), widest);
+          attend_shared_wide<128>(qs.data(), outs.data(), counts_i.data(), n, kp + g * key.stride(0), vp + g * value.stride(0),
+                                  key.stride(1), value.stride(1), static_cast<float>(scale), scores.data(), widest, sums.data());
       }
     });
     return out;
