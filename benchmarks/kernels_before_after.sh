@@ -5,7 +5,7 @@
 #   - the 8 low-acceptance prompts (benchmarks/random-prompts.jsonl) at temperature 0, 0.7 and 1.0, plain,auto.
 # Writes OUT/unseen-N-KERNEL.json and OUT/random-tT-N-KERNEL.json and prints one line per run, with every
 # scenario's auto / plain. Run on an idle machine (../shared/tools/quiet-check); ATEN_CPU_CAPABILITY=avx2
-# for the AVX2 path.
+# for the AVX2 path; ORDER="torch q8" for one run of each.
 #   bash benchmarks/kernels_before_after.sh OUT
 set -euo pipefail
 out=$1
@@ -25,7 +25,7 @@ print(*line, sep="  ")
 PY
 }
 n=0
-for kernel in torch q8 q8 torch; do
+for kernel in ${ORDER:-torch q8 q8 torch}; do
   n=$((n + 1))
   torch_kernels=""; [ "$kernel" = torch ] && torch_kernels=1
   SPECDEC_TORCH_KERNELS=$torch_kernels python3 -m specdec_cli bench --prompts "$root/benchmarks/unseen-prompts.jsonl" \
