@@ -53,7 +53,8 @@ def library_path(cache: Path) -> Path:
 
 def build(path: Path) -> Path:
     """Compile the library into ``path`` (atomically); ``Unavailable`` with the compiler's last words."""
-    from torch.utils.cpp_extension import include_paths, library_paths
+    root = Path(torch.__file__).parent  # torch's headers and libraries, where cpp_extension finds them
+    include_paths, library_paths = [root / "include", root / "include/torch/csrc/api/include"], [root / "lib"]
 
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not compiler:
@@ -61,8 +62,8 @@ def build(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(handle)
-    command = [compiler, *FLAGS, *(f"-I{p}" for p in include_paths()), str(SOURCE),
-               *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch_cpu", "-o", staging]
+    command = [compiler, *FLAGS, *(f"-I{p}" for p in include_paths), str(SOURCE),
+               *(f"-L{p}" for p in library_paths), "-lc10", "-ltorch_cpu", "-o", staging]
     try:
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
