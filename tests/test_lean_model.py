@@ -162,7 +162,7 @@ def test_generation_from_a_prepared_target_imports_no_modeling_code(pair_dir, ca
     a long prompt, from a warm cache."""
     args = ["--models", str(pair_dir / "models.yaml"), "--pair", "tiny-alt", "--dtype", "int4", *drafting, prompt]
     env = {"SPECDEC_CACHE": str(cache), "PATH": "/usr/bin:/bin", "HOME": str(cache.parent),
-           "SPECDEC_KERNELS": os.environ["SPECDEC_KERNELS"]}  # the session's compiled kernels
+           "SPECDEC_KERNELS": os.environ["SPECDEC_KERNELS"]}  # the kernels this test run compiled
     runs = [subprocess.run([sys.executable, "-c", DECODE_ONLY, *args], capture_output=True, text=True, timeout=300,
                            cwd=ROOT, env=env) for _ in range(2)]  # the first prepares the target
     for done in runs:

@@ -6,12 +6,13 @@ integer sums are exact, its float steps the same few in the same order). The ari
 torch's kernels (activations are rounded to 8 bits per block of 32, not to bfloat16), so a target on
 it is a new target: docs/precision.md says by how much.
 
-The library is compiled once per torch version and source, with the machine's C++ compiler, into
-specdec's cache (``install.sh`` does it through pairs/native_kernel.py; the first load does it
-otherwise, ~10 s). Where it cannot
-be built or the CPU lacks AVX2, ``load`` says why and the target runs on torch's kernels instead.
-It runs AVX-512 VNNI where torch's own CPU capability is AVX-512, else AVX2 (``ATEN_CPU_CAPABILITY=avx2``
-gives the AVX2 path here); both give the same bits.
+The same library holds the attention op a target on these kernels attends with
+(native/attention_rows.inc, rowwise_attention.py). It is compiled once per torch version and source,
+with the machine's C++ compiler, into specdec's cache (``install.sh`` does it through
+pairs/native_kernel.py; the first load does it otherwise, ~10 s). Where it cannot be built or the
+CPU lacks AVX2, ``load`` says why and the target runs on torch's kernels instead. It runs AVX-512
+VNNI where torch's own CPU capability is AVX-512, else AVX2 (``ATEN_CPU_CAPABILITY=avx2`` gives the
+AVX2 path here); the matmul gives the same bits on both.
 """
 
 from __future__ import annotations
@@ -31,21 +32,20 @@ SOURCE = Path(__file__).with_name("native") / "q8_matmul.cpp"
 BLOCK = 32  # inputs per scale, activations and weights alike
 TILE = 16  # outputs per weight tile
 FLAGS = ["-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-w"]
+DIRECTORY_VAR = "SPECDEC_KERNELS"
 
 
 class Unavailable(RuntimeError):
     """The kernel cannot run here; the message says why."""
 
 
-DIRECTORY_VAR = "SPECDEC_KERNELS"
-
-
 def library_path(cache: Path) -> Path:
     """Where the library for this source, torch version and flags is kept: ``$SPECDEC_KERNELS``, else
     ``kernels/`` under the specdec cache ``cache``."""
     digest = hashlib.sha256()
-    for source in sorted(SOURCE.parent.iterdir()):
-        digest.update(source.read_bytes())
+    for source in sorted(SOURCE.parent.glob("*")):
+        if source.suffix in (".cpp", ".inc"):
+            digest.update(source.read_bytes())
     digest.update(f"{torch.__version__}|{' '.join(FLAGS)}".encode())
     directory = Path(os.environ[DIRECTORY_VAR]) if os.environ.get(DIRECTORY_VAR) else cache / "kernels"
     return directory / f"q8_matmul-{digest.hexdigest()[:16]}.so"
