@@ -120,7 +120,8 @@ def forward_code() -> str:
     digest = hashlib.sha256()
     for module in (fused_projections, lean_forward, q8_kernel, quantize, rowwise_attention, kv):
         digest.update(Path(module.__file__).read_bytes())
-    digest.update(q8_kernel.SOURCE.read_bytes())
+    for source in q8_kernel.sources():
+        digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -7,7 +7,7 @@ torch's kernels (activations are rounded to 8 bits per block of 32, not to bfloa
 it is a new target: docs/precision.md says by how much.
 
 The same library holds the attention op a target on these kernels attends with
-(native/attention_rows.inc, rowwise_attention.py). It is compiled once per torch version and source,
+(native/attention_rows.cpp, rowwise_attention.py). It is compiled once per torch version and source,
 with the machine's C++ compiler, into specdec's cache (``install.sh`` does it through
 pairs/native_kernel.py; the first load does it otherwise, ~10 s). Where it cannot be built or the
 CPU lacks AVX2, ``load`` says why and the target runs on torch's kernels instead. It runs AVX-512
@@ -28,7 +28,7 @@ import torch
 
 from ..notices import log
 
-SOURCE = Path(__file__).with_name("native") / "q8_matmul.cpp"
+NATIVE = Path(__file__).with_name("native")  # q8_matmul.cpp, attention_rows.cpp and the body it includes
 BLOCK = 32  # inputs per scale, activations and weights alike
 TILE = 16  # outputs per weight tile
 FLAGS = ["-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-w"]
@@ -39,13 +39,17 @@ class Unavailable(RuntimeError):
     """The kernel cannot run here; the message says why."""
 
 
+def sources() -> list[Path]:
+    """The files the library is built from (a change to any makes another library)."""
+    return sorted(p for p in NATIVE.glob("*") if p.suffix in (".cpp", ".inc"))
+
+
 def library_path(cache: Path) -> Path:
     """Where the library for this source, torch version and flags is kept: ``$SPECDEC_KERNELS``, else
     ``kernels/`` under the specdec cache ``cache``."""
     digest = hashlib.sha256()
-    for source in sorted(SOURCE.parent.glob("*")):
-        if source.suffix in (".cpp", ".inc"):
-            digest.update(source.read_bytes())
+    for source in sources():
+        digest.update(source.read_bytes())
     digest.update(f"{torch.__version__}|{' '.join(FLAGS)}".encode())
     directory = Path(os.environ[DIRECTORY_VAR]) if os.environ.get(DIRECTORY_VAR) else cache / "kernels"
     return directory / f"q8_matmul-{digest.hexdigest()[:16]}.so"
@@ -62,13 +66,14 @@ def build(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(handle)
-    command = [compiler, *FLAGS, *(f"-I{p}" for p in include_paths), str(SOURCE),
+    units = [str(p) for p in sources() if p.suffix == ".cpp"]
+    command = [compiler, *FLAGS, *(f"-I{p}" for p in include_paths), *units,
                *(f"-L{p}" for p in library_paths), "-lc10", "-ltorch_cpu", "-o", staging]
     try:
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise Unavailable(f"compiling {SOURCE.name} failed: {last}")
+            raise Unavailable(f"compiling specdec's kernels failed: {last}")
         os.replace(staging, path)
     finally:
         Path(staging).unlink(missing_ok=True)

@@ -12,7 +12,7 @@ Long inputs (a prompt) take the ordinary kernel: they are computed the same way 
 speculative decoding.
 
 A target on specdec's own kernels (quantize.Q8Linear) attends with their attention op instead
-(native/attention_rows.inc): the same one-query arithmetic for every row, but all rows of a block in
+(native/attention_rows.cpp): the same one-query arithmetic for every row, but all rows of a block in
 one call, and a fixed order of float ops of its own (a one-token forward runs it too). It is chosen
 with the linears' kernel when the model is loaded (``native``), never per call.
 """

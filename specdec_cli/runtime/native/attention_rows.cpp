@@ -1,0 +1,309 @@
+// Attention for every row of a verify block in one call, each row with the arithmetic a one-token
+// forward gives it: its own keys (a causal prefix, or a tree node's ancestors gathered in order), a
+// fixed order of float ops, an exp of its own. attention_rows.inc is the generic body, compiled once
+// per CPU path; head_dim 64 and 128 on AVX-512 take the wide versions below, which share each read of
+// a key and a value among a kv head's queries and sum every dot product by one lane tree (sum16), so
+// that a query's bits do not depend on the queries beside it.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+namespace {
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+namespace path_avx512 {
+#include "attention_rows.inc"
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace path_avx2 {
+#include "attention_rows.inc"
+}
+#pragma GCC pop_options
+
+// The sum of 16 lanes in one fixed tree: lanes i + 8, then i + 4, i + 2, i + 1. sum16x4 sums four
+// vectors at once by the same tree (the shuffles only move lanes), so each of its sums is sum16's bits.
+__attribute__((target("avx512f,avx512dq,fma")))
+inline float sum16(__m512 v) {
+  const __m256 s = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  const __m128 u = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  const __m128 w = _mm_add_ps(u, _mm_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(w) + _mm_cvtss_f32(_mm_permute_ps(w, _MM_SHUFFLE(1, 1, 1, 1)));
+}
+
+__attribute__((target("avx512f,avx512dq,fma")))
+inline void sum16x4(__m512 a, __m512 b, __m512 c, __m512 d, float* out) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));  // i + 8
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  const __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));  // i + 4
+  const __m512 w = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2)));  // i + 2
+  const __m512 r = _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(1, 1, 1, 1)));  // i + 1
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, r);
+  out[0] = lanes[0], out[1] = lanes[4], out[2] = lanes[8], out[3] = lanes[12];
+}
+
+// Sixteen dot products, dots[m][i] for key m and query i, by sum16's tree: quarter i of the result
+// holds query i's sums for keys 0..3, in order.
+__attribute__((target("avx512f,avx512dq,fma")))
+inline __m512 sum16x16(const __m512 (&dots)[4][4]) {
+  __m512 z[4];
+  for (int m = 0; m < 4; ++m) {
+    const __m512* d = dots[m];
+    const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x44), _mm512_shuffle_f32x4(d[0], d[1], 0xEE));
+    const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(d[2], d[3], 0x44), _mm512_shuffle_f32x4(d[2], d[3], 0xEE));
+    z[m] = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));  // quarter i: query i's i + 4 sums
+  }
+  const __m512 y01 = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 2, 3, 2)));  // i + 2
+  const __m512 y23 = _mm512_add_ps(_mm512_shuffle_ps(z[2], z[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(z[2], z[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(y01, y23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(y01, y23, _MM_SHUFFLE(3, 1, 3, 1)));  // i + 1
+}
+
+// head_dim 64 or 128 on AVX-512: the same three passes as attend_one, with each score's dot product
+// as D / 16 vector products summed in order and then across lanes, and the output in registers.
+template <int D>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+void attend_one_wide(const float* q, const float* k, const float* v, int64_t key_stride, int64_t value_stride,
+                     const int64_t* keys, int64_t count, float scale, float* scores, float* out) {
+  constexpr int C = D / 16;
+  __m512 query[C];
+  for (int c = 0; c < C; ++c) query[c] = _mm512_loadu_ps(q + 16 * c);
+  float best = -INFINITY;
+  int64_t j = 0;
+  for (; j + 4 <= count; j += 4) {  // four keys' sums by sum16x4 (sum16's tree)
+    __m512 dots[4];
+    for (int m = 0; m < 4; ++m) {
+      const float* kj = k + keys[j + m] * key_stride;
+      dots[m] = _mm512_mul_ps(query[0], _mm512_loadu_ps(kj));
+      for (int c = 1; c < C; ++c) dots[m] = _mm512_fmadd_ps(query[c], _mm512_loadu_ps(kj + 16 * c), dots[m]);
+    }
+    sum16x4(dots[0], dots[1], dots[2], dots[3], scores + j);
+    for (int m = 0; m < 4; ++m) {
+      scores[j + m] *= scale;
+      best = scores[j + m] > best ? scores[j + m] : best;
+    }
+  }
+  for (; j < count; ++j) {
+    const float* kj = k + keys[j] * key_stride;
+    __m512 dot = _mm512_mul_ps(query[0], _mm512_loadu_ps(kj));
+    for (int c = 1; c < C; ++c) dot = _mm512_fmadd_ps(query[c], _mm512_loadu_ps(kj + 16 * c), dot);
+    scores[j] = sum16(dot) * scale;
+    best = scores[j] > best ? scores[j] : best;
+  }
+  const float total = path_avx512::exponentiate(scores, count, best);
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < count; ++j) {
+    const float* vj = v + keys[j] * value_stride;
+    const __m512 p = _mm512_set1_ps(scores[j]);
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * c), acc[c]);
+  }
+  const __m512 inverse = _mm512_set1_ps(1.f / total);
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], inverse));
+}
+
+// Many queries of one kv head (several rows, several heads of its group) in one stream over its keys
+// and values, which come from memory once and from L1 for the queries after the first four: scores
+// four keys by four queries at a time (sum16x16), the rest key by key (sum16x4), and the values in
+// blocks of 64 keys, each query's sum carried from block to block in memory (exactly). Each query's
+// arithmetic is attend_one_wide's, op for op, so its result is the same bits as alone.
+constexpr int64_t VALUE_BLOCK = 64;
+
+template <int D>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+void attend_shared_wide(const float* const* qs, float* const* outs, const int64_t* counts, int n, const float* k,
+                        const float* v, int64_t key_stride, int64_t value_stride, float scale, float* scores,
+                        int64_t width, float* sums_out) {
+  constexpr int C = D / 16;
+  const int groups4 = (n + 3) / 4;  // queries in fours; the last four padded with the first query, unused
+  auto query = [&](int i) { return qs[i < n ? i : 0]; };
+  int64_t widest = 0, common = counts[0];
+  for (int i = 0; i < n; ++i) widest = std::max(widest, counts[i]), common = std::min(common, counts[i]);
+  std::vector<float> best(4 * groups4, -INFINITY);
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  std::vector<float> top(16 * groups4, -INFINITY);  // per four queries, the running maxima of their lanes
+  int64_t j = 0;
+  for (; j + 4 <= common; j += 4) {  // keys every query sees, four at a time
+    for (int g = 0; g < groups4; ++g) {
+      __m512 dots[4][4];
+      for (int m = 0; m < 4; ++m) {
+        const float* kj = k + (j + m) * key_stride;
+        for (int i = 0; i < 4; ++i) {
+          const float* qi = query(4 * g + i);
+          dots[m][i] = _mm512_mul_ps(_mm512_loadu_ps(qi), _mm512_loadu_ps(kj));
+          for (int c = 1; c < C; ++c)
+            dots[m][i] = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * c), _mm512_loadu_ps(kj + 16 * c), dots[m][i]);
+        }
+      }
+      const __m512 sums = _mm512_mul_ps(sum16x16(dots), scale_v);
+      _mm512_storeu_ps(top.data() + 16 * g, _mm512_max_ps(_mm512_loadu_ps(top.data() + 16 * g), sums));
+      float* row = scores + 4 * g * width + j;
+      _mm_storeu_ps(row, _mm512_extractf32x4_ps(sums, 0));
+      _mm_storeu_ps(row + width, _mm512_extractf32x4_ps(sums, 1));
+      _mm_storeu_ps(row + 2 * width, _mm512_extractf32x4_ps(sums, 2));
+      _mm_storeu_ps(row + 3 * width, _mm512_extractf32x4_ps(sums, 3));
+    }
+  }
+  for (int g = 0; g < groups4; ++g)
+    for (int i = 0; i < 4; ++i)
+      for (int m = 0; m < 4; ++m) best[4 * g + i] = std::max(best[4 * g + i], top[16 * g + 4 * i + m]);
+  for (; j < widest; ++j) {  // the last keys, which some rows do not see
+    const float* kj = k + j * key_stride;
+    for (int g = 0; g < groups4; ++g) {
+      __m512 dots[4];
+      for (int i = 0; i < 4; ++i) {
+        const float* qi = query(4 * g + i);
+        dots[i] = _mm512_mul_ps(_mm512_loadu_ps(qi), _mm512_loadu_ps(kj));
+        for (int c = 1; c < C; ++c) dots[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qi + 16 * c), _mm512_loadu_ps(kj + 16 * c), dots[i]);
+      }
+      float sums[4];
+      sum16x4(dots[0], dots[1], dots[2], dots[3], sums);
+      for (int i = 0; i < 4 && 4 * g + i < n; ++i) {
+        const int q_i = 4 * g + i;
+        if (j >= counts[q_i]) continue;
+        const float score = sums[i] * scale;
+        scores[q_i * width + j] = score;
+        best[q_i] = score > best[q_i] ? score : best[q_i];
+      }
+    }
+  }
+  std::vector<float> total(n);
+  for (int i = 0; i < n; ++i) total[i] = path_avx512::exponentiate(scores + i * width, counts[i], best[i]);
+  std::fill(sums_out, sums_out + n * D, 0.f);
+  for (int64_t start = 0; start < widest; start += VALUE_BLOCK) {
+    const int64_t stop = std::min(widest, start + VALUE_BLOCK);
+    for (int g = 0; g < groups4; ++g) {
+      const int in_group = std::min(4, n - 4 * g);
+      __m512 acc[4][C];
+      for (int i = 0; i < in_group; ++i)
+        for (int c = 0; c < C; ++c) acc[i][c] = _mm512_loadu_ps(sums_out + (4 * g + i) * D + 16 * c);
+      for (int64_t jj = start; jj < stop; ++jj) {
+        const float* vj = v + jj * value_stride;
+        __m512 value[C];
+        for (int c = 0; c < C; ++c) value[c] = _mm512_loadu_ps(vj + 16 * c);
+        for (int i = 0; i < in_group; ++i) {
+          if (jj >= counts[4 * g + i]) continue;
+          const __m512 p = _mm512_set1_ps(scores[(4 * g + i) * width + jj]);
+          for (int c = 0; c < C; ++c) acc[i][c] = _mm512_fmadd_ps(p, value[c], acc[i][c]);
+        }
+      }
+      for (int i = 0; i < in_group; ++i)
+        for (int c = 0; c < C; ++c) _mm512_storeu_ps(sums_out + (4 * g + i) * D + 16 * c, acc[i][c]);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    const __m512 inverse = _mm512_set1_ps(1.f / total[i]);
+    for (int c = 0; c < C; ++c)
+      _mm512_storeu_ps(outs[i] + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(sums_out + i * D + 16 * c), inverse));
+  }
+}
+
+// q [rows, heads, dim] (dim contiguous), key and value [kv_heads, keys, dim] (dim contiguous); row r sees
+// keys index[r, 0..counts[r]) when index is given, else keys 0..counts[r]. Returns [rows, heads, dim].
+at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value, const at::Tensor& counts,
+                       const std::optional<at::Tensor>& index, double scale, bool avx512) {
+  TORCH_CHECK(q.dim() == 3 && key.dim() == 3 && value.dim() == 3, "q, key, value: 3 dimensions");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat && value.scalar_type() == at::kFloat,
+              "float32 only");
+  TORCH_CHECK(q.stride(2) == 1 && key.stride(2) == 1 && value.stride(2) == 1, "the last dimension must be contiguous");
+  const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = key.size(0), keys = key.size(1);
+  TORCH_CHECK(heads % kv_heads == 0 && key.size(2) == dim && value.size(0) == kv_heads && value.size(1) == keys &&
+              value.size(2) == dim, "shapes do not match");
+  TORCH_CHECK(counts.scalar_type() == at::kLong && counts.is_contiguous() && counts.numel() == rows, "counts: int64 [rows]");
+  const int64_t* count = counts.data_ptr<int64_t>();
+  int64_t widest = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(count[r] >= 1 && count[r] <= keys, "a row must see between 1 and all keys");
+    widest = std::max(widest, count[r]);
+  }
+  std::vector<int64_t> causal;
+  const int64_t* chosen = nullptr;
+  int64_t index_stride = 0;
+  if (index.has_value()) {
+    TORCH_CHECK(index->scalar_type() == at::kLong && index->dim() == 2 && index->size(0) == rows &&
+                index->size(1) >= widest && index->stride(1) == 1, "index: int64 [rows, >= counts]");
+    chosen = index->data_ptr<int64_t>();
+    index_stride = index->stride(0);
+  } else {
+    causal.resize(widest);
+    for (int64_t j = 0; j < widest; ++j) causal[j] = j;
+    chosen = causal.data();
+  }
+  auto out = at::empty({rows, heads, dim}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = key.data_ptr<float>();
+  const float* vp = value.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t groups = heads / kv_heads;
+  if (avx512 && !index.has_value() && rows > 1 && (dim == 64 || dim == 128)) {
+    // causal rows of a block: per kv head, its queries in two halves, each half one stream over the keys
+    const int64_t per_head = rows * groups, half = (per_head + 1) / 2;
+    at::parallel_for(0, kv_heads * 2, 1, [&](int64_t begin, int64_t end) {
+      const int64_t padded = (half + 3) / 4 * 4;
+      std::vector<float> scores(padded * widest), sums(half * dim);
+      std::vector<const float*> qs(half);
+      std::vector<float*> outs(half);
+      std::vector<int64_t> counts_i(half);
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t g = task / 2, first = (task % 2) * half;
+        const int n = static_cast<int>(std::min(half, per_head - first));
+        if (n <= 0) continue;
+        for (int i = 0; i < n; ++i) {
+          const int64_t r = (first + i) / groups, h = g * groups + (first + i) % groups;
+          qs[i] = qp + r * q.stride(0) + h * q.stride(1);
+          outs[i] = op + (r * heads + h) * dim;
+          counts_i[i] = count[r];
+        }
+        if (dim == 64)
+          attend_shared_wide<64>(qs.data(), outs.data(), counts_i.data(), n, kp + g * key.stride(0), vp + g * value.stride(0),
+                                 key.stride(1), value.stride(1), static_cast<float>(scale), scores.data(), widest, sums.data());
+        else
+          attend_shared_wide<128>(qs.data(), outs.data(), counts_i.data(), n, kp + g * key.stride(0), vp + g * value.stride(0),
+                                  key.stride(1), value.stride(1), static_cast<float>(scale), scores.data(), widest, sums.data());
+      }
+    });
+    return out;
+  }
+  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(widest);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r = task / heads, h = task % heads, g = h / groups;
+      const float* qr = qp + r * q.stride(0) + h * q.stride(1);
+      const float* kg = kp + g * key.stride(0);
+      const float* vg = vp + g * value.stride(0);
+      const int64_t* keys_r = chosen + r * index_stride;
+      float* o = op + (r * heads + h) * dim;
+      if (avx512 && dim == 64) attend_one_wide<64>(qr, kg, vg, key.stride(1), value.stride(1), keys_r, count[r],
+                                                   static_cast<float>(scale), scores.data(), o);
+      else if (avx512 && dim == 128) attend_one_wide<128>(qr, kg, vg, key.stride(1), value.stride(1), keys_r, count[r],
+                                                          static_cast<float>(scale), scores.data(), o);
+      else if (avx512) path_avx512::attend_one(qr, kg, vg, key.stride(1), value.stride(1), keys_r, count[r], dim,
+                                          static_cast<float>(scale), scores.data(), o);
+      else path_avx2::attend_one(qr, kg, vg, key.stride(1), value.stride(1), keys_r, count[r], dim,
+                                 static_cast<float>(scale), scores.data(), o);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("attend_rows", &attend_rows);
+}
