@@ -73,7 +73,7 @@ def build(path: Path) -> Path:
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise Unavailable(f"compiling specdec's kernels failed: {last}")
+            raise Unavailable(f"compiling specdec's kernels failed ({compiler}): {last}")
         os.replace(staging, path)
     finally:
         Path(staging).unlink(missing_ok=True)
