@@ -32,6 +32,7 @@ from . import q8_kernel
 from .quantize import Int4Linear, Int8Linear, Q8Linear, padded_columns
 from .rowwise_attention import ROWWISE_UP_TO, attend_rows, native_rows, on_native_kernels, visible_keys_once
 
+QUANTISED_LINEARS = (Int4Linear, Int8Linear, Q8Linear)
 HANDLED = {"input_ids", "cache", "use_cache", "logits_to_keep", "attention_mask", "position_ids", "output_hidden_states"}
 
 
@@ -76,9 +77,8 @@ def supported(model) -> bool:
         return False
     if not all(layer_supported(layer) for layer in model.model.layers):
         return False
-    quantised = (Int4Linear, Int8Linear, Q8Linear)
     head = model.lm_head
-    return isinstance(head, quantised) and head.bias is None
+    return isinstance(head, QUANTISED_LINEARS) and head.bias is None
 
 
 def layer_weights(layer, intermediate: int) -> tuple:
@@ -93,11 +93,11 @@ def layer_weights(layer, intermediate: int) -> tuple:
 def layer_supported(layer) -> bool:
     """A Llama decoder layer whose projections are fused and quantised, without biases."""
     attention, mlp = layer.self_attn, layer.mlp
-    quantised = (Int4Linear, Int8Linear, Q8Linear)
     shared = (getattr(attention, "qkv_proj", None), getattr(mlp, "gate_up_proj", None))
-    if not all(isinstance(s, SharedProjection) and isinstance(s.linear, quantised) and s.linear.bias is None for s in shared):
+    if not all(isinstance(s, SharedProjection) and isinstance(s.linear, QUANTISED_LINEARS) and s.linear.bias is None
+               for s in shared):
         return False
-    return all(isinstance(m, quantised) and m.bias is None for m in (attention.o_proj, mlp.down_proj))
+    return all(isinstance(m, QUANTISED_LINEARS) and m.bias is None for m in (attention.o_proj, mlp.down_proj))
 
 
 class LeanDecoder:

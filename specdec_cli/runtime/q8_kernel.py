@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -80,6 +81,7 @@ def build(path: Path) -> Path:
     return path
 
 
+@cache
 def cpu_path() -> str:
     """"avx512" or "avx2", as torch's own kernels choose (``ATEN_CPU_CAPABILITY``), or "" without AVX2."""
     capability = torch.backends.cpu.get_cpu_capability()

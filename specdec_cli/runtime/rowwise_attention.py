@@ -19,6 +19,8 @@ with the linears' kernel when the model is loaded (``native``), never per call.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from . import q8_kernel
@@ -66,10 +68,16 @@ def native_rows(query, key, value, scaling, seen: list | None = None) -> torch.T
     return out[None]
 
 
+@lru_cache(maxsize=64)
+def causal_counts(rows: int, keys: int) -> torch.Tensor:
+    """Each causal row's key count, made once per shape: every layer of every forward reads it (never writes)."""
+    return torch.arange(keys - rows + 1, keys + 1)
+
+
 def row_keys(seen: list | None, rows: int, keys: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per row how many keys it sees, and which (None: its causal prefix), as the attention op takes them."""
     if not seen or all(gathered is None for gathered in seen):
-        return torch.arange(keys - rows + 1, keys + 1), None
+        return causal_counts(rows, keys), None
     lists = [torch.arange(keys - rows + row + 1) if gathered is None else gathered for row, gathered in enumerate(seen)]
     counts = torch.tensor([len(keys_seen) for keys_seen in lists])
     index = torch.zeros(rows, int(counts.max()), dtype=torch.long)
