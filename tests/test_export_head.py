@@ -104,3 +104,27 @@ def test_an_unknown_format_is_refused(pair_dir, tmp_path):
     result = CliRunner().invoke(app, ["export-head", str(pair_dir / "head"), "--format", "medusa", "--out", str(tmp_path / "o"),
                                       "--target", str(pair_dir / "target")])
     assert result.exit_code == 2 and result.stderr.strip() == "specdec: error: unknown --format 'medusa'; choose one of eagle3"
+
+
+def test_the_llama_cpp_export_has_no_attention_biases_and_keeps_the_rest(pair_dir, exported, tmp_path):
+    """llama.cpp's EAGLE-3 layer (src/models/eagle3.cpp) has no q/k/v/o biases and refuses a checkpoint with them."""
+    vllm_out, _ = exported
+    out = tmp_path / "llama"
+    result = CliRunner().invoke(app, ["export-head", str(pair_dir / "head"), "--engine", "llama.cpp", "--out", str(out),
+                                      "--target", str(pair_dir / "target")])
+    assert result.exit_code == 0, result.output
+    with safe_open(out / "model.safetensors", "pt") as weights, safe_open(vllm_out / "model.safetensors", "pt") as biased:
+        assert set(weights.keys()) == {n for n in biased.keys() if not n.endswith(".bias")}
+        for name in weights.keys():  # the same map, less the bias term
+            assert torch.equal(weights.get_tensor(name), biased.get_tensor(name)), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["attention_bias"] is False
+    assert json.loads((out / "specdec-export.json").read_text())["engine"] == "llama.cpp"
+    assert f"--outfile {out}.gguf" in result.stdout and "--spec-type draft-eagle3" in result.stdout
+
+
+def test_an_unknown_engine_is_refused(pair_dir, tmp_path):
+    result = CliRunner().invoke(app, ["export-head", str(pair_dir / "head"), "--engine", "sglang", "--out", str(tmp_path / "o"),
+                                      "--target", str(pair_dir / "target")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "specdec: error: unknown --engine 'sglang'; choose one of vllm, llama.cpp"

@@ -1,7 +1,8 @@
 """specdec against a REAL llama.cpp server (no mock), the one `bash install.sh test` builds: the bench
-at concurrency 1 and 2 with plain and prompt lookup, the equivalence check with drafts, the export's
-flags starting a server that drafts as asked, `watch --once --json` on its counters, a server killed
-mid-run and a busy port; after every test, no llama-server may still run."""
+at concurrency 1 and 2 with plain and prompt lookup, the head drafting as EAGLE-3, the equivalence
+check with drafts, the export's flags starting a server that drafts as asked, `watch --once --json`
+on its counters, a server killed mid-run and a busy port; after every test, no llama-server may
+still run."""
 
 from __future__ import annotations
 
@@ -98,6 +99,21 @@ def test_equivalence_with_the_draft_model_drafts_and_places_every_divergence(pro
             assert isinstance(divergence["plain_repeat_differs"], bool)
     drafted = result["manifest"]["engine"]["servers"]["llama-draft:3"]["arguments"]
     assert Path(drafted[drafted.index("--spec-draft-model") + 1]).is_file()  # converted to GGUF once, in the cache
+
+
+def test_the_heads_eagle3_export_drafts_inside_llama_cpp(prompts):
+    """llama-eagle3:K: the head exported for llama.cpp's layer (no attention biases: a biased export is
+    refused at load) and converted by the same sources' converter loads and drafts, K at most a round."""
+    done = specdec(*bench_args(prompts, "--modes", "llama-eagle3:3", "--concurrency", "1", "--json"), timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    acceptance = result["modes"]["llama-eagle3:3"]["1"]["acceptance"]
+    assert acceptance["drafts"] > 0 and acceptance["draft_tokens"] <= 3 * acceptance["drafts"]
+    assert 0 < acceptance["accepted"] <= acceptance["draft_tokens"]
+    arguments = result["manifest"]["engine"]["servers"]["llama-eagle3:3"]["arguments"]
+    assert arguments[arguments.index("--spec-type") + 1] == "draft-eagle3"
+    head = Path(arguments[arguments.index("--spec-draft-model") + 1])
+    assert head.suffix == ".gguf" and head.parent.name == "llama-drafts" and head.is_file()  # converted once, in the cache
 
 
 def test_exported_flags_start_a_server_that_drafts_as_asked_and_watch_reads_it(bench, tmp_path):

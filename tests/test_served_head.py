@@ -15,8 +15,8 @@ def test_the_export_is_written_once_and_follows_the_head(tmp_path, monkeypatch):
     shutil.copytree(HEAD, head)
     calls = []
 
-    def fake_export(directory, out, fmt, load_target):
-        calls.append((directory, fmt))
+    def fake_export(directory, out, fmt, load_target, engine):
+        calls.append((directory, fmt, engine))
         out.mkdir(parents=True)
         (out / "config.json").write_text("{}")
         (out / "model.safetensors").write_bytes(b"x")
@@ -30,3 +30,6 @@ def test_the_export_is_written_once_and_follows_the_head(tmp_path, monkeypatch):
     meta.write_text(meta.read_text().replace("{", '{"retrained": true, ', 1))
     second = served_head.eagle3_directory(head)
     assert second != first and len(calls) == 2
+    for_llama = served_head.eagle3_directory(head, engine="llama.cpp")  # llama.cpp's bias-free layer: its own export
+    assert for_llama not in (first, second) and calls[-1][2] == "llama.cpp" and len(calls) == 3
+    assert served_head.eagle3_directory(head, engine="llama.cpp") == for_llama and len(calls) == 3

@@ -130,6 +130,21 @@ def test_engine_modes_levels_and_slos_parsed():
         parse_slos("latency:5")
 
 
+def test_llama_cpp_modes_and_their_draft_flags():
+    from pathlib import Path
+
+    from specdec_cli.serving.llama_server import speculative_flags
+
+    modes = parse_modes("llama-draft:3,llama-eagle3:2", "llama.cpp")
+    assert [(m.name, m.method, m.k) for m in modes] == [
+        ("llama-plain", "plain", 0), ("llama-draft:3", "draft-simple", 3), ("llama-eagle3:2", "draft-eagle3", 2)]
+    assert speculative_flags("draft-eagle3", 2, Path("/c/head.gguf")) == (
+        "--spec-type", "draft-eagle3", "--spec-draft-n-max", "2", "--spec-draft-model", "/c/head.gguf",
+        "--spec-draft-n-min", "0", "--spec-draft-p-min", "0")
+    with pytest.raises(UserError, match=r"llama-draft:K and llama-eagle3:K \(K from 1"):
+        parse_modes("llama-medusa:2", "llama.cpp")
+
+
 def test_server_flags_and_environment_as_the_issue_measured_them(monkeypatch):
     from pathlib import Path
 

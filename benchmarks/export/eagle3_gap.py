@@ -2,7 +2,7 @@
 greedy, float32 target, K drafts a round, the same prompts as the recorded round trip.
 
     python benchmarks/export/eagle3_gap.py [--prompts examples/equivalence-prompts.jsonl] [--k 3]
-        [--max-tokens 32] [--no-engine] [--out benchmarks/export/eagle3-gap.json]
+        [--max-tokens 32] [--no-engine] [--no-hybrids] [--out benchmarks/export/eagle3-gap.json]
 
 Rows (per-position acceptance = accepted at position j / rounds, as vLLM's /metrics counts it):
   engine     specdec's head in specdec's own engine (SpeculativeEngine + HeadDrafter, as `bench head:K`)
@@ -12,6 +12,8 @@ Rows (per-position acceptance = accepted at position j / rounds, as vLLM's /metr
              llm_base_proposer.propose does: confirmed positions read fc(target aux) and the next
              token, drafted ones the previous position's pre-norm output; the draft cache keeps the
              confirmed positions and this round's drafted ones (cropped each round)
+  export:llama.cpp  the export for llama.cpp's layer (no attention biases), drafting the same way:
+             llama.cpp's draft-eagle3 (common/speculative.cpp) feeds its layer as vLLM does
   hybrid:... specdec's head computed with one or more of the map's approximations switched on
              (APPROXIMATIONS), to price each: all on equals `export`, none equals `drafter`
 """
@@ -192,6 +194,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--head", type=Path, default=None, help="specdec head directory (default: the pair's)")
     parser.add_argument("--no-engine", action="store_true", help="skip the engine row (the slowest)")
+    parser.add_argument("--no-hybrids", action="store_true", help="skip the hybrid rows (the exports alone)")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts only (a quick check)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/export/eagle3-gap.json"))
     args = parser.parse_args()
@@ -252,10 +255,11 @@ def main() -> None:
     results["drafter"] = run(drafter_runner)
     progress(started, f"drafter {results['drafter']['per_position']}")
 
-    with tempfile.TemporaryDirectory() as tmp:  # the export as `specdec export-head` writes it, and its scales
-        export_head(head_dir, Path(tmp), "eagle3", lambda source: (model, tokenizer))
-        exports = {"fc": load_eagle3(Path(tmp))}
-        provenance = json.loads((Path(tmp) / "specdec-export.json").read_text())
+    with tempfile.TemporaryDirectory() as tmp:  # the exports as `specdec export-head` writes them, and their scales
+        export_head(head_dir, Path(tmp) / "vllm", "eagle3", lambda source: (model, tokenizer))
+        export_head(head_dir, Path(tmp) / "llama.cpp", "eagle3", lambda source: (model, tokenizer), engine="llama.cpp")
+        exports = {"fc": load_eagle3(Path(tmp) / "vllm"), "llama.cpp": load_eagle3(Path(tmp) / "llama.cpp")}
+        provenance = json.loads((Path(tmp) / "vllm" / "specdec-export.json").read_text())
     progress(started, "export")
     stats = Stats(**provenance["stats"])  # the export's own scales, so that hybrid "all" is the export
     base = exports["fc"]
@@ -271,7 +275,7 @@ def main() -> None:
         results[f"export:{space}"] = run(export_runner)
         progress(started, f"export:{space} {results[f'export:{space}']['per_position']}")
 
-    for space in ("fc", "feature"):
+    for space in () if args.no_hybrids else ("fc", "feature"):
         names = [a for a in APPROXIMATIONS if space == "fc" or a != "feedback"]  # the feature space feeds back exactly
         variants = [("all", set(names))] + [(f"all-{a}", set(names) - {a}) for a in names]
         variants += [(f"none+{a}", {a}) for a in names] + [("none", set())] * (space == "fc")

@@ -74,7 +74,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
     with ExitStack() as stack:
         if engine:
             configs = serving_configs.server_configs(spec, chosen, threads, port,
-                                                     eagle3_directory=lambda: served_eagle3(spec, progress),
+                                                     eagle3_directory=lambda: served_eagle3(spec, engine, progress),
                                                      parallel=4 if rate else max(levels), progress=progress)
             servers = serving_configs.start_all(stack, configs, progress)
             targets = {name: serving_configs.as_target(s) for name, s in servers.items()}
@@ -103,11 +103,12 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
         raise typer.Exit(DIED)
 
 
-def served_eagle3(spec, progress) -> Path:
+def served_eagle3(spec, engine: str, progress) -> Path:
+    """The pair's head exported (once, into the cache) for ``engine``'s EAGLE-3 layer."""
     from ..export.served_head import eagle3_directory
     from ..pairs.registry import HEAD
 
-    return eagle3_directory(spec.alternate(HEAD).head, progress)
+    return eagle3_directory(spec.alternate(HEAD).head, progress, engine)
 
 
 def own_loop(spec, items, encoded, count, max_new_tokens, threads, modes_text, progress) -> dict:

@@ -26,7 +26,7 @@ TOP_LOGPROBS = 2  # the reference's top-2 at every position: the margin that cla
 # batch rows run other kernels than one-token rows (a 5-row block's logits differ by up to 1.2 here).
 ENGINE_TOLERANCE = {"vllm": NEAR_TIE_TOLERANCE["float32"], "llama.cpp": 0.5}
 SPEC_KINDS = {"vllm": "ngram:K, draft:K or eagle3:K", "llama.cpp": "ngram:K (or ngram-simple:K, ngram-map-k:K, "
-              "ngram-mod:K, ngram-cache:K) or draft:K"}
+              "ngram-mod:K, ngram-cache:K), draft:K or eagle3:K"}
 
 
 def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concurrency: str | None, max_new_tokens: int,
@@ -67,7 +67,7 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
         if engine:
             progress = serving_configs.progress_line
             configs = serving_configs.server_configs(spec, modes, threads,
-                                                     eagle3_directory=lambda: served_eagle3(spec, progress),
+                                                     eagle3_directory=lambda: served_eagle3(spec, engine, progress),
                                                      parallel=max(concurrencies), progress=progress)
             servers = serving_configs.start_all(stack, configs, progress)
             plain_end, spec_end = servers[modes[0].name].endpoint, servers[modes[1].name].endpoint

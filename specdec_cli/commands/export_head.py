@@ -1,4 +1,5 @@
-"""`specdec export-head DIR --format eagle3 --out OUT`: a trained head in the layout vLLM loads."""
+"""`specdec export-head DIR --format eagle3 --out OUT`: a trained head in the layout vLLM (or, with
+--engine llama.cpp, llama.cpp's converter) loads."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from .common import plain_console, user_errors
 @user_errors
 def export_head_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="A draft head written by `specdec train-draft --kind head`.")],
-    out: Annotated[Path, typer.Option("--out", "-o", metavar="OUT", help="Directory to write (config.json, model.safetensors): vLLM's --speculative-config model.")],
-    fmt: Annotated[str, typer.Option("--format", metavar="FORMAT", help="eagle3: vLLM's LlamaForCausalLMEagle3 (method eagle3).")] = "eagle3",
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="OUT", help="Directory to write (config.json, model.safetensors): vLLM's --speculative-config model, or what llama.cpp's convert_hf_to_gguf.py reads.")],
+    fmt: Annotated[str, typer.Option("--format", metavar="FORMAT", help="eagle3: the LlamaForCausalLMEagle3 checkpoint layout.")] = "eagle3",
+    engine: Annotated[str, typer.Option("--engine", metavar="ENGINE", help="Whose EAGLE-3 layer: vllm (method eagle3) or llama.cpp (--spec-type draft-eagle3), whose layer has no attention biases, so the export drops the bias term the map would put there.")] = "vllm",
     target: Annotated[Optional[str], typer.Option("--target", metavar="SOURCE", help="The head's target, if it moved since training (default: the source in the head's metadata).")] = None,
 ) -> None:
     """Write a draft head in the EAGLE-3 layout vLLM loads as `method: eagle3`, and say what the
@@ -27,6 +29,9 @@ def export_head_command(
     feature alone as the residual; specdec folds both in one linear layer first. Those parts are
     approximated with scales measured on the target (docs/export.md), so acceptance in vLLM can be
     lower than in specdec.
+
+    llama.cpp's layer has no attention biases: `--engine llama.cpp` writes the map without them
+    (fc's bias is lost) and prints the converter's command.
 
     Exit codes: 0 written; 2 bad input.
     """
@@ -42,11 +47,18 @@ def export_head_command(
         loaded = load(ModelSpec(ModelSource.parse(target or source), dtype="float32", device_map="cpu"))
         return loaded.model, loaded.tokenizer
 
-    result = write(directory, out, fmt, load_target)
+    result = write(directory, out, fmt, load_target, engine=engine)
     console = plain_console()
     console.print(f"wrote {result.directory} (LlamaForCausalLMEagle3: aux layers {result.aux_ids}, draft vocabulary "
                   f"{result.draft_vocab})", markup=False)
     console.print(f"teacher-forced first-token agreement with the target on {result.positions} positions: specdec's head "
                   f"{result.agreement_specdec:.3f}, the export {result.agreement_exported:.3f}", markup=False)
+    if engine == "llama.cpp":
+        console.print(f"convert it: python convert_hf_to_gguf.py {result.directory} --target-model-dir TARGET_HF_DIR "
+                      f"--outfile {result.directory}.gguf (llama.cpp's converter; bench --modes llama-eagle3:K does this itself)",
+                      markup=False)
+        console.print(f"serve it: llama-server -m TARGET.gguf --spec-type draft-eagle3 --spec-draft-model {result.directory}.gguf "
+                      "--spec-draft-n-max 3 --spec-draft-n-min 0 --spec-draft-p-min 0", markup=False)
+        return
     console.print(f"serve it: --speculative-config '{{\"method\": \"eagle3\", \"model\": \"{result.directory}\", "
                   "\"num_speculative_tokens\": 3}'", markup=False)

@@ -83,7 +83,7 @@ def verify_equivalence(
     threads: ThreadsOption = None,
     accept: AcceptOption = "exact",
     engine: Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE", help="Check a serving engine instead of this loop: 'vllm' or 'llama.cpp' starts a plain and a --spec server (docs/engines.md).")] = None,
-    spec_mode: Annotated[Optional[str], typer.Option("--spec", metavar="ngram:K|draft:K|eagle3:K", help="With --engine: the speculative configuration checked: prompt lookup (llama.cpp: ngram:K is ngram-mod; ngram-simple:K and the other types by name), the pair's draft model, or (vLLM) its head exported as EAGLE-3.")] = None,
+    spec_mode: Annotated[Optional[str], typer.Option("--spec", metavar="ngram:K|draft:K|eagle3:K", help="With --engine: the speculative configuration checked: prompt lookup (llama.cpp: ngram:K is ngram-mod; ngram-simple:K and the other types by name), the pair's draft model, or its head exported as EAGLE-3.")] = None,
     server: Annotated[Optional[str], typer.Option("--server", metavar="URL", help="Check a speculative OpenAI-compatible server already running at URL against --reference (API key from $SPECDEC_API_KEY).")] = None,
     reference: Annotated[Optional[str], typer.Option("--reference", metavar="URL", help="With --server: the plain server whose greedy tokens (and top-2 logprobs) are the reference.")] = None,
     concurrency: ConcurrencyOption = None,

@@ -40,6 +40,10 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 WEIGHTS = "model.safetensors"
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+# Whether each engine's EAGLE-3 layer has attention biases. vLLM's reads ``attention_bias`` from the
+# config; llama.cpp's (src/models/eagle3.cpp) has none and refuses a checkpoint with them. Without
+# them the map loses fc's bias, which it carries into q/k/v (map_head).
+ATTENTION_BIAS = {"vllm": True, "llama.cpp": False}
 
 
 def aux_layer_ids(feature_layers: tuple[int, ...], num_layers: int) -> list[int]:

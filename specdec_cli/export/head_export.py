@@ -18,7 +18,7 @@ import torch
 from ..decoding.head import TOP_ONLY, DraftHead, check_target, read_head
 from ..errors import UserError
 from ..runtime.quantize import output_weight
-from .eagle3 import Stats, aux_layer_ids, eagle3_config, map_head, save_eagle3, vocab_maps
+from .eagle3 import ATTENTION_BIAS, Stats, aux_layer_ids, eagle3_config, map_head, save_eagle3, vocab_maps
 
 FORMATS = ("eagle3",)
 FALLBACK_TEXTS = ("Write a Python function that reverses a string.", "What is the capital of France, and why is it famous?",
@@ -119,11 +119,13 @@ def _greedy(model, ids) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0].argmax(-1)
 
 
-def export_head(directory: Path, out: Path, fmt: str, load_target, space: str = "fc") -> HeadExport:
+def export_head(directory: Path, out: Path, fmt: str, load_target, space: str = "fc", engine: str = "vllm") -> HeadExport:
     """Write ``out`` from the head in ``directory``; ``load_target(source)`` gives (model, tokenizer);
-    ``space``: eagle3.map_head's."""
+    ``space``: eagle3.map_head's; ``engine``: whose EAGLE-3 layer (eagle3.ATTENTION_BIAS)."""
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if engine not in ATTENTION_BIAS:
+        raise UserError(f"unknown --engine {engine!r}; choose one of {', '.join(ATTENTION_BIAS)}")
     meta, spec = read_head(directory)
     model, tokenizer = load_target(meta["target"]["source"])
     check_target(meta, directory, model, meta["target"]["source"])
@@ -131,7 +133,7 @@ def export_head(directory: Path, out: Path, fmt: str, load_target, space: str = 
     feature_layers = tuple(meta.get("feature_layers", TOP_ONLY))
     aux_ids = aux_layer_ids(feature_layers, text.num_hidden_layers)
     d2t, t2d = vocab_maps(meta.get("top_vocab"), text.vocab_size)
-    config = eagle3_config(meta["layer"], text.to_dict(), aux_ids, d2t.numel(), attention_bias=True)
+    config = eagle3_config(meta["layer"], text.to_dict(), aux_ids, d2t.numel(), attention_bias=ATTENTION_BIAS[engine])
     final_norm = model.model.norm.weight.detach().float()
     embed = model.get_input_embeddings()
     states = [(target_states(model, ids), ids) for ids in sample_ids(directory, tokenizer)]
@@ -141,7 +143,7 @@ def export_head(directory: Path, out: Path, fmt: str, load_target, space: str = 
     spec_head = DraftHead(meta["layer"], feature_layers).eval()
     spec_head.load_state_dict(spec)
     kept, mapped, positions = agreement(model, spec_head, eagle, feature_layers, aux_ids, states, embed)
-    provenance = {"from": str(directory), "target": meta["target"], "feature_layers": list(feature_layers),
+    provenance = {"from": str(directory), "engine": engine, "target": meta["target"], "feature_layers": list(feature_layers),
                   "aux_layer_ids": aux_ids, "stats": stats.__dict__, "map": f"approximate (specdec_cli/export/eagle3.py), h in the {space!r} space",
                   "teacher_forced_agreement": {"specdec_head": round(kept, 4), "exported": round(mapped, 4), "positions": positions}}
     save_eagle3(Path(out), eagle, provenance)

@@ -23,7 +23,8 @@ LLAMA_PLAIN = "llama-plain"
 # on the unseen prompts (docs/llama-cpp.md has every type's figures).
 DEFAULT_LLAMA_NGRAM = "ngram-mod"
 LLAMA_TYPES = {"ngram": DEFAULT_LLAMA_NGRAM, "ngram-simple": "ngram-simple", "ngram-map-k": "ngram-map-k",
-               "ngram-mod": "ngram-mod", "ngram-cache": "ngram-cache", "draft": "draft-simple"}
+               "ngram-mod": "ngram-mod", "ngram-cache": "ngram-cache", "draft": "draft-simple",
+               "eagle3": "draft-eagle3"}
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def mode_names(engine: str) -> str:
     """The modes an engine takes, for an error or --help."""
     if engine == "llama.cpp":
         return (f"{LLAMA_PLAIN}, llama-ngram:K ({DEFAULT_LLAMA_NGRAM}), llama-ngram-simple:K, llama-ngram-map-k:K, "
-                f"llama-ngram-mod:K, llama-ngram-cache:K and llama-draft:K (K from 1 to {MAX_K})")
+                f"llama-ngram-mod:K, llama-ngram-cache:K, llama-draft:K and llama-eagle3:K (K from 1 to {MAX_K})")
     return f"{PLAIN}, vllm-ngram:K, vllm-draft:K, vllm-eagle3:K (K from 1 to {MAX_K}) and {CONFIG}:FILE"
 
 

@@ -1,7 +1,7 @@
 """From a pair and its engine modes to the servers that serve them. vLLM: the target as a
 transformers directory (a GGUF source's converted cache directory), the pair's draft model as it
-is, prompt lookup as vLLM's ``ngram``. llama.cpp: the pair's GGUF as it is, the draft model
-converted to GGUF once. And the prompts as the target's token ids, chat template applied, so that
+is, prompt lookup as vLLM's ``ngram``. llama.cpp: the pair's GGUF as it is, the draft model and
+the head's EAGLE-3 export converted to GGUF once. And the prompts as the target's token ids, chat template applied, so that
 every server sees the same tokens specdec's own loop would."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ..errors import UserError, read_json
 from ..pairs.loading import gguf_file, transformers_directory
 from ..pairs.registry import HEAD, MODEL, PairSpec
 from .bench import EngineMode, Target
-from .llama_server import LlamaConfig, draft_gguf, speculative_flags
+from .llama_server import LlamaConfig, draft_gguf, eagle3_gguf, speculative_flags
 from .server import ManagedServer, ServerConfig, speculative_config
 
 
@@ -31,10 +31,10 @@ def server_configs(pair: PairSpec, modes: list[EngineMode], threads: int | None 
                    eagle3_directory: Callable[[], Path] | None = None, parallel: int = 1,
                    progress: Callable[[str], None] = lambda line: None) -> dict[str, ServerConfig | LlamaConfig]:
     """One server per mode; ``port`` is the first mode's, the next ones count up from it.
-    ``eagle3_directory()`` gives the pair's head in vLLM's EAGLE-3 layout (export/ writes it);
+    ``eagle3_directory()`` gives the pair's head in the engine's EAGLE-3 layout (export/ writes it);
     ``parallel``: a llama.cpp server's slots, the most requests it is sent at once."""
     if modes and modes[0].engine == "llama.cpp":
-        return llama_configs(pair, modes, threads, port, parallel, progress)
+        return llama_configs(pair, modes, threads, port, parallel, eagle3_directory, progress)
     model_dir = transformers_directory(pair.target.source)
     configs = {}
     for index, mode in enumerate(modes):
@@ -51,19 +51,25 @@ def server_configs(pair: PairSpec, modes: list[EngineMode], threads: int | None 
 
 
 def llama_configs(pair: PairSpec, modes: list[EngineMode], threads: int | None, port: int | None, parallel: int,
-                  progress: Callable[[str], None]) -> dict[str, LlamaConfig]:
+                  eagle3_directory: Callable[[], Path] | None, progress: Callable[[str], None]) -> dict[str, LlamaConfig]:
     target = gguf_file(pair.target.source, "llama.cpp serves GGUF")
-    draft = draft_gguf(draft_directory(pair), progress) if any(m.method == "draft-simple" for m in modes) else None
+    methods = {m.method for m in modes}
+    drafts = {}
+    if "draft-simple" in methods:
+        drafts["draft-simple"] = draft_gguf(draft_directory(pair), progress)
+    if "draft-eagle3" in methods:
+        drafts["draft-eagle3"] = eagle3_gguf(_eagle3(pair, eagle3_directory, "llama-eagle3:K"),
+                                             transformers_directory(pair.target.source), progress)
     return {mode.name: LlamaConfig(mode.name, target, pair.name,
                                    speculative_flags(None if mode.method == "plain" else mode.method, mode.k,
-                                                     draft if mode.method == "draft-simple" else None),
+                                                     drafts.get(mode.method)),
                                    threads=threads, parallel=parallel, port=None if port is None else port + index)
             for index, mode in enumerate(modes)}
 
 
-def _eagle3(pair: PairSpec, eagle3_directory: Callable[[], Path] | None) -> Path:
+def _eagle3(pair: PairSpec, eagle3_directory: Callable[[], Path] | None, mode: str = "vllm-eagle3:K") -> Path:
     if pair.alternate(HEAD) is None or eagle3_directory is None:
-        raise UserError(f"pair {pair.name} has no draft head for vllm-eagle3:K (add one under `drafters: head:`)")
+        raise UserError(f"pair {pair.name} has no draft head for {mode} (add one under `drafters: head:`)")
     return eagle3_directory()
 
 
