@@ -35,6 +35,9 @@ def test_aux_ids_are_vllms_the_last_state_taken_before_the_final_norm():
     assert aux_layer_ids((2, 15, -1), 30) == [2, 15, 30]
     assert aux_layer_ids((-1, 3), 30) == [3, 30]  # vLLM collects in layer order
     assert aux_layer_ids((-1,), 2) == [2]
+    assert aux_layer_ids((2, 15, -1), 30, last_output=False) == [2, 15, 29]  # llama.cpp: the last layer's input
+    with pytest.raises(ValueError, match="twice"):
+        aux_layer_ids((-2, -1), 30, last_output=False)
 
 
 def test_d2t_holds_offsets_from_draft_ids_to_target_ids():
@@ -64,6 +67,7 @@ def test_the_export_has_the_tensors_and_config_vllm_loads(exported):
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
     assert (config["draft_vocab_size"], config["vocab_size"], config["target_hidden_size"]) == (VOCAB, VOCAB, H)
     assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [2], "use_aux_hidden_state": True}
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2]  # where llama.cpp's converter reads them
     assert config["attention_bias"] is True  # the map puts fc's bias into q/k/v's
     assert "teacher-forced first-token agreement with the target on" in stdout
 
@@ -115,10 +119,14 @@ def test_the_llama_cpp_export_has_no_attention_biases_and_keeps_the_rest(pair_di
     assert result.exit_code == 0, result.output
     with safe_open(out / "model.safetensors", "pt") as weights, safe_open(vllm_out / "model.safetensors", "pt") as biased:
         assert set(weights.keys()) == {n for n in biased.keys() if not n.endswith(".bias")}
-        for name in weights.keys():  # the same map, less the bias term
+        for name in set(weights.keys()) - {"fc.weight"}:  # the same map, less the bias term
             assert torch.equal(weights.get_tensor(name), biased.get_tensor(name)), name
+        # fc reads the last layer's input where vLLM's reads its output: the same block, scaled by that state's rms
+        ratio = weights.get_tensor("fc.weight") / biased.get_tensor("fc.weight")
+        assert torch.allclose(ratio, ratio.flatten()[0].expand_as(ratio)) and not torch.allclose(ratio, torch.ones_like(ratio))
     config = json.loads((out / "config.json").read_text())
     assert config["attention_bias"] is False
+    assert config["eagle_aux_hidden_state_layer_ids"] == config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1]
     assert json.loads((out / "specdec-export.json").read_text())["engine"] == "llama.cpp"
     assert f"--outfile {out}.gguf" in result.stdout and "--spec-type draft-eagle3" in result.stdout
 

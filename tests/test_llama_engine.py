@@ -114,6 +114,10 @@ def test_the_heads_eagle3_export_drafts_inside_llama_cpp(prompts):
     assert arguments[arguments.index("--spec-type") + 1] == "draft-eagle3"
     head = Path(arguments[arguments.index("--spec-draft-model") + 1])
     assert head.suffix == ".gguf" and head.parent.name == "llama-drafts" and head.is_file()  # converted once, in the cache
+    from gguf import GGUFReader
+
+    layers = GGUFReader(head).fields["eagle3.target_layers"].contents()
+    assert layers == [2, 15, 29]  # the head's layers, the last state as layer 29's input (not the converter's guess, 27)
 
 
 def test_exported_flags_start_a_server_that_drafts_as_asked_and_watch_reads_it(bench, tmp_path):

@@ -2,7 +2,7 @@
 greedy, float32 target, K drafts a round, the same prompts as the recorded round trip.
 
     python benchmarks/export/eagle3_gap.py [--prompts examples/equivalence-prompts.jsonl] [--k 3]
-        [--max-tokens 32] [--no-engine] [--no-hybrids] [--out benchmarks/export/eagle3-gap.json]
+        [--max-tokens 32] [--no-engine] [--no-hybrids] [--dtype float32] [--out benchmarks/export/eagle3-gap.json]
 
 Rows (per-position acceptance = accepted at position j / rounds, as vLLM's /metrics counts it):
   engine     specdec's head in specdec's own engine (SpeculativeEngine + HeadDrafter, as `bench head:K`)
@@ -194,6 +194,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--head", type=Path, default=None, help="specdec head directory (default: the pair's)")
     parser.add_argument("--no-engine", action="store_true", help="skip the engine row (the slowest)")
+    parser.add_argument("--dtype", default="float32", help="the target drafted against (its states and greedy "
+                        "continuation); the exports are written from the float32 target, as served ones are")
     parser.add_argument("--no-hybrids", action="store_true", help="skip the hybrid rows (the exports alone)")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts only (a quick check)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/export/eagle3-gap.json"))
@@ -205,11 +207,12 @@ def main() -> None:
     head_dir = args.head or Path(pair.drafter.head)
     loaded = load(type(pair.target)(pair.target.source, dtype="float32", device_map="cpu"))
     model, tokenizer = loaded.model.eval(), loaded.tokenizer
+    target = model if args.dtype == "float32" else load(type(pair.target)(pair.target.source, dtype=args.dtype, device_map="cpu")).model.eval()
     eos = eos_ids(tokenizer, model.generation_config)
     embed = model.get_input_embeddings()
     meta, spec = read_head(head_dir)
     layers = tuple(meta["feature_layers"])
-    drafter = load_head(head_dir, model, loaded.source, "float32")
+    drafter = load_head(head_dir, target, loaded.source, "float32")
     final_norm = model.model.norm.weight.detach().float()
     allowed = torch.tensor(sorted(meta["top_vocab"]), dtype=torch.long)
     rows = output_weight(model)[allowed].detach().float()
@@ -221,9 +224,9 @@ def main() -> None:
     with torch.inference_mode():
         if args.no_engine:
             for ids in prompts:
-                continuations.append(model.generate(torch.tensor([ids]), max_new_tokens=args.max_tokens + extra, do_sample=False)[0].tolist())
+                continuations.append(target.generate(torch.tensor([ids]), max_new_tokens=args.max_tokens + extra, do_sample=False)[0].tolist())
         else:  # specdec's engine (lossless: its output is the greedy continuation), then plain greedy past the budget
-            engine, counts, drafted = SpeculativeEngine(model, drafter, eos), [], 0
+            engine, counts, drafted = SpeculativeEngine(target, drafter, eos), [], 0
             for ids in prompts:
                 emitted = []
                 for event in engine.generate(ids, k=args.k, max_new_tokens=args.max_tokens):
@@ -231,13 +234,13 @@ def main() -> None:
                     drafted += len(event.drafted)
                 so_far = torch.tensor([ids + emitted])
                 continuations.append(so_far[0].tolist() if emitted[-1] in eos else
-                                     model.generate(so_far, max_new_tokens=extra, do_sample=False)[0].tolist())
+                                     target.generate(so_far, max_new_tokens=extra, do_sample=False)[0].tolist())
             results["engine"] = {**summary(counts, args.k, drafted),
                                  "note": "specdec's own schedule: no draft after a prefill token, K clipped to the budget at the end"}
     progress(started, f"engine {results.get('engine', {}).get('per_position')}")
     states = []
     for ids, full in zip(prompts, continuations):
-        hidden, _ = target_forward(model, full)
+        hidden, _ = target_forward(target, full)
         states.append((hidden, ids, full))
 
     def run(runner_for) -> dict:
@@ -290,7 +293,7 @@ def main() -> None:
             results[f"hybrid:{space}:{label}"] = {**run(hybrid_runner), "approximations": sorted(on)}
             progress(started, f"hybrid:{space}:{label} {results[f'hybrid:{space}:{label}']['per_position']}")
 
-    record = {"prompts": str(args.prompts), "k": args.k, "max_tokens": args.max_tokens, "requests": len(prompts),
+    record = {"prompts": str(args.prompts), "dtype": args.dtype, "k": args.k, "max_tokens": args.max_tokens, "requests": len(prompts),
               "head": str(head_dir), "stats": stats.__dict__, "approximations": APPROXIMATIONS,
               "vllm_recorded": {"source": "benchmarks/export/eagle3-mapped-round-trip.json", "alpha": 0.0831,
                                 "per_position": [0.2384, 0.0088, 0.0022]},

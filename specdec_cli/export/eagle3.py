@@ -40,16 +40,33 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 WEIGHTS = "model.safetensors"
 ARCHITECTURE = "LlamaForCausalLMEagle3"
-# Whether each engine's EAGLE-3 layer has attention biases. vLLM's reads ``attention_bias`` from the
-# config; llama.cpp's (src/models/eagle3.cpp) has none and refuses a checkpoint with them. Without
-# them the map loses fc's bias, which it carries into q/k/v (map_head).
-ATTENTION_BIAS = {"vllm": True, "llama.cpp": False}
 
 
-def aux_layer_ids(feature_layers: tuple[int, ...], num_layers: int) -> list[int]:
-    """specdec's ``hidden_states`` indices as vLLM aux ids, in vLLM's (ascending) order: i ≥ 0 is the
-    same state; -1 (after the final norm) becomes L, the same state before that norm."""
-    return sorted(num_layers if i == -1 else (num_layers + 1 + i if i < 0 else i) for i in feature_layers)
+@dataclass(frozen=True)
+class EngineLayer:
+    """Where the engines' EAGLE-3 layers differ, as far as the map is concerned."""
+
+    attention_bias: bool  # q/k/v/o biases (vLLM reads ``attention_bias``; llama.cpp's layer has none)
+    last_output: bool  # the engine hands over aux id L, the last layer's output before the final norm
+
+
+# vLLM: llama_eagle3.py. llama.cpp (src/models/eagle3.cpp, common/speculative.cpp): no attention
+# biases and it refuses a checkpoint with them, so the map loses fc's bias, which it carries into
+# q/k/v; and its Llama graph hands over layer inputs only (id L reads a buffer that graph never fills),
+# so layer L-1's input stands in for specdec's last state, scaled as that state is.
+ENGINE_LAYERS = {"vllm": EngineLayer(attention_bias=True, last_output=True),
+                 "llama.cpp": EngineLayer(attention_bias=False, last_output=False)}
+
+
+def aux_layer_ids(feature_layers: tuple[int, ...], num_layers: int, last_output: bool = True) -> list[int]:
+    """specdec's ``hidden_states`` indices as aux ids, in the engines' (ascending) order: i ≥ 0 is the
+    same state; -1 (after the final norm) becomes L, the same state before that norm, or, where the
+    engine cannot hand that over (``last_output`` false), L-1, the last layer's input."""
+    last = num_layers if last_output else num_layers - 1
+    ids = sorted(last if i == -1 else (num_layers + 1 + i if i < 0 else i) for i in feature_layers)
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"feature layers {feature_layers} give the aux ids {ids} twice")
+    return ids
 
 
 def rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -150,7 +167,8 @@ class Eagle3Head(nn.Module):
 
 
 def eagle3_config(layer: dict, target: dict, aux_ids: list[int], draft_vocab: int, attention_bias: bool) -> dict:
-    """config.json for vLLM: the head's layer shape, the target's vocabulary and width, the aux ids."""
+    """config.json for vLLM and llama.cpp's converter: the head's layer shape, the target's vocabulary
+    and width, the aux ids."""
     rope = layer.get("rope_parameters") or {}
     return {
         "architectures": [ARCHITECTURE], "model_type": "llama", "torch_dtype": "float32",
@@ -162,6 +180,9 @@ def eagle3_config(layer: dict, target: dict, aux_ids: list[int], draft_vocab: in
         "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": attention_bias, "mlp_bias": False,
         "bos_token_id": target.get("bos_token_id"), "eos_token_id": target.get("eos_token_id"),
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_ids, "use_aux_hidden_state": True},
+        # llama.cpp's converter reads the ids here, not in eagle_config; without them it assumes
+        # [2, L/2, L-3], and llama.cpp would feed the head layer L-3's input for the last state.
+        "eagle_aux_hidden_state_layer_ids": aux_ids,
     }
 
 

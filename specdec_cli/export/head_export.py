@@ -18,7 +18,7 @@ import torch
 from ..decoding.head import TOP_ONLY, DraftHead, check_target, read_head
 from ..errors import UserError
 from ..runtime.quantize import output_weight
-from .eagle3 import ATTENTION_BIAS, Stats, aux_layer_ids, eagle3_config, map_head, save_eagle3, vocab_maps
+from .eagle3 import ENGINE_LAYERS, Stats, aux_layer_ids, eagle3_config, map_head, save_eagle3, vocab_maps
 
 FORMATS = ("eagle3",)
 FALLBACK_TEXTS = ("Write a Python function that reverses a string.", "What is the capital of France, and why is it famous?",
@@ -57,7 +57,9 @@ def target_forward(model, ids: list[int], for_training: bool = False) -> tuple[t
         lambda module, args, output: caught.append(output[0] if isinstance(output, tuple) else output))
     try:
         with torch.no_grad() if for_training else torch.inference_mode():
-            out = model(torch.tensor([ids]), output_hidden_states=True)
+            # transformers' own forward even where a lean one is installed (runtime/lean_forward.py,
+            # an int8/int4 target): only it calls the layer modules the hook sits on.
+            out = type(model).forward(model, torch.tensor([ids]), output_hidden_states=True)
     finally:
         hook.remove()
     return (*(h[0].float() for h in out.hidden_states), caught[-1][0].float()), out.logits[0].float()
@@ -75,12 +77,13 @@ def aux_states(hidden: tuple[torch.Tensor, ...], aux_ids: list[int]) -> torch.Te
 
 
 @torch.no_grad()
-def measure_stats(spec: dict[str, torch.Tensor], feature_layers, states: list, embed) -> Stats:
-    """The magnitudes map_head needs, averaged over positions of the sample prompts."""
+def measure_stats(spec: dict[str, torch.Tensor], feature_layers, states: list, embed, last_id: int) -> Stats:
+    """The magnitudes map_head needs, averaged over positions of the sample prompts; ``last_id``: the
+    aux id that stands in for specdec's last state."""
     h = spec["fc.weight"].shape[0]
     last, over_e, over_h, inverse, over_f = [], [], [], [], []
     for hidden, ids in states:
-        last.append(hidden[-1].pow(2).mean(-1).sqrt())
+        last.append(aux_states(hidden, [last_id]).pow(2).mean(-1).sqrt())
         feature = torch.cat([hidden[:-1][i] for i in feature_layers], dim=-1)[:-1]
         fused = feature @ spec["fuse.weight"].T if "fuse.weight" in spec else feature
         e = embed(torch.tensor(ids[1:])).float()
@@ -121,23 +124,28 @@ def _greedy(model, ids) -> torch.Tensor:
 
 def export_head(directory: Path, out: Path, fmt: str, load_target, space: str = "fc", engine: str = "vllm") -> HeadExport:
     """Write ``out`` from the head in ``directory``; ``load_target(source)`` gives (model, tokenizer);
-    ``space``: eagle3.map_head's; ``engine``: whose EAGLE-3 layer (eagle3.ATTENTION_BIAS)."""
+    ``space``: eagle3.map_head's; ``engine``: whose EAGLE-3 layer (eagle3.ENGINE_LAYERS)."""
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if engine not in ATTENTION_BIAS:
-        raise UserError(f"unknown --engine {engine!r}; choose one of {', '.join(ATTENTION_BIAS)}")
+    if engine not in ENGINE_LAYERS:
+        raise UserError(f"unknown --engine {engine!r}; choose one of {', '.join(ENGINE_LAYERS)}")
+    layer = ENGINE_LAYERS[engine]
     meta, spec = read_head(directory)
     model, tokenizer = load_target(meta["target"]["source"])
     check_target(meta, directory, model, meta["target"]["source"])
     text = model.config.get_text_config()
     feature_layers = tuple(meta.get("feature_layers", TOP_ONLY))
-    aux_ids = aux_layer_ids(feature_layers, text.num_hidden_layers)
+    try:
+        aux_ids = aux_layer_ids(feature_layers, text.num_hidden_layers, layer.last_output)
+    except ValueError as exc:
+        raise UserError(f"{directory} cannot be exported for {engine}: {exc}") from None
     d2t, t2d = vocab_maps(meta.get("top_vocab"), text.vocab_size)
-    config = eagle3_config(meta["layer"], text.to_dict(), aux_ids, d2t.numel(), attention_bias=ATTENTION_BIAS[engine])
+    config = eagle3_config(meta["layer"], text.to_dict(), aux_ids, d2t.numel(), attention_bias=layer.attention_bias)
     final_norm = model.model.norm.weight.detach().float()
     embed = model.get_input_embeddings()
     states = [(target_states(model, ids), ids) for ids in sample_ids(directory, tokenizer)]
-    stats = measure_stats(spec, feature_layers, states, embed)
+    last_id = text.num_hidden_layers - (0 if layer.last_output else 1)  # aux_layer_ids' stand-in for -1
+    stats = measure_stats(spec, feature_layers, states, embed, last_id)
     allowed = d2t + torch.arange(d2t.numel())
     eagle = map_head(spec, feature_layers, config, final_norm, output_weight(model)[allowed].detach().float(), d2t, t2d, stats, space)
     spec_head = DraftHead(meta["layer"], feature_layers).eval()
