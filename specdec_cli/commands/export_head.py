@@ -18,7 +18,7 @@ def export_head_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="A draft head written by `specdec train-draft --kind head`.")],
     out: Annotated[Path, typer.Option("--out", "-o", metavar="OUT", help="Directory to write (config.json, model.safetensors): vLLM's --speculative-config model, or what llama.cpp's convert_hf_to_gguf.py reads.")],
     fmt: Annotated[str, typer.Option("--format", metavar="FORMAT", help="eagle3: the LlamaForCausalLMEagle3 checkpoint layout.")] = "eagle3",
-    engine: Annotated[str, typer.Option("--engine", metavar="ENGINE", help="Whose EAGLE-3 layer: vllm (method eagle3) or llama.cpp (--spec-type draft-eagle3), whose layer has no attention biases, so the export drops the bias term the map would put there.")] = "vllm",
+    engine: Annotated[str, typer.Option("--engine", metavar="ENGINE", help="Whose EAGLE-3 layer: vllm (method eagle3) or llama.cpp (--spec-type draft-eagle3), whose layer has no attention biases and reads layer inputs only, so the export drops the map's bias term and gives the last layer's input for the last state.")] = "vllm",
     target: Annotated[Optional[str], typer.Option("--target", metavar="SOURCE", help="The head's target, if it moved since training (default: the source in the head's metadata).")] = None,
 ) -> None:
     """Write a draft head in the EAGLE-3 layout vLLM loads as `method: eagle3`, and say what the
@@ -30,8 +30,9 @@ def export_head_command(
     approximated with scales measured on the target (docs/export.md), so acceptance in vLLM can be
     lower than in specdec.
 
-    llama.cpp's layer has no attention biases: `--engine llama.cpp` writes the map without them
-    (fc's bias is lost) and prints the converter's command.
+    llama.cpp's layer has no attention biases and is handed layer inputs only: `--engine llama.cpp`
+    writes the map without the biases (fc's bias is lost), with the last layer's input standing in
+    for the last state, and prints the converter's command.
 
     Exit codes: 0 written; 2 bad input.
     """

@@ -181,7 +181,7 @@ def llama_cpp(plan: Plan, names: LlamaFlags) -> Export:
                 flags += [names.spec_type, "draft-eagle3" if d.kind == HEAD else "draft-simple"]
             flags += [names.model_draft, str(draft), names.n_max, str(plan.k), names.n_min, "0", names.p_min, "0"]
             if d.kind == HEAD:
-                notes.append(f"write the head for llama.cpp's bias-free EAGLE-3 layer, then convert it: `specdec export-head "
+                notes.append(f"write the head for llama.cpp's EAGLE-3 layer, then convert it: `specdec export-head "
                              f"HEAD_DIR --engine llama.cpp --out {d.path}`, then convert_hf_to_gguf.py {d.path} "
                              f"--target-model-dir TARGET_HF_DIR --outfile {d.path}.gguf")
             elif not str(d.path).endswith(".gguf"):
