@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -58,8 +59,10 @@ def export_head_command(
         console.print(f"convert it: python convert_hf_to_gguf.py {result.directory} --target-model-dir TARGET_HF_DIR "
                       f"--outfile {result.directory}.gguf (llama.cpp's converter; bench --modes llama-eagle3:K does this itself)",
                       markup=False)
-        console.print(f"serve it: llama-server -m TARGET.gguf --spec-type draft-eagle3 --spec-draft-model {result.directory}.gguf "
-                      "--spec-draft-n-max 3 --spec-draft-n-min 0 --spec-draft-p-min 0", markup=False)
+        from ..serving.llama_server import speculative_flags  # llama-eagle3:3's own flags
+
+        flags = speculative_flags("draft-eagle3", 3, Path(f"{result.directory}.gguf"))
+        console.print(f"serve it: {shlex.join(['llama-server', '-m', 'TARGET.gguf', *flags])}", markup=False)
         return
     console.print(f"serve it: --speculative-config '{{\"method\": \"eagle3\", \"model\": \"{result.directory}\", "
                   "\"num_speculative_tokens\": 3}'", markup=False)

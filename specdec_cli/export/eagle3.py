@@ -58,11 +58,16 @@ ENGINE_LAYERS = {"vllm": EngineLayer(attention_bias=True, last_output=True),
                  "llama.cpp": EngineLayer(attention_bias=False, last_output=False)}
 
 
+def last_state_id(num_layers: int, last_output: bool = True) -> int:
+    """The aux id that stands in for specdec's last state (-1, after the final norm): L, the same
+    state before that norm, or, where the engine cannot hand that over, L-1, the last layer's input."""
+    return num_layers if last_output else num_layers - 1
+
+
 def aux_layer_ids(feature_layers: tuple[int, ...], num_layers: int, last_output: bool = True) -> list[int]:
     """specdec's ``hidden_states`` indices as aux ids, in the engines' (ascending) order: i ≥ 0 is the
-    same state; -1 (after the final norm) becomes L, the same state before that norm, or, where the
-    engine cannot hand that over (``last_output`` false), L-1, the last layer's input."""
-    last = num_layers if last_output else num_layers - 1
+    same state, -1 is ``last_state_id``'s."""
+    last = last_state_id(num_layers, last_output)
     ids = sorted(last if i == -1 else (num_layers + 1 + i if i < 0 else i) for i in feature_layers)
     if len(set(ids)) != len(ids):
         raise ValueError(f"feature layers {feature_layers} give the aux ids {ids} twice")

@@ -18,7 +18,7 @@ import torch
 from ..decoding.head import TOP_ONLY, DraftHead, check_target, read_head
 from ..errors import UserError
 from ..runtime.quantize import output_weight
-from .eagle3 import ENGINE_LAYERS, Stats, aux_layer_ids, eagle3_config, map_head, save_eagle3, vocab_maps
+from .eagle3 import ENGINE_LAYERS, Stats, aux_layer_ids, eagle3_config, last_state_id, map_head, save_eagle3, vocab_maps
 
 FORMATS = ("eagle3",)
 FALLBACK_TEXTS = ("Write a Python function that reverses a string.", "What is the capital of France, and why is it famous?",
@@ -144,8 +144,7 @@ def export_head(directory: Path, out: Path, fmt: str, load_target, space: str = 
     final_norm = model.model.norm.weight.detach().float()
     embed = model.get_input_embeddings()
     states = [(target_states(model, ids), ids) for ids in sample_ids(directory, tokenizer)]
-    last_id = text.num_hidden_layers - (0 if layer.last_output else 1)  # aux_layer_ids' stand-in for -1
-    stats = measure_stats(spec, feature_layers, states, embed, last_id)
+    stats = measure_stats(spec, feature_layers, states, embed, last_state_id(text.num_hidden_layers, layer.last_output))
     allowed = d2t + torch.arange(d2t.numel())
     eagle = map_head(spec, feature_layers, config, final_norm, output_weight(model)[allowed].detach().float(), d2t, t2d, stats, space)
     spec_head = DraftHead(meta["layer"], feature_layers).eval()
