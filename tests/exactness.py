@@ -35,12 +35,17 @@ def exact_two_token_distribution(target, prompt, sampling):
     return (first[:, None] * second).flatten()
 
 
-def sampled_pairs(target, drafter, k, sampling, n=3000, prompt=PROMPT):
+def sampled_pairs(target, drafter, k, sampling, n=3000, prompt=PROMPT, drafted=None):
+    """Counts of each two-token continuation over ``n`` seeded runs; ``drafted`` (a list), when
+    given, collects how many tokens each run drafted."""
     counts = torch.zeros(VOCAB * VOCAB)
     engine = SpeculativeEngine(target, drafter, set())
     for seed in range(n):
-        tokens = [t for e in engine.generate(prompt, k=k, max_new_tokens=2, sampling=sampling, seed=seed) for t in e.emitted]
+        events = list(engine.generate(prompt, k=k, max_new_tokens=2, sampling=sampling, seed=seed))
+        tokens = [t for e in events for t in e.emitted]
         counts[tokens[0] * VOCAB + tokens[1]] += 1
+        if drafted is not None:
+            drafted.append(sum(len(e.drafted) for e in events))
     return counts
 
 
@@ -58,7 +63,10 @@ def assert_same_distribution(counts, probs):
     assert chisquare(observed, expected).pvalue > 1e-3
 
 
-def assert_lossless(target, drafter, sampling, k=2, n=3000):
-    """Speculative sampling with ``drafter`` gives exactly the target's two-token distribution."""
-    counts = sampled_pairs(target, drafter, k, sampling, n)
-    assert_same_distribution(counts, exact_two_token_distribution(target, PROMPT, sampling))
+def assert_lossless(target, drafter, sampling, k=2, n=3000, prompt=PROMPT):
+    """Speculative sampling with ``drafter`` gives exactly the target's two-token distribution, and
+    the drafter did draft (a drafter that never drafts would pass as plain decoding)."""
+    drafted: list[int] = []
+    counts = sampled_pairs(target, drafter, k, sampling, n, prompt, drafted)
+    assert sum(drafted) > 0, "the drafter drafted nothing: this run tested plain decoding"
+    assert_same_distribution(counts, exact_two_token_distribution(target, prompt, sampling))

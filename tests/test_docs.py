@@ -132,3 +132,20 @@ def test_version_prints_the_projects_version_without_loading_torch():
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"specdec {expected}\n"
+
+
+def test_the_declared_floors_are_the_versions_installed_and_tested():
+    """pyproject's torch floor is the torch install.sh pins, and its Python floor is one this run meets:
+    a floor below what was ever tested promises what nobody checked."""
+    import re
+    import sys
+
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    torch_floor = next(d for d in project["dependencies"] if d.startswith("torch"))
+    pinned = re.search(r"torch==([0-9.]+)", (ROOT / "install.sh").read_text()).group(1)
+    assert torch_floor == f"torch>={pinned}"
+    python = ".".join(map(str, sys.version_info[:3]))
+    floor = project["requires-python"]
+    assert python in SpecifierSet(floor) and floor == ">=3.11"  # tomllib, which the tests import, is 3.11's
