@@ -75,6 +75,19 @@ def test_ngram_server_equals_plain_token_for_token(servers, prompts, tmp_path):
             assert detail["kind"] in ("near-tie", "divergence") and 0 <= detail["position"] < 16
     assert done.returncode == (0 if result["equivalent"] else 1), done.stderr
     assert result["equivalent"] == all(lv["divergences"] == 0 and not lv["failed"] for lv in result["levels"].values())
+    # the tokens themselves, asked of each server alone: equal, or their first difference is a located near-tie
+    ids = encode_prompts(servers["vllm-plain"].config.model_dir, [(p["id"], p["prompt"]) for p in PROMPTS])
+    near_ties = {(d["prompt_id"], d["position"]) for lv in result["levels"].values() for d in lv["details"]
+                 if d["kind"] == "near-tie"}
+    for prompt_id, tokens in ids:
+        reference = complete(servers["vllm-plain"].endpoint, tokens, 16)
+        speculative = complete(servers["vllm-ngram:4"].endpoint, tokens, 16)
+        assert reference.error is None and speculative.error is None and len(reference.token_ids) > 0
+        if speculative.token_ids != reference.token_ids:
+            first = next((i for i, (a, b) in enumerate(zip(reference.token_ids, speculative.token_ids)) if a != b),
+                         min(len(reference.token_ids), len(speculative.token_ids)))
+            assert (prompt_id, first) in near_ties, (prompt_id, reference.token_ids, speculative.token_ids)
+    assert result["equivalent"], result["levels"]
 
 
 def test_equivalence_fails_when_nothing_was_drafted(servers, prompts):
