@@ -11,10 +11,6 @@ import typer
 from typer._click import exceptions as click_errors  # typer 0.29 carries its own click
 from typer.core import TyperArgument, TyperGroup
 
-from .runtime import threads
-
-threads.choose_before_torch()  # before any command imports torch: see runtime/threads.py
-
 from .commands.bench import bench_command
 from .commands.calibrate import calibrate_k
 from .commands.export import export

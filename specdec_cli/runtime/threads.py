@@ -9,16 +9,21 @@ target (19 vs 36 tok/s), whose tokens are many small ops. No single policy serve
 "Threads"), so the CLI looks before it starts: where other processes keep cores busy it runs on
 the cores left free with a passive wait; on an idle machine it leaves OpenMP's own default. A user
 who set OMP_NUM_THREADS or OMP_WAIT_POLICY decides alone; `--threads N` sets the count.
+
+The look takes a tenth of a second, so only a command that computes takes it (``apply``, before it
+imports torch), once a process: `--help`, a usage error or `specdec models` start without it.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
 COUNT = "OMP_NUM_THREADS"
 _chosen_by = "user"
+_chosen = False  # whether this process has chosen (or found torch loaded first)
 
 
 def plan(cores: int, busy: float) -> dict[str, str]:
@@ -56,8 +61,15 @@ REPRODUCIBLE = {"MKL_CBWR": "AVX2"}
 
 
 def choose_before_torch() -> None:
-    """Effective only before torch (and its OpenMP runtime and MKL) load; a user's own settings win."""
-    global _chosen_by
+    """Effective only before torch (and its OpenMP runtime and MKL) load, so it chooses nothing once
+    torch is loaded (a program that imported it first); once a process; a user's own settings win."""
+    global _chosen_by, _chosen
+    if _chosen:
+        return
+    _chosen = True
+    if "torch" in sys.modules:
+        _chosen_by = "nobody (torch was loaded before specdec could choose)"
+        return
     for name, value in REPRODUCIBLE.items():
         os.environ.setdefault(name, value)
     if WAIT_POLICY in os.environ or COUNT in os.environ:
@@ -69,7 +81,9 @@ def choose_before_torch() -> None:
 
 
 def apply(threads: int | None) -> None:
-    """`--threads N`: torch's intra-op thread count for this run (None keeps torch's own choice)."""
+    """A computing command's threads, before it imports torch: the look at the machine
+    (``choose_before_torch``), then `--threads N`, torch's intra-op thread count (None keeps torch's own)."""
+    choose_before_torch()
     if threads is None:
         return
     import torch
