@@ -44,7 +44,7 @@ def kernel(linear, widen: bool = True):
     if isinstance(linear, Q8Linear):  # float32 in and out: nothing to widen
         codes, scale, offset, bits, width = linear.codes, linear.scale, linear.offset, linear.bits, linear.out_features
         padded = codes.shape[0] * q8_kernel.TILE != width
-        op, avx512 = q8_kernel.op(), q8_kernel.avx512()
+        op, avx512 = linear.kernels.q8_matmul, linear.kernels.avx512
 
         def native(x):
             out = op(x, codes, scale, offset, bits, avx512)
@@ -105,7 +105,7 @@ class LeanDecoder:
 
     def __init__(self, config, native: bool = False):
         """``native``: attend on specdec's attention op (the model's linears are on its kernels)."""
-        self.native = native
+        self.kernels = q8_kernel.bound() if native else None
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.groups = self.heads // self.kv_heads
@@ -143,8 +143,8 @@ class LeanDecoder:
 
     def attend(self, query, key, value, seen):
         """[1, heads, rows, dim] -> [rows, heads, dim], exactly as rowwise_attention computes it."""
-        if self.native:
-            return native_rows(query, key, value, self.scaling, seen)[0]
+        if self.kernels is not None:
+            return native_rows(self.kernels, query, key, value, self.scaling, seen)[0]
         return attend_rows(query, key, value, self.scaling, self.groups, seen)[0]
 
     def attend_prompt(self, query, key, value):
