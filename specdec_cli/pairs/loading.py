@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import transformers
 
 from ..errors import UserError
 from ..notices import log
@@ -31,15 +30,22 @@ from ..runtime.quantize import QUANTISED, quantise_model
 from ..runtime.rowwise_attention import use_rowwise_attention
 from . import superseded
 from .native_kernel import native_kernel
-from .cache_dir import cache_root
+from .cache_dir import cache_root, transformers_version
 from .registry import ModelSpec
 from .sources import ModelSource
 
 if TYPE_CHECKING:  # transformers' modeling code is imported only where a model of its own is built
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-transformers.utils.logging.set_verbosity_error()
-transformers.utils.logging.disable_progress_bar()
+
+def quiet_transformers():
+    """transformers, told to report errors only and draw no progress bars: process-wide settings, made
+    where transformers loads a model or tokenizer for specdec rather than when this module is imported."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
 
 
 @dataclass
@@ -66,9 +72,8 @@ def load(spec: ModelSpec, lean: bool = False) -> LoadedModel:
         if quantised:
             model = prepared_target(spec, directory, original, lean)
         else:
-            from transformers import AutoModelForCausalLM
-
-            model = AutoModelForCausalLM.from_pretrained(directory, dtype=_dtype(spec.dtype), device_map=spec.device_map)
+            model = quiet_transformers().AutoModelForCausalLM.from_pretrained(directory, dtype=_dtype(spec.dtype),
+                                                                              device_map=spec.device_map)
     except (OSError, ValueError) as exc:
         raise UserError(f"could not load {spec.source}: {_first_line(exc)}") from None
     files = Path(directory) if spec.source.kind != "hub" else None
@@ -103,6 +108,7 @@ def load_tokenizer(directory: str) -> PreTrainedTokenizerBase:
         declared = json.loads((Path(directory) / "tokenizer_config.json").read_text()).get("tokenizer_class")
     except (OSError, ValueError, AttributeError):
         declared = None
+    quiet_transformers()
     if declared == "TokenizersBackend" and (Path(directory) / "tokenizer.json").is_file():
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -134,9 +140,7 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lea
             return _finish(prepared.assemble(_skeleton(directory), tensors, layout), dense, lean)
         except prepared.Unusable as exc:
             log.warning(f"the prepared target is unusable ({_first_line(exc)}); preparing it again")
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
+    model = quiet_transformers().AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
     if path is not None and sum(p.numel() for p in model.parameters()) >= SLOW_TO_PREPARE:
         log.info(f"preparing the {spec.dtype} target once (later runs map it from {path})")
     model, dense = _quantised(model, spec.dtype, gguf_path, dense_dtype, native)
@@ -178,7 +182,7 @@ def _prepared_key(spec: ModelSpec, directory: str, gguf_path: Path | None, dense
     else:
         return None
     kernel = "q8" if native else "torch"
-    return "|".join([identity, spec.dtype, str(dense_dtype), kernel, prepared.code_digest(), transformers.__version__])
+    return "|".join([identity, spec.dtype, str(dense_dtype), kernel, prepared.code_digest(), transformers_version()])
 
 
 def _lean_skeleton(config, directory: str, tensors: dict, layout: dict) -> LeanCausalLM:
@@ -198,6 +202,7 @@ def _generation_config(directory: str, config):
 
 def _skeleton(directory: str) -> PreTrainedModel:
     """The float model's structure without its weights (meta device), with its generation settings."""
+    quiet_transformers()
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(directory)
@@ -270,6 +275,7 @@ def _converted(source: ModelSource, directory: str, gguf_file: str) -> str:
     if (target / "config.json").is_file():
         return str(target)
     log.info(f"converting {gguf_file} once (later runs read {target})")
+    quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -312,7 +318,7 @@ def _cache_key(source: ModelSource, directory: str, gguf_file: str) -> str:
     else:
         stat = (Path(directory) / gguf_file).stat()
         identity = f"{Path(directory).resolve() / gguf_file}:{stat.st_size}:{stat.st_mtime_ns}"
-    digest = hashlib.sha256(f"{identity}|transformers {transformers.__version__}".encode()).hexdigest()[:12]
+    digest = hashlib.sha256(f"{identity}|transformers {transformers_version()}".encode()).hexdigest()[:12]
     return f"{Path(gguf_file).stem}-{digest}"
 
 
