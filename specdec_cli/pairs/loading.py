@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..notices import log
 from ..runtime import dense_prefill, prepared
 from ..runtime.lean_forward import use_lean_forward
-from ..runtime.lean_model import LeanCausalLM, lean_config
+from ..runtime.lean_model import LeanCausalLM, lean_config, lean_generation_config
 from ..runtime.quantize import QUANTISED, quantise_model
 from ..runtime.rowwise_attention import use_rowwise_attention
 from . import superseded
@@ -187,11 +187,11 @@ def _prepared_key(spec: ModelSpec, directory: str, gguf_path: Path | None, dense
 
 def _lean_skeleton(config, directory: str, tensors: dict, layout: dict) -> LeanCausalLM:
     """runtime/lean_model.py's skeleton filled with the prepared tensors."""
-    return prepared.assemble(LeanCausalLM(config, _generation_config(directory, config)), tensors, layout).eval()
+    return prepared.assemble(LeanCausalLM(config, lean_generation_config(directory, config)), tensors, layout).eval()
 
 
 def _generation_config(directory: str, config):
-    """generation_config.json, else what from_pretrained derives from the model's config."""
+    """transformers' GenerationConfig: generation_config.json, else what from_pretrained derives from the model's config."""
     from transformers import GenerationConfig
 
     try:
