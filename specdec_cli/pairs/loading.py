@@ -31,6 +31,7 @@ from ..runtime.rowwise_attention import use_rowwise_attention
 from . import superseded
 from .native_kernel import native_kernel
 from .cache_dir import cache_root, transformers_version
+from .lean_tokenizer import LeanTokenizer, NotLean
 from .registry import ModelSpec
 from .sources import ModelSource
 
@@ -58,8 +59,8 @@ class LoadedModel:
 
 
 def load(spec: ModelSpec, lean: bool = False) -> LoadedModel:
-    """``lean``: a prepared int8/int4 Llama target may come without transformers' model class
-    (runtime/lean_model.py), for a command that only decodes: a call its lean forward does not run is refused."""
+    """``lean``: a prepared int8/int4 Llama target may come without transformers (runtime/lean_model.py,
+    ``target_tokenizer``), for a command that only decodes: a call its lean forward does not run is refused."""
     directory, gguf_file = _resolve(spec.source)
     original = Path(directory) / gguf_file if gguf_file and spec.source.kind != "hub" else None
     if gguf_file:
@@ -68,12 +69,12 @@ def load(spec: ModelSpec, lean: bool = False) -> LoadedModel:
         _check_files(Path(directory))
     quantised = spec.dtype in QUANTISED
     try:
-        tokenizer = load_tokenizer(directory)
         if quantised:
             model = prepared_target(spec, directory, original, lean)
         else:
             model = quiet_transformers().AutoModelForCausalLM.from_pretrained(directory, dtype=_dtype(spec.dtype),
                                                                               device_map=spec.device_map)
+        tokenizer = target_tokenizer(directory, isinstance(model, LeanCausalLM))
     except (OSError, ValueError) as exc:
         raise UserError(f"could not load {spec.source}: {_first_line(exc)}") from None
     files = Path(directory) if spec.source.kind != "hub" else None
@@ -99,6 +100,18 @@ def gguf_file(source: ModelSource, why: str) -> Path:
     if not name or source.local_path() is None:
         raise UserError(f"{why}, and {source} is not a local .gguf file: give the pair a GGUF target (--target FILE.gguf)")
     return Path(directory) / name
+
+
+def target_tokenizer(directory: str, lean: bool) -> LeanTokenizer | PreTrainedTokenizerBase:
+    """A target loaded without transformers (``lean``) gets its tokenizer without it too, where the
+    files allow (pairs/lean_tokenizer.py: the same ids and text); where they do not, transformers'
+    is loaded and a notice says why, since that import is then about a second of every start."""
+    if lean:
+        try:
+            return LeanTokenizer.from_directory(directory)
+        except NotLean as exc:
+            log.info(f"the tokenizer loads through transformers, about a second more at every start: {exc}")
+    return load_tokenizer(directory)
 
 
 def load_tokenizer(directory: str) -> PreTrainedTokenizerBase:
