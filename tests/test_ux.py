@@ -217,7 +217,7 @@ def test_a_table_to_a_pipe_keeps_each_value_whole_and_has_no_trailing_blanks(mod
 
 # The OpenMP and MKL settings as they stand when torch starts to load, and how often the machine was looked at.
 THREADS_PROBE = r"""
-import json, os, sys
+import atexit, json, os, sys
 
 at_torch = {}
 
@@ -233,14 +233,12 @@ from specdec_cli.runtime import threads
 
 looks, real = [], threads.busy_cores
 threads.busy_cores = lambda *args: looks.append(1) or real(*args)
-from specdec_cli.cli import app
+atexit.register(lambda: print("PROBE", json.dumps({"looks": len(looks), "at_torch": at_torch or None, "omp": [
+    os.environ.get("OMP_WAIT_POLICY"), os.environ.get("OMP_NUM_THREADS")]}), file=sys.stderr, flush=True))
+sys.argv = ["specdec", *sys.argv[1:]]
+from specdec_cli.cli import main  # the entry point itself: it opens a computing command's look
 
-try:
-    app(sys.argv[1:])
-except SystemExit:
-    pass
-print("PROBE", json.dumps({"looks": len(looks), "at_torch": at_torch or None,
-                           "omp": [os.environ.get("OMP_WAIT_POLICY"), os.environ.get("OMP_NUM_THREADS")]}), file=sys.stderr)
+main()
 """
 
 
@@ -262,6 +260,17 @@ def test_threads_plan_leaves_an_idle_machine_to_openmp_and_gives_a_busy_one_its_
     assert plan(2, 1.0) == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     assert plan(2, 2.0) == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}  # never fewer than one
     assert plan(8, 2.6) == {"OMP_NUM_THREADS": "5", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_the_look_counts_other_processes_busy_time_without_this_ones(monkeypatch):
+    """Over 0.1 s of 20 ticks on 2 cores: 15 busy, 5 of them this process's own (its option parsing)."""
+    from specdec_cli.runtime.threads import others_busy
+
+    real = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 100 if name == "SC_CLK_TCK" else real(name))
+    assert others_busy((0.0, 1000, 500, 1.0), (0.1, 1020, 505, 1.05), cores=2) == pytest.approx(1.0)
+    assert others_busy((0.0, 1000, 500, 1.0), (0.1, 1020, 505, 1.2), cores=2) == 0.0  # never below none
+    assert others_busy((0.0, 1000, 500, 1.0), (0.1, 1000, 500, 1.0), cores=2) == 0.0  # no tick passed
 
 
 @pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["models", "--json"], ["generate", "-k", "99", "x"]],
