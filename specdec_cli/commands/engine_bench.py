@@ -61,7 +61,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
             check_writable(path, option)
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
-    thread_policy.apply(threads)  # before torch loads: the own loop's threads, and the servers' count (serving/environment.py)
+    thread_policy.apply(threads)  # before torch: the own loop's threads, the servers' count (serving/environment.py)
     from ..pairs.loading import transformers_directory  # torch and transformers: after every cheap check
     from ..serving import configs as serving_configs
     from ..serving.server import attach

@@ -54,7 +54,7 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
     tolerance = tolerance or ENGINE_TOLERANCE.get(engine, NEAR_TIE_TOLERANCE["float32"])
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
-    thread_policy.apply(threads)  # before torch loads: the servers' thread count reads the choice (serving/environment.py)
+    thread_policy.apply(threads)  # before torch: the servers' thread count reads it (serving/environment.py)
     from ..pairs.loading import transformers_directory  # torch and transformers: after every cheap check
     from ..serving import configs as serving_configs
     from ..serving import metrics

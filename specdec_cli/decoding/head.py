@@ -122,7 +122,8 @@ class DraftHead(nn.Module):
         ancestors, and a catch-up longer than ``ROWWISE_UP_TO`` rows (after a long prompt, or after
         rounds the head sat out) in one causal call, as transformers' layer ran it."""
         if x.shape[0] != 1 or not appends(cache):
-            raise ValueError("a quantised draft head drafts one sequence at a time, on a cache that appends (kv.reserved_cache)")
+            raise ValueError("a quantised draft head drafts one sequence at a time, on a cache that appends "
+                             "(kv.reserved_cache)")
         decoder, weights = self.lean
         rows, past = x.shape[1], cache.get_seq_length()
         seen = None if mask is None else visible_keys(mask, rows, past + rows)

@@ -119,7 +119,8 @@ class LeanTokenizer:
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
         return {"input_ids": self.backend.encode(text, add_special_tokens=add_special_tokens).ids}
 
-    def apply_chat_template(self, messages: list[dict], tokenize: bool = False, add_generation_prompt: bool = False) -> str:
+    def apply_chat_template(self, messages: list[dict], tokenize: bool = False,
+                            add_generation_prompt: bool = False) -> str:
         """The conversation as text (``tokenize=False``: specdec tokenizes it itself, tokenization.py)."""
         if tokenize or self.chat_template is None:
             raise ValueError("the lean tokenizer renders a chat template as text only, and needs one")

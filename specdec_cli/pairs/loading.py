@@ -153,7 +153,8 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lea
             return _finish(prepared.assemble(_skeleton(directory), tensors, layout), dense, lean)
         except prepared.Unusable as exc:
             log.warning(f"the prepared target is unusable ({_first_line(exc)}); preparing it again")
-    model = quiet_transformers().AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
+    transformers = quiet_transformers()
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
     if path is not None and sum(p.numel() for p in model.parameters()) >= SLOW_TO_PREPARE:
         log.info(f"preparing the {spec.dtype} target once (later runs map it from {path})")
     model, dense = _quantised(model, spec.dtype, gguf_path, dense_dtype, native)
@@ -204,7 +205,8 @@ def _lean_skeleton(config, directory: str, tensors: dict, layout: dict) -> LeanC
 
 
 def _generation_config(directory: str, config):
-    """transformers' GenerationConfig: generation_config.json, else what from_pretrained derives from the model's config."""
+    """transformers' GenerationConfig: generation_config.json, else what from_pretrained derives from the
+    model's config."""
     from transformers import GenerationConfig
 
     try:
