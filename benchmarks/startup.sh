@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Warm start of `specdec generate --json -k K --max-new-tokens 1 "Hi"`, wall seconds, this tree against
-# another checkout (OLD_TREE), interleaved: every round runs -k 0 and -k auto on both. Each tree has its
-# own cache (prepared files are keyed by the code, and each tree would replace the other's); the GGUF
-# conversion is shared. Run on an idle machine (../shared/tools/quiet-check).
+# another checkout (OLD_TREE), interleaved: every round runs -k 0 and -k auto on both, and the floor under
+# both, `import torch` alone (tree "torch", k "-"). Each tree has its own cache (prepared files are keyed
+# by the code, and each tree would replace the other's); the GGUF conversion is shared. Run on an idle
+# machine (../shared/tools/quiet-check).
 #   bash benchmarks/startup.sh OLD_TREE [ROUNDS] [OUT.tsv]
 set -euo pipefail
 old=$(cd "$1" && pwd); rounds=${2:-5}; out=${3:-/dev/stdout}
@@ -22,10 +23,14 @@ run() {  # side k -> seconds
 }
 for side in old new; do run $side auto >/dev/null; done  # prepare each tree's target and block costs once
 printf 'round\tk\ttree\tseconds\n' > "$work/runs"
+floor() {  # seconds of importing torch alone, as the commands do (leaving without the teardown)
+  /usr/bin/time -f %e -o "$work/time" python3 -c "import torch, os; os._exit(0)" && cat "$work/time"
+}
 for i in $(seq "$rounds"); do
   for k in 0 auto; do
     for side in old new; do printf '%s\t%s\t%s\t%s\n' "$i" "$k" "$side" "$(run $side $k)" >> "$work/runs"; done
   done
+  printf '%s\t-\ttorch\t%s\n' "$i" "$(floor)" >> "$work/runs"
 done
 python3 - "$work/runs" <<'PY'
 import collections, statistics, sys

@@ -3,8 +3,9 @@
 
 import torch
 from conftest import char_tokenizer
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
+from specdec_cli.decoding.kv import reserved_cache
 from specdec_cli.pairs.registry import ModelSpec
 from specdec_cli.pairs.sources import ModelSource
 
@@ -31,7 +32,7 @@ def forwards(model) -> list[torch.Tensor]:
     ids = torch.randint(3, 98, (1, 40), generator=torch.Generator().manual_seed(2))
     out = []
     with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
+        cache = reserved_cache(model.config)  # the engine's: specdec's own for a model loaded without transformers
         for start, stop in ((0, 30), (30, 31), (31, 32), (32, 38)):
             keep = 1 if stop - start > 6 else stop - start
             out.append(model(ids[:, start:stop], cache=cache, use_cache=True, logits_to_keep=keep).logits)

@@ -244,3 +244,27 @@ def test_a_pair_marked_adaptive_adapts_k_unless_k_is_given(pair_dir, tmp_path):
     models.write_text(models.read_text().replace("adaptive: true", "adaptive: 'yes'"))
     wrong = runner.invoke(app, args)
     assert wrong.exit_code == 2 and "'adaptive' is true or false, got 'yes'" in " ".join(wrong.stderr.split())
+
+
+GLOBAL_SETTINGS = r"""
+import atexit, importlib, pkgutil
+from transformers import AttentionInterface
+from transformers.utils import logging
+
+import specdec_cli
+
+before = (logging.get_verbosity(), logging.is_progress_bar_enabled(), atexit._ncallbacks(), set(AttentionInterface._global_mapping))
+for module in pkgutil.walk_packages(specdec_cli.__path__, "specdec_cli."):
+    if module.name != "specdec_cli.__main__":
+        importlib.import_module(module.name)
+after = (logging.get_verbosity(), logging.is_progress_bar_enabled(), atexit._ncallbacks(), set(AttentionInterface._global_mapping))
+assert after == before, (before, after)
+"""
+
+
+def test_importing_any_module_changes_no_global_setting():
+    """transformers' logging, attention registry and the exit hooks change where a model loads or a
+    server starts, not on import."""
+    done = subprocess.run([sys.executable, "-c", GLOBAL_SETTINGS], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr

@@ -6,8 +6,9 @@ import torch
 from conftest import tiny_llama
 from transformers import DynamicCache
 
-from specdec_cli.decoding import kv
-from specdec_cli.decoding.kv import ReservedLayer, crop_cache, keep_positions, reserved_cache
+from specdec_cli.decoding.kv import crop_cache, keep_positions, reserved_cache
+from specdec_cli.runtime import reserved_cache as reserved
+from specdec_cli.runtime.reserved_cache import ReservedLayer
 from specdec_cli.runtime.quantize import quantise_model
 from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
 
@@ -36,7 +37,7 @@ def script(model, cache) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("kind", ["float32", "int4"])
 def test_a_reserved_cache_gives_transformers_logits_bit_for_bit(kind, monkeypatch):
-    monkeypatch.setattr(kv, "RESERVE_STEP", 4)  # regrow often
+    monkeypatch.setattr(reserved, "RESERVE_STEP", 4)  # regrow often
     model = tiny_llama(seed=5, hidden=64, layers=2)
     if kind != "float32":
         model = quantise_model(model, kind)
@@ -55,7 +56,7 @@ def test_an_update_writes_in_place_until_the_room_runs_out():
     keys, _ = layer.update(states, -states)
     buffer = keys.data_ptr()
     room = layer.buffers[0].shape[-2]
-    assert room >= kv.RESERVE_STEP
+    assert room >= reserved.RESERVE_STEP
     for _ in range((room - 3) // 3):
         keys, values = layer.update(states + 1, -states - 1)
         assert keys.data_ptr() == buffer  # transformers' layer concatenates into a new tensor each time

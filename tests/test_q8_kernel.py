@@ -54,7 +54,7 @@ def test_activations_on_the_int8_grid_give_the_exact_product(bits):
     x_codes[:, ::32] = 127
     x = (x_codes.float().view(5, 3, 32) * torch.tensor([0.5, 0.25, 2.0])[None, :, None]).view(5, 96)
     w = (codes.double().view(40, 3, 32) * scale.double()[..., None] + offset.double()[..., None]).view(40, 96)
-    got = q8_kernel.matmul(x, *q8_kernel.pack(codes, scale, offset, bits), bits)[:, :40]
+    got = q8_kernel.bound().matmul(x, *q8_kernel.pack(codes, scale, offset, bits), bits)[:, :40]
     torch.testing.assert_close(got.double(), x.double() @ w.t(), rtol=1e-5, atol=1e-4)
 
 
@@ -91,7 +91,7 @@ def test_a_zero_block_and_rows_of_zeros_give_the_offsets_alone():
     codes, scale, offset = weights(4)
     x = torch.zeros(2, 96)
     x[1, 32:64] = 1.0  # block 1 only
-    got = q8_kernel.matmul(x, *q8_kernel.pack(codes, scale, offset, 4), 4)[:, :40]
+    got = q8_kernel.bound().matmul(x, *q8_kernel.pack(codes, scale, offset, 4), 4)[:, :40]
     assert torch.equal(got[0], torch.zeros(40))
     w = codes[:, 32:64].double() * scale[:, 1:2].double() + offset[:, 1:2].double()
     torch.testing.assert_close(got[1].double(), w.sum(1), rtol=1e-5, atol=1e-5)
@@ -147,6 +147,25 @@ def test_a_verify_block_on_the_kernel_scores_every_row_as_one_token_forwards_do(
         # transformers' forward on the same modules: the same bits
         want, got = model(ids[:, :20]).logits, lean(ids[:, :20]).logits
         assert torch.equal(want, got)
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_the_ops_are_bound_when_the_model_is_built_not_looked_up_per_call(monkeypatch, lean):
+    """Both forwards, transformers' (rowwise attention, Q8Linear.forward) and the lean one, and a
+    verify block: none asks the library for an op by name once the model exists."""
+    model, lean_model = lean_native("int8")
+    model = lean_model if lean else model
+
+    def looked_up(*args):
+        raise AssertionError("an op was looked up during a forward")
+
+    monkeypatch.setattr(q8_kernel, "op", looked_up)
+    monkeypatch.setattr(q8_kernel, "avx512", looked_up)
+    ids = torch.randint(3, 98, (1, 12), generator=torch.Generator().manual_seed(8))
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(ids[:, :8], cache=cache, use_cache=True)
+        assert model(ids[:, 8:12], cache=cache, use_cache=True).logits.shape == (1, 4, 98)
 
 
 def test_the_kernels_weights_are_the_gguf_blocks_exactly():

@@ -215,7 +215,42 @@ def test_a_table_to_a_pipe_keeps_each_value_whole_and_has_no_trailing_blanks(mod
 
 # --- threads ------------------------------------------------------------------------------------
 
-WAIT = "import os, specdec_cli.cli; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('OMP_NUM_THREADS'))"
+# The OpenMP and MKL settings as they stand when torch starts to load, and how often the machine was looked at.
+THREADS_PROBE = r"""
+import atexit, json, os, sys
+
+at_torch = {}
+
+
+class Watch:  # an import hook: sees the first import of torch before it runs
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not at_torch:
+            at_torch.update({k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_CBWR")})
+
+
+sys.meta_path.insert(0, Watch())
+from specdec_cli.runtime import threads
+
+looks, real = [], threads.busy_cores
+threads.busy_cores = lambda *args: looks.append(1) or real(*args)
+atexit.register(lambda: print("PROBE", json.dumps({"looks": len(looks), "at_torch": at_torch or None, "omp": [
+    os.environ.get("OMP_WAIT_POLICY"), os.environ.get("OMP_NUM_THREADS")]}), file=sys.stderr, flush=True))
+sys.argv = ["specdec", *sys.argv[1:]]
+from specdec_cli.cli import main  # the entry point itself: it opens a computing command's look
+
+main()
+"""
+
+
+def threads_probe(args: list[str], env: dict) -> dict:
+    done = subprocess.run([sys.executable, "-c", THREADS_PROBE, *args], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env=env)
+    line = next(line for line in done.stderr.splitlines() if line.startswith("PROBE "))
+    return json.loads(line.removeprefix("PROBE "))
+
+
+def unset_threads_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_CBWR")}
 
 
 def test_threads_plan_leaves_an_idle_machine_to_openmp_and_gives_a_busy_one_its_free_cores():
@@ -227,30 +262,59 @@ def test_threads_plan_leaves_an_idle_machine_to_openmp_and_gives_a_busy_one_its_
     assert plan(8, 2.6) == {"OMP_NUM_THREADS": "5", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
-def test_the_cli_sees_a_busy_core_before_torch_loads_and_keeps_the_users_own_choice():
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+def test_the_look_counts_other_processes_busy_time_without_this_ones(monkeypatch):
+    """Over 0.1 s of 20 ticks on 2 cores: 15 busy, 5 of them this process's own (its option parsing)."""
+    from specdec_cli.runtime.threads import others_busy
+
+    real = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 100 if name == "SC_CLK_TCK" else real(name))
+    assert others_busy((0.0, 1000, 500, 1.0), (0.1, 1020, 505, 1.05), cores=2) == pytest.approx(1.0)
+    assert others_busy((0.0, 1000, 500, 1.0), (0.1, 1020, 505, 1.2), cores=2) == 0.0  # never below none
+    assert others_busy((0.0, 1000, 500, 1.0), (0.1, 1000, 500, 1.0), cores=2) == 0.0  # no tick passed
+
+
+@pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["models", "--json"], ["generate", "-k", "99", "x"]],
+                         ids=["help", "command-help", "models", "usage-error"])
+def test_help_and_commands_that_compute_nothing_never_look_at_the_machine(models, args):
+    """The look costs a tenth of a second: `specdec --help` and `specdec models` do not pay it."""
+    probe = threads_probe([*args, *(["--models", models] if args[0] == "models" else [])], unset_threads_env())
+    assert probe == {"looks": 0, "at_torch": None, "omp": [None, None]}
+
+
+def test_a_computing_command_looks_once_and_sets_threads_before_torch_loads_and_keeps_the_users_own_choice(models):
+    generate = ["generate", "--models", models, "--pair", "tiny-ngram", "-k", "0", "--max-new-tokens", "1", "--json", "abc"]
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)
-        chosen = subprocess.run([sys.executable, "-c", WAIT], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
-        kept = subprocess.run([sys.executable, "-c", WAIT], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                              env=env | {"OMP_WAIT_POLICY": "ACTIVE"})
+        chosen = threads_probe(generate, unset_threads_env())
+        kept = threads_probe(generate, unset_threads_env() | {"OMP_WAIT_POLICY": "ACTIVE", "MKL_CBWR": "COMPATIBLE"})
     finally:
         busy.kill()
     cores = os.cpu_count() or 1
+    assert chosen["looks"] == 1
     if cores > 1:
-        assert chosen.stdout.split() == ["PASSIVE", str(cores - 1)], chosen.stderr
-    assert kept.stdout.split() == ["ACTIVE", "None"], kept.stderr
+        assert chosen["at_torch"] == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": str(cores - 1), "MKL_CBWR": "AVX2"}
+    assert kept == {"looks": 0, "at_torch": {"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": None, "MKL_CBWR": "COMPATIBLE"},
+                    "omp": ["ACTIVE", None]}
 
 
-def test_the_cli_asks_mkl_for_its_reproducible_path_before_torch_loads_unless_the_user_chose_one():
-    probe = "import os, specdec_cli.cli, torch; print(os.environ.get('MKL_CBWR'))"
-    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
-    chosen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
-    kept = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env=env | {"MKL_CBWR": "COMPATIBLE"})
-    assert chosen.stdout.split() == ["AVX2"], chosen.stderr
-    assert kept.stdout.split() == ["COMPATIBLE"], kept.stderr
+@pytest.mark.parametrize("torch_first", [False, True])
+def test_the_machine_is_looked_at_once_a_process_and_not_at_all_once_torch_is_loaded(monkeypatch, torch_first):
+    from specdec_cli.runtime import threads
+
+    looks = []
+    monkeypatch.setattr(threads, "busy_cores", lambda *args: looks.append(1) or 1.0)
+    monkeypatch.setattr(threads, "_chosen", False)
+    monkeypatch.setattr(threads, "_chosen_by", "user")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
+    monkeypatch.setattr(os, "environ", environ)  # a copy: the test process keeps its own
+    if not torch_first:
+        monkeypatch.delitem(sys.modules, "torch")  # as in a command that has not imported it yet
+    threads.apply(None)
+    threads.apply(None)
+    assert len(looks) == (0 if torch_first else 1)
+    assert environ.get("OMP_WAIT_POLICY") == (None if torch_first else "PASSIVE")
+    assert threads._chosen_by.startswith("nobody") == torch_first
 
 
 def test_threads_option_sets_torch_threads_and_the_bench_manifest_records_the_policy(models, tmp_path):

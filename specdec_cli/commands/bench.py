@@ -128,10 +128,10 @@ def bench_command(
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft, dtype=dtype)
 
+    thread_policy.apply(threads)  # before torch loads
     from ..measure import bench, lossy
     from ..pairs import manifest
 
-    thread_policy.apply(threads)
     sampling = sampling_params(temperature, 0, 1.0)
     chosen = bench.with_rule(bench.parse_modes(modes or _default_modes(spec)), rule)
     console = stderr_console()

@@ -106,6 +106,7 @@ def calibrate_k(
     if destination is not None:
         read_profiles(destination)  # a damaged profile stops us now, not after the measuring
 
+    thread_policy.apply(threads)  # before torch loads
     from ..decoding.engine import SpeculativeEngine
     from ..decoding.loaded_pair import prepare
     from ..measure.calibration import (
@@ -119,7 +120,6 @@ def calibrate_k(
     from ..pairs.tokenization import encode_prompt
 
     ks = parse_ks(k)
-    thread_policy.apply(threads)
     sampling = sampling_params(temperature, 0, 1.0)
     console = stderr_console()
     with console.status(f"loading {spec.name}…") if console.is_terminal else nullcontext():

@@ -14,6 +14,7 @@ from rich.table import Table
 from ..atomic import check_writable, write_atomically
 from ..errors import UserError
 from ..prompts import read_file
+from ..runtime import threads as thread_policy
 from .common import WRITE_FAILED, error_line, invocation, plain_console, resolve_pair, write_output
 
 ENGINES = ("vllm", "llama.cpp")  # the engines specdec starts (serving/configs.py builds their servers)
@@ -60,6 +61,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
             check_writable(path, option)
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
+    thread_policy.apply(threads)  # before torch: the own loop's threads, the servers' count (serving/environment.py)
     from ..pairs.loading import transformers_directory  # torch and transformers: after every cheap check
     from ..serving import configs as serving_configs
     from ..serving.server import attach
@@ -94,7 +96,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
             result, failure = exc.report, str(exc)
     result["manifest"] = manifest | {"target": _target_entry(spec, model_dir, threads, engine), "machine": _machine()}
     if engine and loop and not failure:  # after the servers stopped: nothing else runs while it is timed
-        result["own_loop"] = own_loop(spec, items, encoded, requests, max_new_tokens, threads, loop, progress)
+        result["own_loop"] = own_loop(spec, items, encoded, requests, max_new_tokens, loop, progress)
     if failure:
         result["interrupted"] = failure
     _emit(result, json_out, markdown, plot)
@@ -111,20 +113,19 @@ def served_eagle3(spec, engine: str, progress) -> Path:
     return eagle3_directory(spec.alternate(HEAD).head, progress, engine)
 
 
-def own_loop(spec, items, encoded, count, max_new_tokens, threads, modes_text, progress) -> dict:
+def own_loop(spec, items, encoded, count, max_new_tokens, modes_text, progress) -> dict:
     """specdec's own loop on the prompts of a concurrency-1 level (one request at a time),
     greedy, for reference beside the engine: the pair's dtype, not the servers' float32, and it stops
-    at the end of an answer where the servers' requests ignore it (tok/s compare, lengths may not)."""
+    at the end of an answer where the servers' requests ignore it (tok/s compare, lengths may not).
+    Its threads were set with the servers' (``engine_bench``)."""
     from ..measure import bench
     from ..pairs.profile import open_profile
-    from ..runtime import threads as thread_policy
     from ..serving.load import requests_for_level
     from .common import sampling_params, warning_line
 
     chosen = bench.parse_modes(modes_text)
     wanted = dict.fromkeys(r.prompt_id for r in requests_for_level(encoded, 1, count))
     prompts = [p for p in items if str(p.id) in wanted]
-    thread_policy.apply(threads)
     watcher = open_profile(None, spec, warn=warning_line) if any(m.kind in bench.AUTO_KINDS for m in chosen) else None
     progress(f"specdec's own loop ({', '.join(map(str, chosen))}, {spec.target.dtype}) on {len(prompts)} prompts, one at a time")
     _, report = bench.measure(spec, chosen, prompts, max_new_tokens, sampling_params(0.0, 0, 1.0),

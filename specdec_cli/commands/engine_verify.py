@@ -18,6 +18,7 @@ from ..atomic import check_writable, write_atomically
 from ..errors import UserError
 from ..limits import MAX_K, NEAR_TIE_TOLERANCE
 from ..prompts import read_file
+from ..runtime import threads as thread_policy
 from .common import WRITE_FAILED, error_line, invocation, plain_console, resolve_pair, write_output
 from .engine_bench import check_engine, engine_entry, served_eagle3
 
@@ -53,6 +54,7 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
     tolerance = tolerance or ENGINE_TOLERANCE.get(engine, NEAR_TIE_TOLERANCE["float32"])
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
+    thread_policy.apply(threads)  # before torch: the servers' thread count reads it (serving/environment.py)
     from ..pairs.loading import transformers_directory  # torch and transformers: after every cheap check
     from ..serving import configs as serving_configs
     from ..serving import metrics

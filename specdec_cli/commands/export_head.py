@@ -11,6 +11,7 @@ import typer
 
 from ..atomic import check_writable
 from ..errors import UserError
+from ..runtime import threads as thread_policy
 from .common import plain_console, user_errors
 
 
@@ -40,6 +41,7 @@ def export_head_command(
     if not directory.is_dir():
         raise UserError(f"head directory not found: {directory}")
     check_writable(out, "--out", directory=True)
+    thread_policy.apply(None)  # before torch loads: it runs the target
     from ..export.head_export import export_head as write
     from ..pairs.loading import load
     from ..pairs.registry import ModelSpec

@@ -100,9 +100,9 @@ def generate(
     if tree is not None:
         check_tree_drafter(spec)
 
+    thread_policy.apply(threads)  # before torch loads
     from ..decoding.loaded_pair import prepare
 
-    thread_policy.apply(threads)
     sampling = sampling_params(temperature, top_k, top_p)
     console = stderr_console()
     watcher = _profile_watcher(spec, fixed_k, profile, console)

@@ -89,10 +89,10 @@ def train_draft(
     check_writable(out, "--out", directory=True)
     spec = resolve_pair(models, pair, target, dtype=dtype)  # the target answers and gives features at this precision
 
+    thread_policy.apply(threads)  # before torch loads
     from ..training import draft_job
     from ..training.distill import AnswerSettings
 
-    thread_policy.apply(threads)
     settings = draft_job.JobSettings(
         kind=kind, prompts=prompts, out=out, target=spec.target, steps=steps, minutes=minutes, seed=seed, top_k=top_k,
         top_vocab=top_vocab, holdout=holdout, lr=lr, batch_size=batch_size, raw=raw, resume=resume, data_from=data_from,

@@ -128,12 +128,12 @@ def verify_equivalence(
     if tree is not None:
         check_tree_drafter(spec)
 
+    thread_policy.apply(threads)  # before torch loads
     from ..decoding.loaded_pair import prepare
     from ..measure.equivalence import check_greedy, decide
     from ..measure.sampling_check import check_sampling
     from ..pairs.tokenization import encode_prompt
 
-    thread_policy.apply(threads)
     runtime = prepare(spec)
     if tree is not None:
         runtime.drafter = runtime.tree_drafter()

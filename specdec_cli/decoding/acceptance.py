@@ -15,17 +15,16 @@ A drafter that proposes deterministically (n-gram lookup) has a one-hot q; it is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from transformers.generation.logits_process import (
-    LogitsProcessorList,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
 from .rules import EXACT, LENIENT, TOP, TYPICAL, AcceptRule, parse_rule  # noqa: F401  (the rules' names live beside their math)
+
+
+if TYPE_CHECKING:
+    from transformers.generation.logits_process import LogitsProcessorList
 
 
 @dataclass(frozen=True)
@@ -35,22 +34,37 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    warpers: LogitsProcessorList | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        # Built with the parameters, so that a run that warps imports transformers' logits processors
+        # before it starts rather than in its first round, and one that does not (greedy) never does.
+        warps = self.temperature not in (0.0, 1.0) or self.top_k > 0 or self.top_p < 1.0
+        object.__setattr__(self, "warpers", sampling_warpers(self) if warps else None)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def warpers(self) -> LogitsProcessorList:
-        # transformers' own warpers, in the order `generate` applies them, so that a sampled
-        # continuation here means the same as one from `generate(do_sample=True, ...)`.
-        warpers = LogitsProcessorList()
-        if self.temperature not in (0.0, 1.0):
-            warpers.append(TemperatureLogitsWarper(self.temperature))
-        if self.top_k > 0:
-            warpers.append(TopKLogitsWarper(self.top_k))
-        if self.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(self.top_p))
-        return warpers
+
+def sampling_warpers(params: SamplingParams) -> LogitsProcessorList:
+    """transformers' own warpers, in the order `generate` applies them, so that a sampled
+    continuation here means the same as one from `generate(do_sample=True, ...)`."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    warpers = LogitsProcessorList()
+    if params.temperature not in (0.0, 1.0):
+        warpers.append(TemperatureLogitsWarper(params.temperature))
+    if params.top_k > 0:
+        warpers.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(params.top_p))
+    return warpers
 
 
 def distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -59,7 +73,7 @@ def distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     Applied identically to the target's and the draft's logits, before the acceptance test.
     """
     rows = logits.reshape(-1, logits.shape[-1]).float()
-    warped = params.warpers()(None, rows)
+    warped = rows if params.warpers is None else params.warpers(None, rows)
     return torch.softmax(warped, dim=-1).reshape(logits.shape)
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import transformers
 
+from ..pairs.cache_dir import transformers_version
 from ..pairs.manifest import cpu_name
 from .kv import crop_cache, input_device, reserved_cache
 from .tree import Tree
@@ -130,7 +130,7 @@ def cached_costs(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, 
     if input_device(model).type != "cpu":
         return {}
     head = model.get_output_embeddings()  # which kernels: torch's (Int4Linear, Int8Linear) or specdec's (Q8Linear)
-    key = "|".join([identity, str(model.dtype), type(head).__name__, torch.__version__, transformers.__version__,
+    key = "|".join([identity, str(model.dtype), type(head).__name__, torch.__version__, transformers_version(),
                     str(torch.get_num_threads()), cpu_name(), forward_code()])
     path = cache_dir / f"block-costs-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     try:

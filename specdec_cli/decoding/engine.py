@@ -19,7 +19,6 @@ import time
 from typing import TYPE_CHECKING, Iterator
 
 import torch
-from transformers.cache_utils import DynamicCache
 
 from ..errors import UserError
 from ..limits import MAX_K
@@ -35,6 +34,9 @@ from .tree import Tree, TreeShape, greedy_tree_accept, tree_sample_accept, tree_
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+    from transformers.cache_utils import DynamicCache
+
+    from ..runtime.reserved_cache import ReservedCache
 
 __all__ = ["FixedK", "KSchedule", "RoundEvent", "SpeculativeEngine"]
 
@@ -138,7 +140,7 @@ class SpeculativeEngine:
         return event
 
     @torch.inference_mode()
-    def prompt_cache(self, tokens: torch.Tensor) -> tuple[DynamicCache, object]:
+    def prompt_cache(self, tokens: torch.Tensor) -> tuple[ReservedCache | DynamicCache, object]:
         """The target's cache of every prompt token but the last (the invariant of every round: the
         cache holds all tokens but the last emitted one), and the forward's output (None for a
         one-token prompt). Its only logits asked for are the last row's: a quantised target runs

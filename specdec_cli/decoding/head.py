@@ -28,13 +28,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers.cache_utils import DynamicCache
 
 from ..errors import UserError
 from ..limits import MAX_K
 from ..runtime.lean_forward import LeanDecoder, layer_supported, layer_weights
 from ..pairs.meta import META_FILE, read_meta, write_meta
 from ..runtime.quantize import QUANTISED, native_linear, output_weight, quantise_model, quantised_weight
+from ..runtime.reserved_cache import appends
 from ..runtime.rowwise_attention import ROWWISE_UP_TO, on_native_kernels, visible_keys
 from .drafters import Draft, Drafter, autoregress, common_prefix
 from .head_layer import default_rotary, layer_config, layer_skeleton
@@ -121,8 +121,9 @@ class DraftHead(nn.Module):
         mid-decode: each row attends alone (rowwise_attention.py), a tree level's rows to their
         ancestors, and a catch-up longer than ``ROWWISE_UP_TO`` rows (after a long prompt, or after
         rounds the head sat out) in one causal call, as transformers' layer ran it."""
-        if x.shape[0] != 1 or type(cache) is not DynamicCache:
-            raise ValueError("a quantised draft head drafts one sequence at a time, on a DynamicCache")
+        if x.shape[0] != 1 or not appends(cache):
+            raise ValueError("a quantised draft head drafts one sequence at a time, on a cache that appends "
+                             "(kv.reserved_cache)")
         decoder, weights = self.lean
         rows, past = x.shape[1], cache.get_seq_length()
         seen = None if mask is None else visible_keys(mask, rows, past + rows)

@@ -10,17 +10,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..runtime.lean_model import Norm, Rotary, uninitialised_linear as linear
+from ..runtime.lean_model import LeanConfig, Norm, Rotary, uninitialised_linear as linear
 
 
-def layer_config(layer: dict):
-    """The head's LlamaConfig fields as a generic transformers configuration (for its cache and the
-    lean forward's shapes), without importing the Llama one."""
-    from transformers.configuration_utils import PretrainedConfig
-
-    config = PretrainedConfig.from_dict(dict(layer))
-    config.model_type = "llama"
-    return config
+def layer_config(layer: dict) -> LeanConfig:
+    """The head's LlamaConfig fields as attributes (for its cache and the lean forward's shapes),
+    without importing transformers."""
+    return LeanConfig(**(dict(layer) | {"model_type": "llama"}))
 
 
 def layer_skeleton(config) -> nn.Module:

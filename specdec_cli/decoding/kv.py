@@ -2,69 +2,39 @@
 
 from __future__ import annotations
 
-import torch
+import functools
 from typing import TYPE_CHECKING
 
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+import torch
+
+from ..runtime.lean_model import LeanConfig
+from ..runtime.reserved_cache import ReservedCache, ReservedLayer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-RESERVE_STEP = 256  # positions a reserved layer grows by, at least
-
-
-class ReservedLayer(DynamicLayer):
-    """A DynamicLayer whose keys and values are views of a buffer with room to grow.
-
-    transformers' layer concatenates on every update, copying the whole cache: per token that is
-    context × 46 KB for this project's target (30 layers, 3 KV heads), some 23 MB at 500 tokens,
-    which a one-token forward of an int4 target (~80 MB of weights) feels. Here an update writes
-    only the new positions. A crop keeps prefix views of the buffers; keys replaced by anything
-    else (a tree's kept path, gathered) seed new buffers on the next update.
-    The attention kernels read the same values through a strided view, so results are unchanged.
-    """
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.handed = (None, None)  # the views last made of the buffers: identity says they still are
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        keys, values = self.keys, self.values
-        length, new = self.get_seq_length(), key_states.shape[-2]
-        if not (keys is self.handed[0] and values is self.handed[1]) or length + new > self.buffers[0].shape[-2]:
-            self._reserve(length, length + new, (key_states, value_states))
-        key_buffer, value_buffer = self.buffers
-        key_buffer.narrow(-2, length, new).copy_(key_states)
-        value_buffer.narrow(-2, length, new).copy_(value_states)
-        self.keys, self.values = self.handed = key_buffer.narrow(-2, 0, length + new), value_buffer.narrow(-2, 0, length + new)
-        return self.keys, self.values
-
-    def crop(self, tokens_to_remove: int) -> None:
-        super().crop(tokens_to_remove)
-        if self.is_initialized:
-            self.handed = (self.keys, self.values)  # prefix views of the buffers still
-
-    def _reserve(self, length: int, need: int, like: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """New buffers shaped as ``like`` with room for ``need`` positions and more, holding the
-        first ``length`` cached ones (whatever tensors ``keys`` and ``values`` now are)."""
-        room = RESERVE_STEP * -(-(need * 3 // 2) // RESERVE_STEP)
-        buffers = tuple(t.new_empty((*t.shape[:-2], room, t.shape[-1])) for t in like)
-        if length:
-            for buffer, t in zip(buffers, (self.keys, self.values)):
-                buffer.narrow(-2, 0, length).copy_(t)
-        self.buffers = buffers
+    from transformers.cache_utils import Cache, DynamicCache
 
 
-def reserved_cache(config) -> DynamicCache:
-    """A DynamicCache for ``config`` whose layers update in place (``ReservedLayer``); it is still a
-    DynamicCache, so transformers' generate and the lean forward take it as one."""
+def reserved_cache(config) -> ReservedCache | DynamicCache:
+    """A cache for a model of ``config`` whose layers update in place (runtime/reserved_cache.py): for
+    a model loaded without transformers (its config a LeanConfig) a ReservedCache; else a DynamicCache
+    of such layers, which transformers' forward and generate take as one, and so does the lean forward."""
+    if isinstance(config, LeanConfig):
+        return ReservedCache(config.num_hidden_layers)
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
     cache = DynamicCache(config=config)
     if all(type(layer) is DynamicLayer for layer in cache.layers):
-        cache.layers = [ReservedLayer() for _ in cache.layers]
+        cache.layers = [transformers_layer()() for _ in cache.layers]
     return cache
+
+
+@functools.cache
+def transformers_layer() -> type:
+    """ReservedLayer as a transformers cache layer (a DynamicLayer), made once where one is needed."""
+    from transformers.cache_utils import DynamicLayer
+
+    return type("ReservedDynamicLayer", (ReservedLayer, DynamicLayer), {"__module__": __name__})
 
 
 def crop_cache(cache: Cache, length: int) -> None:

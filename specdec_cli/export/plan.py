@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..pairs.profile import PairProfile, profile_path, read_profiles, section_name
 from ..pairs.registry import HEAD, MODEL, NGRAM, DrafterSpec, PairSpec
+from ..runtime import threads
 from .bench_table import levels as bench_levels, lookup_bounds, read_bench, table
 from .engines import EngineDrafter, Plan
 from .fold import Fold, fold, sensitivity
@@ -51,6 +52,7 @@ def model_directory(source) -> str:
     directory (a GGUF's converted copy: vLLM on a CPU reads no GGUF)."""
     if source.kind == "hub" and not source.is_gguf:
         return source.location
+    threads.choose_before_torch()  # a conversion computes: see runtime/threads.py
     from ..pairs.loading import transformers_directory  # torch only when an export needs a directory
 
     return str(transformers_directory(source))

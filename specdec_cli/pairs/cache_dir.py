@@ -6,6 +6,8 @@ huggingface_hub computes it (``$HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``,
 from __future__ import annotations
 
 import os
+from functools import cache
+from importlib.metadata import version
 from pathlib import Path
 
 
@@ -14,3 +16,10 @@ def cache_root() -> Path:
         return Path(os.environ["SPECDEC_CACHE"]).expanduser()
     hf_home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
     return Path(hf_home).expanduser() / "specdec"
+
+
+@cache
+def transformers_version() -> str:
+    """The transformers release the cached files were made under (conversions, prepared targets and
+    block costs are keyed by it), from its installed metadata: importing transformers to ask costs a second."""
+    return version("transformers")

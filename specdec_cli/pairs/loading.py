@@ -20,26 +20,33 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import transformers
 
 from ..errors import UserError
 from ..notices import log
 from ..runtime import dense_prefill, prepared
 from ..runtime.lean_forward import use_lean_forward
-from ..runtime.lean_model import LeanCausalLM, lean_config
+from ..runtime.lean_model import LeanCausalLM, lean_config, lean_generation_config
 from ..runtime.quantize import QUANTISED, quantise_model
 from ..runtime.rowwise_attention import use_rowwise_attention
 from . import superseded
 from .native_kernel import native_kernel
-from .cache_dir import cache_root
+from .cache_dir import cache_root, transformers_version
+from .lean_tokenizer import LeanTokenizer, NotLean
 from .registry import ModelSpec
 from .sources import ModelSource
 
 if TYPE_CHECKING:  # transformers' modeling code is imported only where a model of its own is built
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-transformers.utils.logging.set_verbosity_error()
-transformers.utils.logging.disable_progress_bar()
+
+def quiet_transformers():
+    """transformers, told to report errors only and draw no progress bars: process-wide settings, made
+    where transformers loads a model or tokenizer for specdec rather than when this module is imported."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
 
 
 @dataclass
@@ -52,8 +59,8 @@ class LoadedModel:
 
 
 def load(spec: ModelSpec, lean: bool = False) -> LoadedModel:
-    """``lean``: a prepared int8/int4 Llama target may come without transformers' model class
-    (runtime/lean_model.py), for a command that only decodes: a call its lean forward does not run is refused."""
+    """``lean``: a prepared int8/int4 Llama target may come without transformers (runtime/lean_model.py,
+    ``target_tokenizer``), for a command that only decodes: a call its lean forward does not run is refused."""
     directory, gguf_file = _resolve(spec.source)
     original = Path(directory) / gguf_file if gguf_file and spec.source.kind != "hub" else None
     if gguf_file:
@@ -62,13 +69,12 @@ def load(spec: ModelSpec, lean: bool = False) -> LoadedModel:
         _check_files(Path(directory))
     quantised = spec.dtype in QUANTISED
     try:
-        tokenizer = load_tokenizer(directory)
         if quantised:
             model = prepared_target(spec, directory, original, lean)
         else:
-            from transformers import AutoModelForCausalLM
-
-            model = AutoModelForCausalLM.from_pretrained(directory, dtype=_dtype(spec.dtype), device_map=spec.device_map)
+            model = quiet_transformers().AutoModelForCausalLM.from_pretrained(directory, dtype=_dtype(spec.dtype),
+                                                                              device_map=spec.device_map)
+        tokenizer = target_tokenizer(directory, isinstance(model, LeanCausalLM))
     except (OSError, ValueError) as exc:
         raise UserError(f"could not load {spec.source}: {_first_line(exc)}") from None
     files = Path(directory) if spec.source.kind != "hub" else None
@@ -96,6 +102,18 @@ def gguf_file(source: ModelSource, why: str) -> Path:
     return Path(directory) / name
 
 
+def target_tokenizer(directory: str, lean: bool) -> LeanTokenizer | PreTrainedTokenizerBase:
+    """A target loaded without transformers (``lean``) gets its tokenizer without it too, where the
+    files allow (pairs/lean_tokenizer.py: the same ids and text); where they do not, transformers'
+    is loaded and a notice says why, since that import is then about a second of every start."""
+    if lean:
+        try:
+            return LeanTokenizer.from_directory(directory)
+        except NotLean as exc:
+            log.info(f"the tokenizer loads through transformers, about a second more at every start: {exc}")
+    return load_tokenizer(directory)
+
+
 def load_tokenizer(directory: str) -> PreTrainedTokenizerBase:
     """The model's tokenizer. One whose files name transformers' tokenizers backend is built as that
     class directly: what AutoTokenizer builds, without importing transformers' model registry."""
@@ -103,6 +121,7 @@ def load_tokenizer(directory: str) -> PreTrainedTokenizerBase:
         declared = json.loads((Path(directory) / "tokenizer_config.json").read_text()).get("tokenizer_class")
     except (OSError, ValueError, AttributeError):
         declared = None
+    quiet_transformers()
     if declared == "TokenizersBackend" and (Path(directory) / "tokenizer.json").is_file():
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -134,9 +153,8 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lea
             return _finish(prepared.assemble(_skeleton(directory), tensors, layout), dense, lean)
         except prepared.Unusable as exc:
             log.warning(f"the prepared target is unusable ({_first_line(exc)}); preparing it again")
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
+    transformers = quiet_transformers()
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
     if path is not None and sum(p.numel() for p in model.parameters()) >= SLOW_TO_PREPARE:
         log.info(f"preparing the {spec.dtype} target once (later runs map it from {path})")
     model, dense = _quantised(model, spec.dtype, gguf_path, dense_dtype, native)
@@ -178,16 +196,17 @@ def _prepared_key(spec: ModelSpec, directory: str, gguf_path: Path | None, dense
     else:
         return None
     kernel = "q8" if native else "torch"
-    return "|".join([identity, spec.dtype, str(dense_dtype), kernel, prepared.code_digest(), transformers.__version__])
+    return "|".join([identity, spec.dtype, str(dense_dtype), kernel, prepared.code_digest(), transformers_version()])
 
 
 def _lean_skeleton(config, directory: str, tensors: dict, layout: dict) -> LeanCausalLM:
     """runtime/lean_model.py's skeleton filled with the prepared tensors."""
-    return prepared.assemble(LeanCausalLM(config, _generation_config(directory, config)), tensors, layout).eval()
+    return prepared.assemble(LeanCausalLM(config, lean_generation_config(directory, config)), tensors, layout).eval()
 
 
 def _generation_config(directory: str, config):
-    """generation_config.json, else what from_pretrained derives from the model's config."""
+    """transformers' GenerationConfig: generation_config.json, else what from_pretrained derives from the
+    model's config."""
     from transformers import GenerationConfig
 
     try:
@@ -198,6 +217,7 @@ def _generation_config(directory: str, config):
 
 def _skeleton(directory: str) -> PreTrainedModel:
     """The float model's structure without its weights (meta device), with its generation settings."""
+    quiet_transformers()
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(directory)
@@ -270,6 +290,7 @@ def _converted(source: ModelSource, directory: str, gguf_file: str) -> str:
     if (target / "config.json").is_file():
         return str(target)
     log.info(f"converting {gguf_file} once (later runs read {target})")
+    quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -312,7 +333,7 @@ def _cache_key(source: ModelSource, directory: str, gguf_file: str) -> str:
     else:
         stat = (Path(directory) / gguf_file).stat()
         identity = f"{Path(directory).resolve() / gguf_file}:{stat.st_size}:{stat.st_mtime_ns}"
-    digest = hashlib.sha256(f"{identity}|transformers {transformers.__version__}".encode()).hexdigest()[:12]
+    digest = hashlib.sha256(f"{identity}|transformers {transformers_version()}".encode()).hexdigest()[:12]
     return f"{Path(gguf_file).stem}-{digest}"
 
 

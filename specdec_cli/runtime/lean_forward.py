@@ -18,18 +18,25 @@ dense weights where given, dense_prefill.py: the one forward that is not transfo
 else on the kernels, its attention one causal call). Anything else — longer blocks on a cache,
 other kwargs, batches — runs transformers' forward unchanged, and is counted (``fallbacks``,
 ``fallback_forwards``): the engine never asks for one, and a run that takes one says so.
+
+A model loaded without transformers (lean_model.py) has no transformers forward to hand anything to
+(it refuses), and its forwards give a ``LeanOutput`` and make specdec's own cache
+(reserved_cache.py); a model of transformers' own gets transformers' output and cache, which its
+generate reads. Which is chosen once, when the forward is installed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from transformers.cache_utils import DynamicCache
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .dense_prefill import DENSE_FROM, lean_layer
 from .fused_projections import SharedProjection
 from . import q8_kernel
+from .lean_model import LeanCausalLM
 from .quantize import Int4Linear, Int8Linear, Q8Linear, padded_columns
+from .reserved_cache import ReservedCache, appends
 from .rowwise_attention import ROWWISE_UP_TO, attend_rows, native_rows, on_native_kernels, visible_keys_once
 
 QUANTISED_LINEARS = (Int4Linear, Int8Linear, Q8Linear)
@@ -44,7 +51,7 @@ def kernel(linear, widen: bool = True):
     if isinstance(linear, Q8Linear):  # float32 in and out: nothing to widen
         codes, scale, offset, bits, width = linear.codes, linear.scale, linear.offset, linear.bits, linear.out_features
         padded = codes.shape[0] * q8_kernel.TILE != width
-        op, avx512 = q8_kernel.op(), q8_kernel.avx512()
+        op, avx512 = linear.kernels.q8_matmul, linear.kernels.avx512
 
         def native(x):
             out = op(x, codes, scale, offset, bits, avx512)
@@ -105,7 +112,7 @@ class LeanDecoder:
 
     def __init__(self, config, native: bool = False):
         """``native``: attend on specdec's attention op (the model's linears are on its kernels)."""
-        self.native = native
+        self.kernels = q8_kernel.bound() if native else None
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.groups = self.heads // self.kv_heads
@@ -143,8 +150,8 @@ class LeanDecoder:
 
     def attend(self, query, key, value, seen):
         """[1, heads, rows, dim] -> [rows, heads, dim], exactly as rowwise_attention computes it."""
-        if self.native:
-            return native_rows(query, key, value, self.scaling, seen)[0]
+        if self.kernels is not None:
+            return native_rows(self.kernels, query, key, value, self.scaling, seen)[0]
         return attend_rows(query, key, value, self.scaling, self.groups, seen)[0]
 
     def attend_prompt(self, query, key, value):
@@ -157,6 +164,27 @@ class LeanDecoder:
         return out[0].transpose(0, 1)
 
 
+@dataclass
+class LeanOutput:
+    """A forward's output for a model loaded without transformers: the fields the engine reads of
+    transformers' CausalLMOutputWithPast."""
+
+    logits: torch.Tensor
+    cache: ReservedCache | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+def outputs_and_caches(model) -> tuple[type, object]:
+    """The output type and the cache maker of ``model``'s forward: specdec's own for a model loaded
+    without transformers, transformers' for one of its models (whose generate reads them)."""
+    if isinstance(model, LeanCausalLM):
+        return LeanOutput, lambda: ReservedCache(model.config.num_hidden_layers)
+    from transformers.cache_utils import DynamicCache
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return CausalLMOutputWithPast, lambda: DynamicCache(config=model.config)
+
+
 class LeanLlama(LeanDecoder):
     """The precomputed pieces of one model's forward; ``forward`` is what the model's own becomes."""
 
@@ -165,6 +193,7 @@ class LeanLlama(LeanDecoder):
         config = model.config
         super().__init__(config, on_native_kernels(model))
         self.model, self.transformers_forward = model, model.forward
+        self.output, self.new_cache = outputs_and_caches(model)
         self.fallbacks = 0  # forwards handed to transformers' forward (fallback_forwards)
         self.embed = model.model.embed_tokens.weight
         self.layers = [layer_weights(layer, config.intermediate_size) for layer in model.model.layers[: config.num_hidden_layers]]
@@ -178,7 +207,7 @@ class LeanLlama(LeanDecoder):
         rows = input_ids.shape[-1] if input_ids is not None else 0
         cache = kwargs.get("cache")
         if (input_ids is None or input_ids.shape[0] != 1 or rows == 0 or not HANDLED.issuperset(kwargs)
-                or self.model.training or not (cache is None or type(cache) is DynamicCache)
+                or self.model.training or not (cache is None or appends(cache))
                 or self.embed.dtype != torch.float32 or isinstance(kwargs.get("logits_to_keep", 0), torch.Tensor)):
             return self.fallback(input_ids, **kwargs)
         mask = kwargs.get("attention_mask")
@@ -194,7 +223,7 @@ class LeanLlama(LeanDecoder):
             return self.fallback(input_ids, **kwargs)
         use_cache = kwargs.get("use_cache")
         if cache is None and (self.model.config.use_cache if use_cache is None else use_cache):
-            cache = DynamicCache(config=self.model.config)  # as transformers: a given cache is updated either way
+            cache = self.new_cache()  # as transformers: a given cache is updated either way
         positions = kwargs.get("position_ids")
         if positions is None:
             positions = torch.arange(past, past + rows)
@@ -202,8 +231,7 @@ class LeanLlama(LeanDecoder):
         keep = self.hidden_state_indices(kwargs.get("output_hidden_states"))
         hidden, states = self.layers_forward(input_ids[0], positions, cache, mask, keep, prompt)
         logits = self.head(hidden if not to_keep else hidden[-to_keep:])
-        return CausalLMOutputWithPast(logits=logits[None], cache=cache,
-                                      hidden_states=None if states is None else tuple(states))
+        return self.output(logits=logits[None], cache=cache, hidden_states=None if states is None else tuple(states))
 
     def fallback(self, input_ids, **kwargs):
         """transformers' forward, for what the lean one does not run; counted."""

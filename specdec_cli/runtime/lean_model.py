@@ -1,10 +1,11 @@
-"""A prepared Llama target without transformers' modeling code: the module tree its prepared file is
-mapped into, for a command that only decodes.
+"""A prepared Llama target without transformers: the module tree its prepared file is mapped into,
+for a command that only decodes.
 
 Importing transformers' modeling code (``modeling_utils``, the model registry, the masking
 functions, and through them torch.distributed, torch._dynamo and scipy) takes longer than loading
-the whole prepared target; a command that only decodes never runs any of it, because the lean
-forward (lean_forward.py) is all the engine calls. So the skeleton here has transformers' module
+the whole prepared target, and importing the package alone takes longer than mapping it (it scans
+every model's files); a command that only decodes never runs any of it, because the lean forward
+(lean_forward.py) is all the engine calls. So the skeleton here has transformers' module
 names (``model.layers.N.self_attn``, ``lm_head``, ...) and nothing else: prepared.assemble fills it
 as it fills transformers' own skeleton, and the lean forward reads the same kernels and norms from
 it. The rotary module computes what transformers' default rope computes, op for op (tested bit
@@ -17,17 +18,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 
 
-def lean_config(directory: str | Path):
-    """The directory's config.json as a transformers configuration without its model class (whose
-    import is what this module avoids), or None when the lean skeleton cannot stand for the model:
-    not a Llama, or a rope that is not the default one."""
-    from transformers.configuration_utils import PretrainedConfig
+class LeanConfig(SimpleNamespace):
+    """A model's (or a draft head's layer's) configuration as attributes, as transformers' generic
+    configuration holds a config.json's fields, without importing transformers: its package import
+    alone costs more than mapping the prepared target. Its type also says "loaded without
+    transformers" where that matters: such a model's cache is specdec's own (decoding/kv.py)."""
 
+    def get_text_config(self, decoder=None, encoder=None) -> "LeanConfig":
+        return self
+
+
+def lean_config(directory: str | Path) -> LeanConfig | None:
+    """The directory's config.json, or None when the lean skeleton cannot stand for the model: not a
+    Llama, or a rope that is not the default one."""
     path = Path(directory) / "config.json"
     try:
         values = json.loads(path.read_text())
@@ -36,9 +45,20 @@ def lean_config(directory: str | Path):
     rope = values.get("rope_parameters") or {}
     if values.get("model_type") != "llama" or rope.get("rope_type") != "default" or values.get("rope_scaling"):
         return None
-    config = PretrainedConfig.from_dict(values)
-    config.use_cache = values.get("use_cache", True)  # LlamaConfig's own default; the generic class drops it
-    return config
+    return LeanConfig(**({"use_cache": True} | values))  # LlamaConfig's own default, where the file has none
+
+
+GENERATION_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def lean_generation_config(directory: str | Path, config: LeanConfig) -> LeanConfig:
+    """generation_config.json, else the token ids transformers' GenerationConfig takes from the
+    model's config; the engine reads its eos_token_id."""
+    try:
+        values = json.loads((Path(directory) / "generation_config.json").read_text())
+    except OSError:
+        values = {name: getattr(config, name, None) for name in GENERATION_IDS}
+    return LeanConfig(**values)
 
 
 class Norm(nn.Module):

@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -147,8 +148,8 @@ def unpack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits:
 
 
 def op(name: str = "q8_matmul"):
-    """A loaded op itself (``q8_matmul`` or ``attend_rows``), for a caller that calls it per layer;
-    a model on these kernels exists only once ``load`` succeeded."""
+    """A loaded op itself (``q8_matmul`` or ``attend_rows``); a model on these kernels exists only
+    once ``load`` succeeded."""
     if not loaded():
         raise Unavailable("specdec's kernels are not loaded (q8_kernel.load)")
     return getattr(torch.ops.specdec, name)
@@ -159,6 +160,26 @@ def avx512() -> bool:
     return cpu_path() == "avx512"
 
 
-def matmul(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:
-    """x [rows, K] float32 → [rows, N padded to 16] float32."""
-    return op()(x.contiguous(), codes, scale, offset, bits, avx512())
+@dataclass(frozen=True)
+class Kernels:
+    """The two ops and their CPU-path argument, looked up once where a model on them is built
+    (``bound``): a lookup by name costs about a microsecond, and a token calls them ~120 times."""
+
+    q8_matmul: object
+    attend_rows_op: object
+    avx512: bool
+
+    def matmul(self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+               bits: int) -> torch.Tensor:
+        """x [rows, K] float32 → [rows, N padded to 16] float32."""
+        return self.q8_matmul(x.contiguous(), codes, scale, offset, bits, self.avx512)
+
+    def attend_rows(self, query, key, value, counts, index, scaling) -> torch.Tensor:
+        """[rows, heads, dim] queries against [kv heads, keys, dim] → [rows, heads, dim] (rowwise_attention.py)."""
+        return self.attend_rows_op(query, key, value, counts, index, scaling, self.avx512)
+
+
+@cache
+def bound() -> Kernels:
+    """The loaded library's ops, bound once a process (``Unavailable`` before ``load``: not kept)."""
+    return Kernels(op("q8_matmul"), op("attend_rows"), avx512())

@@ -139,9 +139,11 @@ class Q8Linear(nn.Module):
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, in_features: int,
                  out_features: int, bias: torch.Tensor | None = None):
-        """The kernel's own tensors (``q8_kernel.pack``'s, or as prepared.py saved them), copying nothing."""
+        """The kernel's own tensors (``q8_kernel.pack``'s, or as prepared.py saved them), copying nothing;
+        the kernel's op is bound here, as the model is built (q8_kernel.bound)."""
         super().__init__()
         self.in_features, self.out_features, self.bits = in_features, out_features, bits
+        self.kernels = q8_kernel.bound()
         self.register_buffer("codes", codes)
         self.register_buffer("scale", scale)
         self.register_buffer("offset", offset)
@@ -160,7 +162,7 @@ class Q8Linear(nn.Module):
         return cls(*q8_kernel.pack(q.to(torch.int32) + 128, scale, -128 * scale, 8), 8, q.shape[1], q.shape[0], bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = q8_kernel.matmul(x.reshape(-1, self.in_features).float(), self.codes, self.scale, self.offset, self.bits)
+        out = self.kernels.matmul(x.reshape(-1, self.in_features).float(), self.codes, self.scale, self.offset, self.bits)
         out = out[:, : self.out_features].to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 

@@ -19,7 +19,7 @@ with the linears' kernel when the model is loaded (``native``), never per call.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 
@@ -59,13 +59,11 @@ def visible_keys_once(mask: torch.Tensor | None, rows: int, keys: int) -> list[t
     return _last[1]
 
 
-def native_rows(query, key, value, scaling, seen: list | None = None) -> torch.Tensor:
+def native_rows(kernels: q8_kernel.Kernels, query, key, value, scaling, seen: list | None = None) -> torch.Tensor:
     """attend_rows on specdec's attention op: [1, heads, rows, dim] -> [1, rows, heads, dim]."""
     rows, keys = query.shape[2], key.shape[2]
     counts, index = row_keys(seen, rows, keys)
-    out = q8_kernel.op("attend_rows")(query[0].transpose(0, 1), key[0], value[0], counts, index, scaling,
-                                      q8_kernel.avx512())
-    return out[None]
+    return kernels.attend_rows(query[0].transpose(0, 1), key[0], value[0], counts, index, scaling)[None]
 
 
 @lru_cache(maxsize=64)
@@ -104,7 +102,8 @@ def attend_rows(query, key, value, scaling, groups: int, seen: list | None = Non
     return torch.cat(outputs, dim=1)
 
 
-def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, native=False, **kwargs):
+def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, kernels=None, **kwargs):
+    """transformers' attention interface; ``kernels``: specdec's attention op (bound at load), else SDPA a row."""
     rows, keys = query.shape[2], key.shape[2]
     if rows > ROWWISE_UP_TO or query.shape[0] != 1 or module.training:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -112,13 +111,9 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     # transformers passes no mask to a one-token forward
     seen = None if attention_mask is None else visible_keys_once(attention_mask, rows, keys)
-    if native:
-        return native_rows(query, key, value, scaling, seen), None
+    if kernels is not None:
+        return native_rows(kernels, query, key, value, scaling, seen), None
     return attend_rows(query, key, value, scaling, getattr(module, "num_key_value_groups", 1), seen), None
-
-
-def native_attention(module, query, key, value, attention_mask, **kwargs):
-    return rowwise_attention(module, query, key, value, attention_mask, native=True, **kwargs)
 
 
 def use_rowwise_attention(model) -> None:
@@ -129,7 +124,8 @@ def use_rowwise_attention(model) -> None:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     name = NATIVE if on_native_kernels(model) else NAME
-    AttentionInterface.register(name, native_attention if name == NATIVE else rowwise_attention)
+    AttentionInterface.register(name, partial(rowwise_attention, kernels=q8_kernel.bound()) if name == NATIVE
+                                else rowwise_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)  # long inputs go to sdpa with its own mask
     model.set_attn_implementation(name)
 

@@ -9,16 +9,25 @@ target (19 vs 36 tok/s), whose tokens are many small ops. No single policy serve
 "Threads"), so the CLI looks before it starts: where other processes keep cores busy it runs on
 the cores left free with a passive wait; on an idle machine it leaves OpenMP's own default. A user
 who set OMP_NUM_THREADS or OMP_WAIT_POLICY decides alone; `--threads N` sets the count.
+
+The look samples the machine for a tenth of a second, so only a command that computes takes it
+(``apply``, before it imports torch), once a process: `--help`, a usage error or `specdec models`
+start without it. The command line opens the sample as such a command starts (``begin_look``):
+typer's building and parsing fill the tenth of a second, this process's own CPU time left out of the count.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
 COUNT = "OMP_NUM_THREADS"
+SAMPLE_S = 0.1
 _chosen_by = "user"
+_chosen = False  # whether this process has chosen (or found torch loaded first)
+_begun: tuple[float, int, int, float] | None = None  # the open sample: wall time, /proc/stat ticks, own CPU
 
 
 def plan(cores: int, busy: float) -> dict[str, str]:
@@ -30,22 +39,45 @@ def plan(cores: int, busy: float) -> dict[str, str]:
     return {COUNT: str(cores - taken), WAIT_POLICY: "PASSIVE"}
 
 
-def busy_cores(sample_s: float = 0.1) -> float:
-    """Cores' worth of CPU time other processes used over a short sample (this process is idle
-    then: nothing has been computed yet); 0 where /proc/stat cannot be read."""
-    def ticks():
-        with open("/proc/stat") as stat:
-            fields = [int(x) for x in stat.readline().split()[1:]]
-        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # all, idle + iowait
+def reading() -> tuple[float, int, int, float]:
+    """Now: wall seconds, the machine's CPU ticks in all and idle (/proc/stat, all cores) and this
+    process's own CPU seconds; ``OSError`` or ``ValueError`` where /proc/stat cannot be read."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return time.monotonic(), sum(fields), idle, time.process_time()
 
+
+def others_busy(start: tuple[float, int, int, float], end: tuple[float, int, int, float], cores: int) -> float:
+    """Cores' worth of CPU time other processes used between two readings: the machine's busy ticks
+    less this process's own CPU time."""
+    elapsed = end[1] - start[1]
+    if elapsed <= 0:
+        return 0.0
+    own = (end[3] - start[3]) * os.sysconf("SC_CLK_TCK")
+    busy = (elapsed - (end[2] - start[2])) - own
+    return max(0.0, busy / elapsed * cores)
+
+
+def begin_look() -> None:
+    """Open the sample of a command that will compute, as it starts (cli.py); cheap: one reading, no decision."""
+    global _begun
+    if _begun is None and not _chosen:
+        try:
+            _begun = reading()
+        except (OSError, ValueError, IndexError):
+            pass
+
+
+def busy_cores(sample_s: float = SAMPLE_S) -> float:
+    """Cores' worth of CPU time other processes used over at least ``sample_s``, from the sample
+    ``begin_look`` opened (only the rest is waited for), else from now; 0 where /proc/stat cannot be read."""
     try:
-        total_0, idle_0 = ticks()
-        time.sleep(sample_s)
-        total_1, idle_1 = ticks()
+        start = _begun or reading()
+        time.sleep(max(0.0, sample_s - (time.monotonic() - start[0])))
+        return others_busy(start, reading(), os.cpu_count() or 1)
     except (OSError, ValueError, IndexError):
         return 0.0
-    elapsed = total_1 - total_0
-    return (elapsed - (idle_1 - idle_0)) / elapsed * (os.cpu_count() or 1) if elapsed > 0 else 0.0
 
 
 # MKL picks its code path per call, by the inputs' memory alignment among other things, so the same
@@ -56,8 +88,15 @@ REPRODUCIBLE = {"MKL_CBWR": "AVX2"}
 
 
 def choose_before_torch() -> None:
-    """Effective only before torch (and its OpenMP runtime and MKL) load; a user's own settings win."""
-    global _chosen_by
+    """Effective only before torch (and its OpenMP runtime and MKL) load, so it chooses nothing once
+    torch is loaded (a program that imported it first); once a process; a user's own settings win."""
+    global _chosen_by, _chosen
+    if _chosen:
+        return
+    _chosen = True
+    if "torch" in sys.modules:
+        _chosen_by = "nobody (torch was loaded before specdec could choose)"
+        return
     for name, value in REPRODUCIBLE.items():
         os.environ.setdefault(name, value)
     if WAIT_POLICY in os.environ or COUNT in os.environ:
@@ -69,7 +108,9 @@ def choose_before_torch() -> None:
 
 
 def apply(threads: int | None) -> None:
-    """`--threads N`: torch's intra-op thread count for this run (None keeps torch's own choice)."""
+    """A computing command's threads, before it imports torch: the look at the machine
+    (``choose_before_torch``), then `--threads N`, torch's intra-op thread count (None keeps torch's own)."""
+    choose_before_torch()
     if threads is None:
         return
     import torch

@@ -113,7 +113,10 @@ def _stop_all() -> None:
         server.stop()
 
 
-atexit.register(_stop_all)
+def _stop_all_on_exit() -> None:
+    """Registered as a server starts, not when this module is imported; once, however many start."""
+    atexit.unregister(_stop_all)
+    atexit.register(_stop_all)
 
 
 def _terminate_on_sigterm() -> None:
@@ -151,6 +154,7 @@ class ManagedServer:
         safe = "".join(c if c.isalnum() or c in "-." else "-" for c in self.config.label)
         self.log_path = directory / f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
         _terminate_on_sigterm()
+        _stop_all_on_exit()
         begun = time.monotonic()
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,

@@ -1,0 +1,150 @@
+"""The target's tokenizer from the `tokenizers` library alone, for a command that only decodes.
+
+Importing transformers costs about a second of every start (its package scans every model's files),
+and a target loaded for the lean forward needs nothing else of it (runtime/lean_model.py). Its
+tokenizer, transformers' TokenizersBackend, is a ``tokenizers.Tokenizer`` read from tokenizer.json
+with transformers' work on top: special tokens added or changed from tokenizer_config.json, a
+post-processor rebuilt for add_bos_token / add_eos_token, truncation and padding, a regex patch
+for some large vocabularies, spaces cleaned after decoding, several chat templates. Where the files
+ask for none of that — the form transformers 5 writes, as for a converted GGUF — the Tokenizer alone
+gives the same ids and text, and the chat template renders the same (chat_template.py); held equal
+by tests/test_lean_tokenizer.py. Otherwise ``NotLean`` says why, when the tokenizer is loaded, and
+the command loads transformers' (pairs/loading.py): one tokenizer a run, chosen at load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# tokenizer_config.json keys that change nothing a decode-only command does with the tokenizer
+# (bounds, sides and input names of padding and truncation, which it never asks for), or checked below.
+PLAIN_KEYS = {"tokenizer_class", "backend", *SPECIAL, "chat_template", "clean_up_tokenization_spaces",
+              "split_special_tokens", "model_max_length", "padding_side", "truncation_side", "model_input_names",
+              "is_local", "local_files_only"}
+LEGACY_FILES = ("added_tokens.json", "special_tokens_map.json", "additional_chat_templates")
+PATCHED_FROM = 100_000  # vocabulary size from which transformers may patch a pre-tokenizer's regex (Mistral's)
+
+
+class NotLean(ValueError):
+    """These tokenizer files need transformers' tokenizer; the message says why."""
+
+
+def config_refusal(config: dict, files: set[str]) -> str | None:
+    """Why transformers would make more of tokenizer_config.json (and the files beside it) than the
+    Tokenizer in tokenizer.json, or None."""
+    if config.get("tokenizer_class") != "TokenizersBackend":
+        return f"its tokenizer_class is {config.get('tokenizer_class')!r}, not TokenizersBackend"
+    extra = sorted(set(config) - PLAIN_KEYS)
+    if extra:
+        return f"tokenizer_config.json sets {extra[0]!r}"
+    if config.get("backend", "tokenizers") != "tokenizers":
+        return f"its backend is {config['backend']!r}"
+    for key in ("clean_up_tokenization_spaces", "split_special_tokens"):
+        if config.get(key):
+            return f"tokenizer_config.json sets {key}"
+    if not isinstance(config.get("chat_template", ""), str):
+        return "it has several chat templates"
+    for name in SPECIAL:
+        if config.get(name) is not None and not isinstance(config[name], str):
+            return f"its {name} has properties of its own"
+    legacy = sorted(set(LEGACY_FILES) & files)
+    return f"it has {legacy[0]}" if legacy else None
+
+
+def backend_refusal(backend, special: dict[str, str]) -> str | None:
+    """Why transformers would change the Tokenizer ``backend`` itself, or None: each named special
+    token already added as transformers adds one (special, not normalised, no stripping), no
+    truncation or padding, a post-processor of its own, a vocabulary transformers leaves unpatched."""
+    added = {token.content: token for token in backend.get_added_tokens_decoder().values()}
+    for name, content in special.items():
+        token = added.get(content)
+        if token is None or not token.special or token.normalized or token.lstrip or token.rstrip or token.single_word:
+            return f"its {name} {content!r} is not one of tokenizer.json's special tokens as transformers adds them"
+    if backend.truncation is not None or backend.padding is not None:
+        return "tokenizer.json truncates or pads"
+    if backend.post_processor is None:
+        return "tokenizer.json has no post-processor (transformers makes one)"
+    if backend.get_vocab_size() > PATCHED_FROM and backend.pre_tokenizer is not None:
+        return f"its vocabulary is over {PATCHED_FROM:,} (transformers may patch the pre-tokenizer)"
+    return None
+
+
+def chat_template(directory: Path, config: dict) -> str | None:
+    """chat_template.jinja, else tokenizer_config.json's, as transformers reads them."""
+    try:
+        return (directory / "chat_template.jinja").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return config.get("chat_template")
+
+
+class LeanTokenizer:
+    """What specdec asks of a tokenizer on the decoding path, answered as transformers' TokenizersBackend
+    answers it: ``tokenizer(text)["input_ids"]``, ``apply_chat_template(..., tokenize=False)``,
+    ``decode``, the special tokens' ids and the vocabulary."""
+
+    def __init__(self, backend, special: dict[str, str], template: str | None):
+        self.backend, self.special_tokens_map, self.chat_template = backend, special, template
+
+    @classmethod
+    def from_directory(cls, directory: str | Path) -> "LeanTokenizer":
+        """``NotLean`` where transformers would make more of the files than their Tokenizer."""
+        root = Path(directory)
+        try:
+            config = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise NotLean("it has no readable tokenizer_config.json") from None
+        if not (root / "tokenizer.json").is_file():
+            raise NotLean("it has no tokenizer.json")
+        reason = config_refusal(config, {p.name for p in root.iterdir()})
+        if reason:
+            raise NotLean(reason)
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(root / "tokenizer.json"))
+        special = {name: config[name] for name in SPECIAL if config.get(name) is not None}
+        reason = backend_refusal(backend, special)
+        if reason:
+            raise NotLean(reason)
+        backend.encode_special_tokens = False  # transformers' split_special_tokens, False
+        template = chat_template(root, config)
+        if template is not None:
+            from .chat_template import jinja_new_enough
+
+            if not jinja_new_enough():
+                raise NotLean("its chat template needs jinja2>=3.1.6")
+        return cls(backend, special, template)
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": self.backend.encode(text, add_special_tokens=add_special_tokens).ids}
+
+    def apply_chat_template(self, messages: list[dict], tokenize: bool = False,
+                            add_generation_prompt: bool = False) -> str:
+        """The conversation as text (``tokenize=False``: specdec tokenizes it itself, tokenization.py)."""
+        if tokenize or self.chat_template is None:
+            raise ValueError("the lean tokenizer renders a chat template as text only, and needs one")
+        from .chat_template import render
+
+        return render(self.chat_template, messages, add_generation_prompt, self.special_tokens_map)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, name: str) -> int | None:
+        return self.backend.token_to_id(self.special_tokens_map[name]) if name in self.special_tokens_map else None
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.token_id("eos_token")
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.token_id("bos_token")
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self.token_id("pad_token")
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend.get_vocab(with_added_tokens=True)
