@@ -136,18 +136,15 @@ app.command("watch", short_help="A running server's acceptance, latency and load
 app.command("train-draft", short_help="Distil a drafter (a small model or a head) from the target.")(train_draft)
 app.command("export", short_help="The calibrated K as a serving engine's config (vLLM, SGLang, llama.cpp, transformers).")(export)
 app.command("export-head", short_help="A trained draft head in the EAGLE-3 layout vLLM loads.")(export_head_command)
-# The commands that compute: each looks at the machine's load before it imports torch (runtime/threads.py).
-COMPUTING = {"generate", "verify-equivalence", "bench", "calibrate-k", "train-draft", "export-head"}
 
 
 def main() -> None:
     """The `specdec` command. One that loaded torch leaves without the interpreter's teardown:
     freeing torch's and transformers' modules object by object takes most of a second here, after
     the answer is out. The atexit hooks (stopping servers among them) still run first; the commands
-    close their own files. A command that computes has its look at the machine opened first, so that
-    typer's building and parsing fill the sample (runtime/threads.py)."""
-    if sys.argv[1:2] and sys.argv[1] in COMPUTING:
-        threads.begin_look()
+    close their own files. The look at the machine is opened first (one reading, nothing waited for), so
+    that typer's building and parsing fill the sample of a command that computes (runtime/threads.py)."""
+    threads.begin_look()
     try:
         app()
         code = 0

@@ -12,8 +12,9 @@ who set OMP_NUM_THREADS or OMP_WAIT_POLICY decides alone; `--threads N` sets the
 
 The look samples the machine for a tenth of a second, so only a command that computes takes it
 (``apply``, before it imports torch), once a process: `--help`, a usage error or `specdec models`
-start without it. The command line opens the sample as such a command starts (``begin_look``):
-typer's building and parsing fill the tenth of a second, this process's own CPU time left out of the count.
+start without it. The command line opens the sample as any command starts (``begin_look``: one reading
+of /proc/stat, no wait), so that typer's building and parsing fill the tenth of a second that a computing
+command then completes, this process's own CPU time left out of the count.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def others_busy(start: tuple[float, int, int, float], end: tuple[float, int, int
 
 
 def begin_look() -> None:
-    """Open the sample of a command that will compute, as it starts (cli.py); cheap: one reading, no decision."""
+    """Open the sample as a command starts (cli.py); cheap: one reading, no wait and no decision, which
+    only a command that computes makes (``apply``)."""
     global _begun
     if _begun is None and not _chosen:
         try:
