@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from specdec_cli.decoding.loaded_pair import prepare
-from specdec_cli.measure import bench
+from specdec_cli.measure import loop_bench as bench
 from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file

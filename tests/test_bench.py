@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.errors import UserError
-from specdec_cli.measure.bench import Mode, parse_modes
+from specdec_cli.measure.loop_bench import Mode, parse_modes
 from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, drafter_identity, write_profile
 from specdec_cli.pairs.registry import load_registry
 
@@ -199,7 +199,7 @@ def test_predicted_speedup_counts_each_rounds_yield_by_drafter_and_position():
     """Lookup rounds keep all 3 drafts, head rounds none: modelled by drafter and position, the
     expected yield is what the rounds gave, so predicted equals measured; a single α at the mean K
     (1 + .75 + .75² + .75³ a round: 2.73 tokens, not 2.5) would be 9 % off."""
-    from specdec_cli.measure.bench import Sample, figures, predicted_from_rounds
+    from specdec_cli.measure.loop_bench import Sample, figures, predicted_from_rounds
     from specdec_cli.prompts import Prompt
 
     prompt = Prompt(1, "x")
@@ -212,8 +212,8 @@ def test_predicted_speedup_counts_each_rounds_yield_by_drafter_and_position():
 
 
 def test_a_modes_forwards_off_the_lean_forward_are_counted_and_warned(pair_dir, prompt_file, monkeypatch):
-    from specdec_cli.measure import bench as bench_module
-    from specdec_cli.measure.bench import Sample, figures
+    from specdec_cli.measure import loop_bench as bench_module
+    from specdec_cli.measure.loop_bench import Sample, figures
     from specdec_cli.prompts import Prompt
 
     plain = [Sample(Prompt(1, "x"), [7] * 4, wall_s=1.0, ttft_s=0.1, latencies=[], fallback_forwards=0)]

@@ -62,7 +62,7 @@ def test_stage_of_every_module_is_declared_and_imports_go_downward():
 
 def test_the_check_sees_an_upward_import():
     assert stage("specdec_cli.decoding.engine") == "decoding"
-    assert RANK[stage("specdec_cli.measure.bench")] > RANK[stage("specdec_cli.decoding.engine")]
+    assert RANK[stage("specdec_cli.measure.loop_bench")] > RANK[stage("specdec_cli.decoding.engine")]
     assert stage("specdec_cli.commands.generate") == "top" and stage("specdec_cli.errors") == "base"
     found = imports(PACKAGE / "decoding" / "loaded_pair.py")
     assert any(target == "specdec_cli.pairs.loading" for _, target in found)  # relative imports resolved

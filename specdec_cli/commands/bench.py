@@ -129,23 +129,23 @@ def bench_command(
     spec = resolve_pair(models, pair, target, draft, dtype=dtype)
 
     thread_policy.apply(threads)  # before torch loads
-    from ..measure import bench, lossy
+    from ..measure import lossy, loop_bench
     from ..pairs import manifest
 
     sampling = sampling_params(temperature, 0, 1.0)
-    chosen = bench.with_rule(bench.parse_modes(modes or _default_modes(spec)), rule)
+    chosen = loop_bench.with_rule(loop_bench.parse_modes(modes or _default_modes(spec)), rule)
     console = stderr_console()
     lossy_modes = [m for m in chosen if not m.rule.lossless]
     if lossy_modes and rule.lossless:  # --accept already said so
         names = ", ".join(str(m) for m in lossy_modes)
         warning_line(lossy_message(f"mode{'s' if len(lossy_modes) > 1 else ''} {names} {'are' if len(lossy_modes) > 1 else 'is'}"))
     watcher = None
-    if any(m.kind in bench.AUTO_KINDS for m in chosen):
+    if any(m.kind in loop_bench.AUTO_KINDS for m in chosen):
         watcher = open_profile(profile, spec, warn=warning_line)
         console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("benchmarking", total=len(items) * len(chosen) * samples)
-        runtime, result = bench.measure(spec, chosen, items, max_new_tokens, sampling, seed,
+        runtime, result = loop_bench.measure(spec, chosen, items, max_new_tokens, sampling, seed,
                                         watcher.profile if watcher else None, samples, lambda: progress.advance(task))
     result["manifest"] = {
         **invocation("bench"),

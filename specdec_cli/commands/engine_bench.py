@@ -44,7 +44,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
                  slo, json_out, markdown, plot, models, pair, target, draft, threads, port, requests,
                  loop: str | None = DEFAULT_LOOP) -> None:
     check_engine(engine, server, reference)
-    from ..measure.bench import parse_modes as loop_modes
+    from ..measure.loop_bench import parse_modes as loop_modes
     from ..serving import bench as engine_bench_core
     loop = None if loop in (None, "", "none") else loop
     if loop:
@@ -118,17 +118,17 @@ def own_loop(spec, items, encoded, count, max_new_tokens, modes_text, progress) 
     greedy, for reference beside the engine: the pair's dtype, not the servers' float32, and it stops
     at the end of an answer where the servers' requests ignore it (tok/s compare, lengths may not).
     Its threads were set with the servers' (``engine_bench``)."""
-    from ..measure import bench
+    from ..measure import loop_bench
     from ..pairs.profile import open_profile
     from ..serving.load import requests_for_level
     from .common import sampling_params, warning_line
 
-    chosen = bench.parse_modes(modes_text)
+    chosen = loop_bench.parse_modes(modes_text)
     wanted = dict.fromkeys(r.prompt_id for r in requests_for_level(encoded, 1, count))
     prompts = [p for p in items if str(p.id) in wanted]
-    watcher = open_profile(None, spec, warn=warning_line) if any(m.kind in bench.AUTO_KINDS for m in chosen) else None
+    watcher = open_profile(None, spec, warn=warning_line) if any(m.kind in loop_bench.AUTO_KINDS for m in chosen) else None
     progress(f"specdec's own loop ({', '.join(map(str, chosen))}, {spec.target.dtype}) on {len(prompts)} prompts, one at a time")
-    _, report = bench.measure(spec, chosen, prompts, max_new_tokens, sampling_params(0.0, 0, 1.0),
+    _, report = loop_bench.measure(spec, chosen, prompts, max_new_tokens, sampling_params(0.0, 0, 1.0),
                               profile=watcher.profile if watcher else None)
     keep = ("tokens_per_s", "speedup_vs_plain", "acceptance_rate", "mean_accepted_length", "completion_length",
             "identical_to_plain", "wall_s", "ttft_s", "p50_token_latency_s", "p90_token_latency_s")
