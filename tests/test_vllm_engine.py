@@ -11,7 +11,7 @@ import pytest
 
 from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, write_profile
 from specdec_cli.pairs.registry import load_registry
-from specdec_cli.serving.bench import parse_modes
+from specdec_cli.serving.load_bench import parse_modes
 from specdec_cli.serving.client import complete
 from specdec_cli.serving.configs import encode_prompts, server_configs, start_all
 from specdec_cli.serving.server import running_servers

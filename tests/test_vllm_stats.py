@@ -7,7 +7,7 @@ import pytest
 
 from specdec_cli.errors import UserError
 from specdec_cli.serving import metrics, stats, watch
-from specdec_cli.serving.bench import parse_levels, parse_modes, parse_slos
+from specdec_cli.serving.load_bench import parse_levels, parse_modes, parse_slos
 from specdec_cli.serving.client import Completion
 from specdec_cli.serving.equivalence import NEAR_TIE, REAL, first_divergence
 
@@ -220,7 +220,7 @@ def test_a_config_file_is_vllms_speculative_config_or_empty(tmp_path):
 
 
 def test_the_k_table_leaves_out_modes_whose_k_is_unknown():
-    from specdec_cli.serving.bench import report
+    from specdec_cli.serving.load_bench import report
     from specdec_cli.serving.load import LevelRun
 
     def run(tokens: int) -> LevelRun:

@@ -45,17 +45,17 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
                  loop: str | None = DEFAULT_LOOP) -> None:
     check_engine(engine, server, reference)
     from ..measure.loop_bench import parse_modes as loop_modes
-    from ..serving import bench as engine_bench_core
+    from ..serving import load_bench
     loop = None if loop in (None, "", "none") else loop
     if loop:
         loop_modes(loop)
     if rate and concurrency:
         raise UserError("--concurrency is a closed loop and --rate an open one: give one of them")
     levels_text = rate or concurrency or "1,4"
-    levels = engine_bench_core.parse_levels(levels_text, "--rate" if rate else "--concurrency")
-    slos = engine_bench_core.parse_slos(slo)
-    default = f"{engine_bench_core.plain_mode(engine)},{engine_bench_core.mode_prefix(engine)}ngram:4" if engine else ""
-    chosen = engine_bench_core.parse_modes(modes or default, engine) if engine else []  # plain and lookup at K 4
+    levels = load_bench.parse_levels(levels_text, "--rate" if rate else "--concurrency")
+    slos = load_bench.parse_slos(slo)
+    default = f"{load_bench.plain_mode(engine)},{load_bench.mode_prefix(engine)}ngram:4" if engine else ""
+    chosen = load_bench.parse_modes(modes or default, engine) if engine else []  # plain and lookup at K 4
     for path, option in ((markdown, "--markdown"), (plot, "--plot")):
         if path:
             check_writable(path, option)
@@ -67,7 +67,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
     from ..serving.server import attach
 
     model_dir = transformers_directory(spec.target.source)  # its tokenizer: the same ids for every engine
-    encoded = [engine_bench_core.Request(str(pid), ids)
+    encoded = [load_bench.Request(str(pid), ids)
                for pid, ids in serving_configs.encode_prompts(model_dir, [(str(p.id), p.text) for p in items])]
     progress = serving_configs.progress_line
     manifest = {**invocation("bench"),
@@ -85,14 +85,14 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
             targets = {}
             if reference:
                 plain = attach(reference)
-                targets[engine_bench_core.plain_mode(plain.dialect)] = engine_bench_core.Target(plain)
-            targets["server"] = engine_bench_core.Target(attach(server))
+                targets[load_bench.plain_mode(plain.dialect)] = load_bench.Target(plain)
+            targets["server"] = load_bench.Target(attach(server))
             manifest["engine"] = {"attached": {name: t.endpoint.url for name, t in targets.items()}}
         try:
-            result = engine_bench_core.run(targets, encoded, levels, max_tokens=max_new_tokens, repeats=repeats,
-                                           rate=bool(rate), slos=slos, count=requests, progress=progress)
+            result = load_bench.run(targets, encoded, levels, max_tokens=max_new_tokens, repeats=repeats,
+                                    rate=bool(rate), slos=slos, count=requests, progress=progress)
             failure = None
-        except engine_bench_core.BenchInterrupted as exc:
+        except load_bench.BenchInterrupted as exc:
             result, failure = exc.report, str(exc)
     result["manifest"] = manifest | {"target": _target_entry(spec, model_dir, threads, engine), "machine": _machine()}
     if engine and loop and not failure:  # after the servers stopped: nothing else runs while it is timed

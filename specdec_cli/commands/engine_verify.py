@@ -38,7 +38,7 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
     kinds = SPEC_KINDS.get(engine, SPEC_KINDS["vllm"])
     if engine and not spec_text:
         raise UserError(f"--engine {engine} needs --spec {kinds}: the speculative server to check")
-    from ..serving.bench import mode_prefix, parse_levels, parse_modes, plain_mode
+    from ..serving.load_bench import mode_prefix, parse_levels, parse_modes, plain_mode
 
     try:
         modes = parse_modes(f"{plain_mode(engine)},{mode_prefix(engine)}{spec_text}", engine) if engine else []

@@ -13,7 +13,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from ..serving.bench import DEFAULT_LLAMA_NGRAM
+from ..serving.load_bench import DEFAULT_LLAMA_NGRAM
 from ..serving.llama_server import speculative_flags
 from .llama_flags import LlamaFlags
 

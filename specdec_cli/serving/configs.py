@@ -14,7 +14,7 @@ from typing import Callable
 from ..errors import UserError, read_json
 from ..pairs.loading import gguf_file, transformers_directory
 from ..pairs.registry import HEAD, MODEL, PairSpec
-from .bench import EngineMode, Target
+from .load_bench import EngineMode, Target
 from .llama_server import LlamaConfig, draft_gguf, eagle3_gguf, speculative_flags
 from .server import ManagedServer, ServerConfig, speculative_config
 

@@ -1,7 +1,7 @@
-"""`specdec bench --engine vllm`: modes, the schedule that interleaves them level by level and
-repeat by repeat (so drift on a shared machine falls on every mode alike), and the report: figures
-per mode and level, the gain over plain with its interval, the crossover concurrency, and the
-per-batch-size K table the curve implies."""
+"""The load bench of `specdec bench --engine vllm|llama.cpp`: modes, the schedule that interleaves
+them level by level and repeat by repeat (so drift on a shared machine falls on every mode alike),
+and the report: figures per mode and level, the gain over plain with its interval, the crossover
+concurrency, and the per-batch-size K table the curve implies."""
 
 from __future__ import annotations
 
