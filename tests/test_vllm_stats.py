@@ -9,7 +9,7 @@ from specdec_cli.errors import UserError
 from specdec_cli.serving import metrics, stats, watch
 from specdec_cli.serving.load_bench import parse_levels, parse_modes, parse_slos
 from specdec_cli.serving.client import Completion
-from specdec_cli.serving.equivalence import NEAR_TIE, REAL, first_divergence
+from specdec_cli.serving.divergence import NEAR_TIE, REAL, first_divergence
 
 PAGE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter

@@ -59,7 +59,7 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
     from ..serving import configs as serving_configs
     from ..serving import metrics
     from ..serving.client import ServerDown
-    from ..serving.equivalence import compare, generate_all
+    from ..serving.divergence import compare, generate_all
     from ..serving.server import attach
 
     model_dir = transformers_directory(spec.target.source)
