@@ -20,7 +20,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from .decoding.engine import RoundEvent
-from .measure.stats import RunStats
+from .measure.run_stats import RunStats
 from .pairs.tokenization import Detokenizer
 
 ACCEPTED = "green"

@@ -14,7 +14,7 @@ from specdec_cli.errors import UserError
 from specdec_cli.live import summary
 from specdec_cli.measure import lossy
 from specdec_cli.measure.loop_bench import Mode, Sample, parse_modes, with_rule
-from specdec_cli.measure.stats import RunStats
+from specdec_cli.measure.run_stats import RunStats
 from specdec_cli.measure.tasks import KINDS, is_correct, make_tasks
 from specdec_cli.prompts import Prompt
 

@@ -344,7 +344,7 @@ def event(drafted, accepted, token, emitted):
 
 def test_the_finished_answer_holds_no_rejected_draft_and_the_status_fits_the_width():
     from specdec_cli.live import LiveView
-    from specdec_cli.measure.stats import RunStats
+    from specdec_cli.measure.run_stats import RunStats
 
     tokenizer = char_tokenizer()
     ids = lambda text: tokenizer.encode(text, add_special_tokens=False)

@@ -152,7 +152,7 @@ def _stdout_is_a_file() -> bool:
 
 def _run_one(runtime: LoadedPair, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console, rule, tree=None) -> tuple[dict, LiveView | None]:
     from ..live import LiveView
-    from ..measure.stats import RunStats
+    from ..measure.run_stats import RunStats
     from ..pairs.tokenization import encode_prompt
 
     tokenizer = runtime.tokenizer

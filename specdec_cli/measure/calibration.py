@@ -27,7 +27,7 @@ from ..pairs.manifest import libraries, source_version
 from ..pairs.profile import PairProfile, ScenarioProfile, drafter_identity, drafter_name, section_name
 from ..pairs.registry import PairSpec
 from .lossy import target_nll
-from .stats import RoundCounts
+from .run_stats import RoundCounts
 
 DEFAULT_SCENARIO = "default"  # prompts without a `scenario` field
 

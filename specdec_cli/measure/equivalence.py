@@ -19,7 +19,7 @@ from ..decoding.acceptance import AcceptRule
 from ..decoding.engine import SpeculativeEngine
 from ..decoding.kv import input_device
 from ..limits import NEAR_TIE_TOLERANCE
-from .stats import RunStats
+from .run_stats import RunStats
 
 if TYPE_CHECKING:
     from .sampling_check import SamplingResult

@@ -39,7 +39,7 @@ from ..pairs.tokenization import encode_prompt
 from ..pairs.registry import HEAD, MODEL, NGRAM
 from ..prompts import Prompt
 from . import lossy
-from .stats import RoundCounts
+from .run_stats import RoundCounts
 
 MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto",
               "auto-ungated", "auto+tree", "tree", "ngram+tree")
