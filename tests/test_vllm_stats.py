@@ -6,7 +6,7 @@ import math
 import pytest
 
 from specdec_cli.errors import UserError
-from specdec_cli.serving import metrics, stats, watch
+from specdec_cli.serving import metrics, stats, watch_figures
 from specdec_cli.serving.load_bench import parse_levels, parse_modes, parse_slos
 from specdec_cli.serving.client import Completion
 from specdec_cli.serving.divergence import NEAR_TIE, REAL, first_divergence
@@ -94,15 +94,15 @@ def test_metrics_page_parsed_and_differenced():
 
 def test_watch_figures_and_break_even_from_a_curve():
     page = metrics.parse(PAGE)
-    shown = watch.figures(page, page.minus(metrics.parse("")))
+    shown = watch_figures.figures(page, page.minus(metrics.parse("")))
     assert shown["acceptance"]["mean_acceptance_length"] == 3.0 and shown["running"] == 3
     assert shown["ttft"]["p50_ms"] == pytest.approx(300.0)
     curve = {"gain": {"vllm-ngram:4": {"1": {"gain": 2.0}, "8": {"gain": 0.8}}}, "crossover": {"vllm-ngram:4": 6.83}}
-    assert watch.gain_at(curve, "vllm-ngram:4", 4) == pytest.approx(2.0 - 1.2 * 3 / 7)
-    assert watch.judgement(curve, None, 3)["paying"] is True
-    verdict = watch.judgement(curve, None, 8)
+    assert watch_figures.gain_at(curve, "vllm-ngram:4", 4) == pytest.approx(2.0 - 1.2 * 3 / 7)
+    assert watch_figures.judgement(curve, None, 3)["paying"] is True
+    verdict = watch_figures.judgement(curve, None, 8)
     assert verdict["paying"] is False and "does NOT pay" in verdict["text"]
-    assert watch.judgement(None, None, 1)["paying"] is None
+    assert watch_figures.judgement(None, None, 1)["paying"] is None
 
 
 def test_divergence_classified_by_the_reference_margin():

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from specdec_cli.commands import watch as command
 from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, write_profile
-from specdec_cli.serving import drift, metrics, watch
+from specdec_cli.serving import drift, metrics, watch_figures
 from specdec_cli.serving.drift import Band, Schedule
 
 TABLE = [[1, 2, 4], [3, 7, 2], [16, 256, 0]]
@@ -177,8 +177,8 @@ def test_recommendation_when_nothing_was_drafted():
 
 def test_live_view_shows_the_warning_on_a_narrow_terminal_without_colour():
     snapshot = metrics.parse(page(100, 400, 200, [80, 60, 40, 20], 900, running=1))
-    shown = watch.figures(snapshot, snapshot.minus(metrics.parse(""))) | {"url": "http://h:1"}
-    shown["break_even"] = watch.judgement(None, None, 1)
+    shown = watch_figures.figures(snapshot, snapshot.minus(metrics.parse(""))) | {"url": "http://h:1"}
+    shown["break_even"] = watch_figures.judgement(None, None, 1)
     shown["recommendation"] = drift.recommendation(drift.schedule_from(EXPORT), Band(0.9, 0.85, 0.95, 900),
                                                    snapshot, shown["acceptance_scope"], 1)
     console = Console(width=40, record=True, color_system=None, file=open("/dev/null", "w"))

@@ -1,5 +1,5 @@
 """`specdec watch [URL]`: a running server's acceptance beside its latency and load, refreshed in
-place; `--once --json` for scripts. The figures are serving/watch.py's; this draws them."""
+place; `--once --json` for scripts. The figures are serving/watch_figures.py's; this draws them."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def watch(
     from ..serving.client import Endpoint, ServerDown
     from ..serving.server import attach, running_servers
     from ..serving.drift import recommendation
-    from ..serving.watch import acceptance_scope, figures, judgement
+    from ..serving.watch_figures import acceptance_scope, figures, judgement
 
     if interval <= 0:
         raise UserError(f"--interval must be above 0, got {interval}")
