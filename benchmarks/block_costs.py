@@ -3,7 +3,7 @@ forward, and the weight-only linears alone on one layer's shapes (x30), so that 
 
     python3 benchmarks/block_costs.py --dtypes int4,int8 --kernels torch,q8 --contexts 100,2000
 
-The forward is ``blocks.measure`` (the cost verify-block padding plans with) over a cached context;
+The forward is ``blocks.time_blocks`` (the cost verify-block padding plans with) over a cached context;
 ``torch`` is torch's weight-only kernels (``aten._weight_int4pack_mm_for_cpu``,
 ``aten._weight_int8pack_mm``, one SDPA call per row), ``q8`` specdec's own (runtime/q8_kernel.py:
 int8 activation codes, its attention op). Each kernel is measured in a process of its own (the kernel
@@ -45,7 +45,7 @@ def kernel_costs(kind: str, native: bool, rows: int, reps: int = 5, layers: int 
 
 def one_kernel(kernel: str, dtypes: list[str], contexts: list[int], rows: int, pair_name: str | None) -> None:
     """In this process: every dtype's forward and linears on ``kernel``, as one JSON line each."""
-    from specdec_cli.decoding.blocks import measure
+    from specdec_cli.decoding.blocks import time_blocks
     from specdec_cli.pairs.loading import load
     from specdec_cli.pairs.registry import load_registry, override
     from specdec_cli.runtime.rowwise_attention import on_native_kernels
@@ -54,7 +54,8 @@ def one_kernel(kernel: str, dtypes: list[str], contexts: list[int], rows: int, p
     for dtype in dtypes:
         model = load(override(pair, dtype=dtype).target).model
         assert on_native_kernels(model) == (kernel == "q8"), f"asked for {kernel}, loaded the other"
-        report = {f"forward_{context}": measure(model, lengths=rows, reps=9, context=context) for context in contexts}
+        report = {f"forward_{context}": time_blocks(model, lengths=rows, reps=9, context=context)
+                  for context in contexts}
         report["linears"] = kernel_costs(dtype, kernel == "q8", rows)
         print(json.dumps({"kernel": kernel, "dtype": dtype, **report}), flush=True)
 

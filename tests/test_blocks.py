@@ -3,7 +3,7 @@
 import pytest
 from conftest import decode
 
-from specdec_cli.decoding.blocks import measure, plan
+from specdec_cli.decoding.blocks import plan, time_blocks
 from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 
@@ -56,7 +56,7 @@ def test_measure_times_every_block_length_over_the_same_context_and_keeps_the_fa
         return forward(self, input_ids, cache=cache, **kwargs)
     monkeypatch.setattr(type(target), "forward", timed)
     monkeypatch.setattr(blocks.time, "perf_counter", lambda: now[0])
-    assert measure(target, lengths=4, reps=2, context=8) == {1: 7, 2: 8, 3: 5, 4: 6}
+    assert time_blocks(target, lengths=4, reps=2, context=8) == {1: 7, 2: 8, 3: 5, 4: 6}
     assert seen == [(8, 0)] + [(n, 8) for _ in range(3) for n in (1, 2, 3, 4)]
 
 
@@ -68,11 +68,11 @@ def test_a_measurement_a_busy_machine_skewed_is_not_kept(target, tmp_path, monke
     skewed, sane = {1: 0.035, 2: 0.031, 3: 0.035}, {1: 0.018, 2: 0.020, 3: 0.023}
     assert blocks.disturbed(skewed) and not blocks.disturbed(sane) and plan(skewed)[1] == 2
     results = iter([skewed, skewed, sane])
-    monkeypatch.setattr(blocks, "measure", lambda model: next(results))
+    monkeypatch.setattr(blocks, "time_blocks", lambda model: next(results))
     assert blocks.cached_costs(target, "tiny", tmp_path) == sane
     saved = list(tmp_path.glob("block-costs-*.json"))
     assert len(saved) == 1
     saved[0].write_text('{"1": 0.035, "2": 0.031}')  # a skewed file from before: measured again
-    monkeypatch.setattr(blocks, "measure", lambda model: skewed)
+    monkeypatch.setattr(blocks, "time_blocks", lambda model: skewed)
     assert blocks.cached_costs(target, "tiny", tmp_path) == {}
     assert saved[0].read_text() == '{"1": 0.035, "2": 0.031}'  # not overwritten by another skewed one

@@ -17,7 +17,7 @@ from specdec_cli.decoding.drafters import Draft, Drafter, ModelDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.errors import UserError
 from specdec_cli.commands.calibrate import parse_ks
-from specdec_cli.measure.calibration import measure, summarise_all
+from specdec_cli.measure.calibration import summarise_all, sweep
 from specdec_cli.pairs.profile import (
     PairProfile,
     ScenarioProfile,
@@ -85,7 +85,7 @@ def greedy(target, prompt, n):
 def oracle_calibration(target):
     n = 64
     oracle = OracleDrafter([ids + greedy(target, ids, n) for _, ids in PROMPTS])
-    measured = measure(SpeculativeEngine(Slow(target), oracle, {1}), PROMPTS, [0, 1, 3, 8], n)
+    measured = sweep(SpeculativeEngine(Slow(target), oracle, {1}), PROMPTS, [0, 1, 3, 8], n)
     return measured, summarise_all(measured)
 
 
@@ -108,7 +108,7 @@ def test_draft_equal_to_target_accepts_everything_and_picks_the_largest_k(target
 
 def test_a_disagreeing_draft_is_rarely_accepted_and_speculation_is_off(target, draft):
     engine = SpeculativeEngine(Slow(target), ModelDrafter(Slow(draft), target.config.vocab_size), {1})
-    scenarios, overall = summarise_all(measure(engine, PROMPTS[:2], [0, 2, 4], 32))
+    scenarios, overall = summarise_all(sweep(engine, PROMPTS[:2], [0, 2, 4], 32))
     result = scenarios["code"]
     assert result.alpha < 0.3
     assert all(f.speedup < 1.0 for f in result.per_k if f.k)

@@ -145,8 +145,9 @@ def bench_command(
         console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("benchmarking", total=len(items) * len(chosen) * samples)
-        runtime, result = loop_bench.measure(spec, chosen, items, max_new_tokens, sampling, seed,
-                                        watcher.profile if watcher else None, samples, lambda: progress.advance(task))
+        runtime, result = loop_bench.bench_pair(spec, chosen, items, max_new_tokens, sampling, seed,
+                                                watcher.profile if watcher else None, samples,
+                                                lambda: progress.advance(task))
     result["manifest"] = {
         **invocation("bench"),
         "pair": spec.name,

@@ -111,8 +111,8 @@ def calibrate_k(
     from ..decoding.loaded_pair import prepare
     from ..measure.calibration import (
         DEFAULT_SCENARIO,
-        measure,
         summarise_all,
+        sweep,
         to_profile,
         tree_findings,
         tree_setting,
@@ -129,7 +129,7 @@ def calibrate_k(
         tree_engine = SpeculativeEngine(runtime.target.model, runtime.tree_drafter(), runtime.eos_token_ids, runtime.block_plan)
     encoded = [(item.scenario or DEFAULT_SCENARIO, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
     with _progress(console, len(ks) + len(budgets)) as report:
-        measured = measure(runtime.engine, encoded, ks, max_new_tokens, sampling, seed, report, rule, budgets, tree_engine)
+        measured = sweep(runtime.engine, encoded, ks, max_new_tokens, sampling, seed, report, rule, budgets, tree_engine)
     scenarios, overall = summarise_all(measured)
     trees = tree_findings(measured, scenarios)
 

@@ -67,7 +67,8 @@ def padded_tree(tree: Tree, length: int) -> Tree:
 
 
 @torch.inference_mode()
-def measure(model: PreTrainedModel, lengths: int = MEASURED_LENGTHS, reps: int = 5, context: int = 64) -> dict[int, float]:
+def time_blocks(model: PreTrainedModel, lengths: int = MEASURED_LENGTHS, reps: int = 5,
+                context: int = 64) -> dict[int, float]:
     """Seconds of a forward of n tokens over a cached context, for n = 1..lengths, interleaved: the
     fastest of ``reps``, since other work on the machine only ever adds time."""
     device = input_device(model)
@@ -139,7 +140,7 @@ def cached_costs(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, 
             raise ValueError(path)
     except (OSError, ValueError):
         for _ in range(MEASURE_TRIES):
-            costs = measure(model)
+            costs = time_blocks(model)
             if not disturbed(costs):
                 break
         else:

@@ -131,7 +131,7 @@ class Measurements:
         return per_k, blocks
 
 
-def measure(
+def sweep(
     engine: SpeculativeEngine,
     prompts: list[tuple[str, list[int]]],
     ks: list[int],

@@ -332,8 +332,9 @@ def _quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def measure(spec, modes: list[Mode], prompts: list[Prompt], max_new_tokens: int, sampling: SamplingParams,
-            seed: int = 0, profile: PairProfile | None = None, samples: int = 1, progress=None) -> tuple[LoadedPair, dict]:
+def bench_pair(spec, modes: list[Mode], prompts: list[Prompt], max_new_tokens: int, sampling: SamplingParams,
+               seed: int = 0, profile: PairProfile | None = None, samples: int = 1,
+               progress=None) -> tuple[LoadedPair, dict]:
     """The pair ``spec`` prepared, ``modes`` run on ``prompts`` (``run``) and ``report``ed: what
     `specdec bench` and an engine bench's own-loop reference both do. The runtime, for a manifest."""
     runtime = prepare(spec)
