@@ -78,7 +78,7 @@ def prepared(kind: str, hidden: int) -> None:
 
     from specdec_cli.pairs.cache_dir import cache_root
     from specdec_cli.pairs import loading
-    from specdec_cli.runtime import prepared as prepared_file
+    from specdec_cli.runtime import prepared_file
 
     with tempfile.TemporaryDirectory(prefix="specdec-probe-") as root:
         os.environ["SPECDEC_CACHE"] = os.path.join(root, "cache")

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 from specdec_cli.pairs import loading
 from specdec_cli.pairs.registry import PACKAGED_REGISTRY, ModelSpec, load_registry
 from specdec_cli.pairs.sources import ModelSource
-from specdec_cli.runtime import prepared
+from specdec_cli.runtime import prepared_file
 from specdec_cli.runtime.lean_forward import LeanLlama
 
 pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
@@ -81,7 +81,7 @@ def test_a_file_prepared_under_other_code_is_not_used(model_dir, cache, monkeypa
     old = next(cache.glob("prepared-*.pt"))
     old_files = set(cache.glob("prepared-*.pt"))
     old_bytes = old.read_bytes()
-    monkeypatch.setattr(prepared, "code_digest", lambda: "other code")
+    monkeypatch.setattr(prepared_file, "code_digest", lambda: "other code")
     builds = built_only(monkeypatch)
     loading.load(spec(model_dir, "int4"))
     assert builds == [1]
@@ -90,8 +90,8 @@ def test_a_file_prepared_under_other_code_is_not_used(model_dir, cache, monkeypa
     # The key is checked inside the file too: one copied under the new name is refused.
     (new,) = files - old_files
     new.write_bytes(old_bytes)
-    with pytest.raises(prepared.Unusable, match="another key"):
-        prepared.read(new, "wanted key")
+    with pytest.raises(prepared_file.Unusable, match="another key"):
+        prepared_file.read(new, "wanted key")
 
 
 def test_the_key_follows_the_source_files_the_dtype_and_the_kernels(model_dir, cache):
@@ -138,10 +138,10 @@ def test_the_default_pairs_mapped_int4_target_equals_a_fresh_build_bit_for_bit()
 def test_a_file_whose_tensor_the_kernels_could_not_read_where_it_lies_is_refused(tmp_path):
     """torch.save keeps a view's offset into its storage: mapped back, this tensor starts 1 byte off."""
     path = tmp_path / "prepared.pt"
-    torch.save({"format": prepared.FORMAT, "key": "k", "layout": "{}", "tensors": {"w": torch.zeros(64, dtype=torch.int8)[1:]}},
+    torch.save({"format": prepared_file.FORMAT, "key": "k", "layout": "{}", "tensors": {"w": torch.zeros(64, dtype=torch.int8)[1:]}},
                path)
-    with pytest.raises(prepared.Unusable, match="w is not aligned to 64 bytes"):
-        prepared.read(path, "k")
-    torch.save({"format": prepared.FORMAT, "key": "k", "layout": "{}", "tensors": {"w": torch.zeros(63, dtype=torch.int8)}}, path)
-    tensors, layout = prepared.read(path, "k")
-    assert tensors["w"].data_ptr() % prepared.ALIGNMENT == 0 and layout == {}
+    with pytest.raises(prepared_file.Unusable, match="w is not aligned to 64 bytes"):
+        prepared_file.read(path, "k")
+    torch.save({"format": prepared_file.FORMAT, "key": "k", "layout": "{}", "tensors": {"w": torch.zeros(63, dtype=torch.int8)}}, path)
+    tensors, layout = prepared_file.read(path, "k")
+    assert tensors["w"].data_ptr() % prepared_file.ALIGNMENT == 0 and layout == {}

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import UserError
 from ..notices import log
-from ..runtime import dense_prefill, prepared
+from ..runtime import dense_prefill, prepared_file
 from ..runtime.lean_forward import use_lean_forward
 from ..runtime.lean_model import LeanCausalLM, lean_config, lean_generation_config
 from ..runtime.quantize import QUANTISED, quantise_model
@@ -133,7 +133,7 @@ def load_tokenizer(directory: str) -> PreTrainedTokenizerBase:
 
 def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lean_model: bool = False) -> PreTrainedModel:
     """The int8/int4 target (``_quantised``), mapped from its prepared file under the cache directory
-    when one was written for this source, dtype and code (runtime/prepared.py), else built and saved
+    when one was written for this source, dtype and code (runtime/prepared_file.py), else built and saved
     there; an unusable file is reported on one line and built again, never used. ``lean_model``: a
     Llama comes as runtime/lean_model.py's skeleton, without transformers' model."""
     lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
@@ -143,15 +143,15 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lea
     path = _prepared_path(key, Path(directory).name) if key else None
     if path is not None and path.is_file():
         try:
-            tensors, layout = prepared.read(path, key)
-            dense = prepared.dense_copies(tensors, layout)
+            tensors, layout = prepared_file.read(path, key)
+            dense = prepared_file.dense_copies(tensors, layout)
             config = lean_config(directory) if lean and lean_model else None
             if config is not None:
                 model = _lean_skeleton(config, directory, tensors, layout)
                 if use_lean_forward(model, dense):
                     return model
-            return _finish(prepared.assemble(_skeleton(directory), tensors, layout), dense, lean)
-        except prepared.Unusable as exc:
+            return _finish(prepared_file.assemble(_skeleton(directory), tensors, layout), dense, lean)
+        except prepared_file.Unusable as exc:
             log.warning(f"the prepared target is unusable ({_first_line(exc)}); preparing it again")
     transformers = quiet_transformers()
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
@@ -160,8 +160,8 @@ def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lea
     model, dense = _quantised(model, spec.dtype, gguf_path, dense_dtype, native)
     if path is not None:
         try:
-            prepared.save(path, model, dense, key)
-            for stale in prepared.files(path.parent, f"{path.name.rsplit('-', 1)[0]}-"):
+            prepared_file.save(path, model, dense, key)
+            for stale in prepared_file.files(path.parent, f"{path.name.rsplit('-', 1)[0]}-"):
                 if stale != path:  # the same source, dtype and copies under older code: never read again
                     stale.unlink(missing_ok=True)
         except OSError:
@@ -173,7 +173,8 @@ def _prepared_path(key: str, name: str) -> Path:
     """prepared-NAME-SOURCE-CODE.pt: SOURCE digests the key's fields but the code's (the last), so
     that a file written under older code for the same source is found and removed."""
     source = key.rsplit("|", 2)[0]  # the code digest and the library version are the key's last fields
-    return cache_root() / f"prepared-{superseded.prepared_name(name)}-{_short(source)}-{_short(key)}{prepared.SUFFIX}"
+    name = superseded.prepared_name(name)
+    return cache_root() / f"prepared-{name}-{_short(source)}-{_short(key)}{prepared_file.SUFFIX}"
 
 
 def _short(text: str) -> str:
@@ -196,12 +197,13 @@ def _prepared_key(spec: ModelSpec, directory: str, gguf_path: Path | None, dense
     else:
         return None
     kernel = "q8" if native else "torch"
-    return "|".join([identity, spec.dtype, str(dense_dtype), kernel, prepared.code_digest(), transformers_version()])
+    return "|".join([identity, spec.dtype, str(dense_dtype), kernel, prepared_file.code_digest(),
+                     transformers_version()])
 
 
 def _lean_skeleton(config, directory: str, tensors: dict, layout: dict) -> LeanCausalLM:
     """runtime/lean_model.py's skeleton filled with the prepared tensors."""
-    return prepared.assemble(LeanCausalLM(config, lean_generation_config(directory, config)), tensors, layout).eval()
+    return prepared_file.assemble(LeanCausalLM(config, lean_generation_config(directory, config)), tensors, layout).eval()
 
 
 def _generation_config(directory: str, config):

@@ -16,7 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ..runtime import prepared
+from ..runtime import prepared_file
 
 MARK = "specdec-source.json"
 
@@ -47,7 +47,7 @@ def remove_superseded(cache: Path, kept: Path, source: str) -> list[Path]:
         if other == kept or not other.is_dir() or source_of(other) != source:
             continue
         if prepared_name(other.name) != prepared_name(kept.name):  # a name cut short could match the kept ones
-            for path in prepared.files(cache, f"prepared-{prepared_name(other.name)}-"):
+            for path in prepared_file.files(cache, f"prepared-{prepared_name(other.name)}-"):
                 path.unlink(missing_ok=True)
         shutil.rmtree(other, ignore_errors=True)
         removed.append(other)

@@ -6,7 +6,7 @@ functions, and through them torch.distributed, torch._dynamo and scipy) takes lo
 the whole prepared target, and importing the package alone takes longer than mapping it (it scans
 every model's files); a command that only decodes never runs any of it, because the lean forward
 (lean_forward.py) is all the engine calls. So the skeleton here has transformers' module
-names (``model.layers.N.self_attn``, ``lm_head``, ...) and nothing else: prepared.assemble fills it
+names (``model.layers.N.self_attn``, ``lm_head``, ...) and nothing else: prepared_file.assemble fills it
 as it fills transformers' own skeleton, and the lean forward reads the same kernels and norms from
 it. The rotary module computes what transformers' default rope computes, op for op (tested bit
 for bit). A call the lean forward does not handle is refused here, not handed to a transformers
@@ -106,7 +106,7 @@ def _container(**children: nn.Module) -> nn.Module:
 
 
 class LeanCausalLM(nn.Module):
-    """transformers' LlamaForCausalLM module tree, empty (prepared.assemble fills it), with the
+    """transformers' LlamaForCausalLM module tree, empty (prepared_file.assemble fills it), with the
     attributes the decoding engine reads."""
 
     def __init__(self, config, generation_config):

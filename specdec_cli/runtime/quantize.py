@@ -66,7 +66,7 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_saved(cls, q: torch.Tensor, scale: torch.Tensor, in_features: int, bias: torch.Tensor | None = None) -> "Int8Linear":
-        """The module whose (already padded) tensors these are (as saved by prepared.py), copying nothing."""
+        """The module whose (already padded) tensors these are (as saved by prepared_file.py), copying nothing."""
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self.in_features, self.out_features = in_features, q.shape[0]
@@ -111,7 +111,7 @@ class Int4Linear(nn.Module):
     @classmethod
     def from_packed(cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor, in_features: int, out_features: int,
                     bias: torch.Tensor | None = None, group: int = GROUP) -> "Int4Linear":
-        """The module whose kernel tensors these are (as saved by prepared.py), without packing anything."""
+        """The module whose kernel tensors these are (as saved by prepared_file.py), without packing anything."""
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self.in_features, self.out_features, self.group = in_features, out_features, group
@@ -139,7 +139,7 @@ class Q8Linear(nn.Module):
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, in_features: int,
                  out_features: int, bias: torch.Tensor | None = None):
-        """The kernel's own tensors (``q8_kernel.pack``'s, or as prepared.py saved them), copying nothing;
+        """The kernel's own tensors (``q8_kernel.pack``'s, or as prepared_file.py saved them), copying nothing;
         the kernel's op is bound here, as the model is built (q8_kernel.bound)."""
         super().__init__()
         self.in_features, self.out_features, self.bits = in_features, out_features, bits
