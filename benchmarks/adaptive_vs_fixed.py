@@ -18,7 +18,7 @@ import time
 import torch
 
 from specdec_cli.decoding.control.controller import AdaptiveController
-from specdec_cli.decoding.loaded_pair import prepare
+from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.pairs.profile import read_profiles
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
@@ -45,7 +45,7 @@ def main() -> None:
     profile = read_profiles(__import__("pathlib").Path(args.profile)).get(spec.name)
     if profile is None or not profile.matches(spec):
         raise SystemExit(f"{args.profile} holds no profile for {spec.name} calibrated with its models")
-    runtime = prepare(spec)
+    runtime = load_pair(spec)
     engine = runtime.engine
     prompts = [p for p in read_file(args.prompts) if args.scenario is None or p.scenario == args.scenario]
     if not prompts:

@@ -26,7 +26,7 @@ import torch
 from specdec_cli.decoding.drafters import Draft, Drafter, LookupFirst, NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import HeadDrafter, load_head
-from specdec_cli.decoding.loaded_pair import prepare
+from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
@@ -117,7 +117,7 @@ def main() -> None:
 
     registry = load_registry(args.models)
     pair = override(registry.pair(args.pair), dtype=args.dtype, draft=args.draft)
-    runtime = prepare(pair)
+    runtime = load_pair(pair)
     drafter, _ = runtime.drafter_of(args.drafter)  # bare: no prompt lookup in front
     if args.vocab or args.head_precision:
         head = load_head(pair.alternate("head").head, runtime.target.model, runtime.target.source).head  # the float head

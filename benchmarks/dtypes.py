@@ -18,7 +18,7 @@ import json
 import torch
 from torch import nn
 
-from specdec_cli.decoding.loaded_pair import prepare
+from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.measure import loop_bench as bench
 from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt
@@ -77,7 +77,7 @@ def main() -> None:
     modes = [bench.Mode("plain"), bench.Mode("auto")]
     runners, encoded, streamed = {}, None, {}
     for dtype in dtypes:
-        runtime = prepare(override(pair, dtype=dtype))
+        runtime = load_pair(override(pair, dtype=dtype))
         streamed[dtype] = streamed_bytes(runtime.target.model)
         encoded = encoded or [encode_prompt(runtime.tokenizer, p.text) for p in items]
         b = bench.Bench(runtime, args.max_new_tokens)

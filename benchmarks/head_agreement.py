@@ -28,7 +28,7 @@ from drafter_report import closes_earlier_bigram  # benchmarks/, this script's d
 
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head import load_head
-from specdec_cli.decoding.loaded_pair import prepare
+from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
@@ -155,7 +155,7 @@ def main() -> None:
     args = parser.parse_args()
 
     pair = override(load_registry(None).pair(None), draft=args.draft)
-    runtime = prepare(pair)
+    runtime = load_pair(pair)
     target = runtime.target.model
     drafter = load_head(pair.alternate("head").head, target, runtime.target.source)
     student = HeadStudent(drafter.head.eval(), target, drafter.allowed, unroll=1)

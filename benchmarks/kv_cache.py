@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from specdec_cli.decoding import engine as engine_module
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.kv import reserved_cache
-from specdec_cli.decoding.loaded_pair import prepare
+from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--prompts")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
-    runtime = prepare(load_registry().pair(None))
+    runtime = load_pair(load_registry().pair(None))
     model = runtime.target.model
     if not args.prompts:
         for context in (int(c) for c in args.contexts.split(",")):

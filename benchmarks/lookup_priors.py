@@ -22,7 +22,7 @@ import torch
 
 from specdec_cli.decoding.drafters import NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
-from specdec_cli.decoding.loaded_pair import prepare
+from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
-    runtime = prepare(load_registry().pair(None))
+    runtime = load_pair(load_registry().pair(None))
     plain = SpeculativeEngine(runtime.target.model, None, runtime.eos_token_ids, runtime.block_plan)
     kept, judged = defaultdict(lambda: [0] * args.k), defaultdict(lambda: [0] * args.k)
     prompts = [p for path in args.prompts for p in read_file(path)]

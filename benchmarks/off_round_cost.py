@@ -17,7 +17,7 @@ import time
 from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.control.priors import Prior
-from specdec_cli.decoding.loaded_pair import prepare
+from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    runtime = prepare(load_registry().pair(None))
+    runtime = load_pair(load_registry().pair(None))
     plain = SpeculativeEngine(runtime.target.model, None, runtime.eos_token_ids, runtime.block_plan)
     off = runtime.engine
     prompts = [encode_prompt(runtime.tokenizer, p.text) for p in read_file(args.prompts)]

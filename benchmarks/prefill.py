@@ -17,7 +17,7 @@ import time
 import torch
 
 from specdec_cli.decoding.engine import SpeculativeEngine
-from specdec_cli.decoding.loaded_pair import prepare
+from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--prompts", required=True)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    runtime = prepare(load_registry().pair(None))
+    runtime = load_pair(load_registry().pair(None))
     lean = getattr(runtime.target.model.forward, "__self__", None)
     dense = getattr(lean, "prompt_layers", None)
     if dense is None:

@@ -181,12 +181,12 @@ def test_auto_with_a_missing_profile_file_is_a_user_error(pair_dir, prompt_file,
 
 def test_the_running_drafter_takes_lookup_first_and_drafter_of_gives_it_bare(pair_dir, tmp_path):
     from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter
-    from specdec_cli.decoding.loaded_pair import prepare
+    from specdec_cli.decoding.loaded_pair import load_pair
     from specdec_cli.pairs.registry import load_registry
 
     models = tmp_path / "models.yaml"
     models.write_text(f"pairs:\n  p:\n    target: {pair_dir / 'target'}\n    draft: {{source: {pair_dir / 'draft'}, lookup: true}}\n")
-    runtime = prepare(load_registry(models).pair("p"))
+    runtime = load_pair(load_registry(models).pair("p"))
     bare, draft = runtime.drafter_of("model")
     assert isinstance(runtime.drafter, LookupFirst) and runtime.drafter.learned is bare  # one model, loaded once
     assert isinstance(bare, ModelDrafter) and draft is runtime.draft

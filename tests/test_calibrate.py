@@ -351,8 +351,8 @@ def test_a_profile_that_appears_while_running_turns_on_adaptive_k(models_file, t
 
 
 def greedy_ids(models_file, text, n):
-    from specdec_cli.decoding.loaded_pair import prepare
+    from specdec_cli.decoding.loaded_pair import load_pair
 
-    runtime = prepare(load_registry(models_file).pair("self"))
+    runtime = load_pair(load_registry(models_file).pair("self"))
     ids = runtime.tokenizer(text)["input_ids"]
     return [t for e in runtime.engine.generate(ids, k=0, max_new_tokens=n) for t in e.emitted]

@@ -13,7 +13,7 @@ import specdec_cli.decoding.engine as engine_module
 from specdec_cli.cli import app
 from specdec_cli.commands.common import resolve_pair
 from specdec_cli.decoding.acceptance import greedy_accept
-from specdec_cli.decoding.loaded_pair import prepare
+from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.measure.equivalence import MISMATCH, NEAR_TIE, classify, decode, first_difference
 from specdec_cli.measure.sampling_check import permutation_test
 from specdec_cli.pairs.tokenization import encode_prompt
@@ -96,7 +96,7 @@ def test_wrong_engine_fails_with_a_mismatch_at_the_first_wrong_token(pair_dir, t
     text = "some plain text here"
     (tmp_path / "one.txt").write_text(text + "\n")
     monkeypatch.setattr(engine_module, "greedy_accept", over_accepting)
-    runtime = prepare(resolve_pair(str(pair_dir / "models.yaml"), "tiny"))
+    runtime = load_pair(resolve_pair(str(pair_dir / "models.yaml"), "tiny"))
     ids = encode_prompt(runtime.tokenizer, text)
     plain, wrong = decode(runtime.engine, ids, 0, 30).tokens, decode(runtime.engine, ids, 3, 30).tokens
     assert plain != wrong
@@ -112,14 +112,14 @@ def test_wrong_engine_fails_with_a_mismatch_at_the_first_wrong_token(pair_dir, t
 
 
 def make_near_tie(monkeypatch, mode: str, state: dict):
-    """Wrap prepare() so that the target ranks tokens a and b within one float step wherever a leads:
+    """Wrap load_pair() so that the target ranks tokens a and b within one float step wherever a leads:
     a wins a one-token forward by one ulp, while in a multi-token (verification) forward b is one ulp
     ahead ("flip") or exactly equal and first by index ("tie"). That is what round-off between
     forwards of different shape does to a real near-tie, made deterministic."""
-    real_prepare = prepare
+    real_load_pair = load_pair
 
-    def prepare_with_tie(spec):
-        runtime = real_prepare(spec)
+    def load_pair_with_tie(spec):
+        runtime = real_load_pair(spec)
         ids = encode_prompt(runtime.tokenizer, state["text"])
         plain = decode(runtime.engine, ids, 0, 30).tokens
         a = plain[3]
@@ -138,7 +138,7 @@ def make_near_tie(monkeypatch, mode: str, state: dict):
         assert decode(runtime.engine, ids, 0, 30).tokens == plain  # one-token forwards are unchanged
         return runtime
 
-    monkeypatch.setattr("specdec_cli.decoding.loaded_pair.prepare", prepare_with_tie)  # the command imports it when it runs
+    monkeypatch.setattr("specdec_cli.decoding.loaded_pair.load_pair", load_pair_with_tie)  # the command imports it when it runs
 
 
 @pytest.mark.parametrize("mode", ["flip", "tie"])
@@ -159,15 +159,15 @@ def test_constructed_near_tie_is_reported_not_failed_unless_strict(pair_dir, tmp
     assert strict.exit_code == 1 and data["divergences"][0]["kind"] == NEAR_TIE
 
 
-def wrap_prepare(monkeypatch, change):
-    real_prepare = prepare
+def wrap_load_pair(monkeypatch, change):
+    real_load_pair = load_pair
 
-    def prepare_and_change(spec):
-        runtime = real_prepare(spec)
+    def load_pair_and_change(spec):
+        runtime = real_load_pair(spec)
         change(runtime)
         return runtime
 
-    monkeypatch.setattr("specdec_cli.decoding.loaded_pair.prepare", prepare_and_change)  # the command imports it when it runs
+    monkeypatch.setattr("specdec_cli.decoding.loaded_pair.load_pair", load_pair_and_change)  # the command imports it when it runs
 
 
 def test_transformers_reference_ignores_the_generation_configs_penalties(pair_dir, prompt_file, monkeypatch):
@@ -175,7 +175,7 @@ def test_transformers_reference_ignores_the_generation_configs_penalties(pair_di
         runtime.target.model.generation_config.repetition_penalty = 3.0
         runtime.target.model.generation_config.no_repeat_ngram_size = 2
 
-    wrap_prepare(monkeypatch, penalise)
+    wrap_load_pair(monkeypatch, penalise)
     result, data = run_json(pair_dir, "--prompts", prompt_file, "--k", "2", "--max-new-tokens", 24)
     assert result.exit_code == 0 and all(r["identical"] for r in data["transformers"])
 
@@ -201,7 +201,7 @@ def test_a_wrong_transformers_path_is_located_and_classified_too(pair_dir, tmp_p
 
         model.generate = lambda *a, **kw: generate(*a, logits_processor=LogitsProcessorList([ban]), **kw)
 
-    wrap_prepare(monkeypatch, ban_at_step_4)
+    wrap_load_pair(monkeypatch, ban_at_step_4)
     result, data = run_json(pair_dir, "--prompts", tmp_path / "one.txt", "--k", "2", "--max-new-tokens", 20)
     assert result.exit_code == 1
     [divergence] = data["divergences"]

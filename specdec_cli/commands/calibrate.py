@@ -108,7 +108,7 @@ def calibrate_k(
 
     thread_policy.apply(threads)  # before torch loads
     from ..decoding.engine import SpeculativeEngine
-    from ..decoding.loaded_pair import prepare
+    from ..decoding.loaded_pair import load_pair
     from ..measure.calibration import (
         DEFAULT_SCENARIO,
         summarise_all,
@@ -123,7 +123,7 @@ def calibrate_k(
     sampling = sampling_params(temperature, 0, 1.0)
     console = stderr_console()
     with console.status(f"loading {spec.name}…") if console.is_terminal else nullcontext():
-        runtime = prepare(spec)
+        runtime = load_pair(spec)
     tree_engine = None
     if budgets:
         tree_engine = SpeculativeEngine(runtime.target.model, runtime.tree_drafter(), runtime.eos_token_ids, runtime.block_plan)

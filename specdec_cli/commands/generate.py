@@ -101,7 +101,7 @@ def generate(
         check_tree_drafter(spec)
 
     thread_policy.apply(threads)  # before torch loads
-    from ..decoding.loaded_pair import prepare
+    from ..decoding.loaded_pair import load_pair
 
     sampling = sampling_params(temperature, top_k, top_p)
     console = stderr_console()
@@ -109,7 +109,7 @@ def generate(
     live = not json_lines and console.is_terminal
     with console.status(f"loading {spec.name}…") if live else nullcontext():
         # -k 0 loads no drafter; decoding needs no transformers model class (pairs/loading.py)
-        runtime = prepare(spec, drafting=fixed_k != 0, lean=True)
+        runtime = load_pair(spec, drafting=fixed_k != 0, lean=True)
     controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
     if isinstance(tree, int):
         runtime.drafter = runtime.tree_drafter()

@@ -129,12 +129,12 @@ def verify_equivalence(
         check_tree_drafter(spec)
 
     thread_policy.apply(threads)  # before torch loads
-    from ..decoding.loaded_pair import prepare
+    from ..decoding.loaded_pair import load_pair
     from ..measure.equivalence import check_greedy, decide
     from ..measure.sampling_check import check_sampling
     from ..pairs.tokenization import encode_prompt
 
-    runtime = prepare(spec)
+    runtime = load_pair(spec)
     if tree is not None:
         runtime.drafter = runtime.tree_drafter()
     encoded = [(item.id, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]

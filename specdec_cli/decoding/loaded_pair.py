@@ -3,7 +3,7 @@ wired into an engine. (Command-line overrides of the registry live in pairs/regi
 
 The pair's other drafters (``drafters:`` in models.yaml) load only when asked for
 (``drafter_of``), so a command that uses one drafter never pays for the rest; plain decoding
-(``prepare(..., drafting=False)``) loads none. The draft head's module, which imports transformers'
+(``load_pair(..., drafting=False)``) loads none. The draft head's module, which imports transformers'
 modeling code, is imported only when a head is loaded."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def composed(drafter: Drafter, lookup: bool, tree: bool = False) -> Drafter:
     return LookupFirst(drafter) if lookup else drafter
 
 
-def prepare(pair: PairSpec, drafting: bool = True, lean: bool = False) -> LoadedPair:
+def load_pair(pair: PairSpec, drafting: bool = True, lean: bool = False) -> LoadedPair:
     """``drafting=False``: no drafter is loaded (plain decoding, `-k 0`); ``lean``: the target may
     come without transformers' model class (pairs/loading.py), for a command that only decodes."""
     target = load(pair.target, lean)

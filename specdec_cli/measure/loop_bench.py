@@ -31,7 +31,7 @@ from ..decoding.drafters import NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
 from ..decoding.control.estimates import Acceptance
 from ..decoding.kv import input_device
-from ..decoding.loaded_pair import LoadedPair, composed, prepare
+from ..decoding.loaded_pair import LoadedPair, composed, load_pair
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import PairProfile
@@ -335,9 +335,9 @@ def _quantile(values: list[float], q: float) -> float:
 def bench_pair(spec, modes: list[Mode], prompts: list[Prompt], max_new_tokens: int, sampling: SamplingParams,
                seed: int = 0, profile: PairProfile | None = None, samples: int = 1,
                progress=None) -> tuple[LoadedPair, dict]:
-    """The pair ``spec`` prepared, ``modes`` run on ``prompts`` (``run``) and ``report``ed: what
+    """The pair ``spec`` loaded, ``modes`` run on ``prompts`` (``run``) and ``report``ed: what
     `specdec bench` and an engine bench's own-loop reference both do. The runtime, for a manifest."""
-    runtime = prepare(spec)
+    runtime = load_pair(spec)
     bench = Bench(runtime, max_new_tokens, sampling, seed, profile, samples)
     measured = run(bench, modes, prompts, lambda p: encode_prompt(runtime.tokenizer, p.text), progress)
     return runtime, report(measured, samples, seed)

@@ -70,7 +70,7 @@ def load(spec: ModelSpec, lean: bool = False) -> LoadedModel:
     quantised = spec.dtype in QUANTISED
     try:
         if quantised:
-            model = prepared_target(spec, directory, original, lean)
+            model = quantised_target(spec, directory, original, lean)
         else:
             model = quiet_transformers().AutoModelForCausalLM.from_pretrained(directory, dtype=_dtype(spec.dtype),
                                                                               device_map=spec.device_map)
@@ -131,7 +131,8 @@ def load_tokenizer(directory: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(directory)
 
 
-def prepared_target(spec: ModelSpec, directory: str, gguf_path: Path | None, lean_model: bool = False) -> PreTrainedModel:
+def quantised_target(spec: ModelSpec, directory: str, gguf_path: Path | None,
+                     lean_model: bool = False) -> PreTrainedModel:
     """The int8/int4 target (``_quantised``), mapped from its prepared file under the cache directory
     when one was written for this source, dtype and code (runtime/prepared_file.py), else built and saved
     there; an unusable file is reported on one line and built again, never used. ``lean_model``: a
