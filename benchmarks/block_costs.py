@@ -5,7 +5,7 @@ forward, and the weight-only linears alone on one layer's shapes (x30), so that 
 
 The forward is ``blocks.time_blocks`` (the cost verify-block padding plans with) over a cached context;
 ``torch`` is torch's weight-only kernels (``aten._weight_int4pack_mm_for_cpu``,
-``aten._weight_int8pack_mm``, one SDPA call per row), ``q8`` specdec's own (runtime/q8_kernel.py:
+``aten._weight_int8pack_mm``, one SDPA call per row), ``q8`` specdec's own (runtime/native_kernels.py:
 int8 activation codes, its attention op). Each kernel is measured in a process of its own (the kernel
 is chosen at load), the kernels interleaved over ``--rounds``; a figure is the fastest of all its
 repeats, as ratios to one row. Set ``ATEN_CPU_CAPABILITY=avx2`` for the AVX2 path.

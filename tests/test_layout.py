@@ -9,7 +9,7 @@ import specdec_cli
 PACKAGE = Path(specdec_cli.__file__).parent
 BASE = {"errors", "limits", "atomic", "prompts", "notices"}  # small pieces every stage uses
 RANK = {"base": 0, "runtime": 1, "pairs": 2, "decoding": 3, "serving": 3, "measure": 4, "training": 4, "export": 4, "top": 5}
-RUNTIME = {"quantize", "q8_kernel", "gguf_int4", "fused_projections", "lean_forward", "rowwise_attention", "dense_prefill",
+RUNTIME = {"quantize", "native_kernels", "gguf_int4", "fused_projections", "lean_forward", "rowwise_attention", "dense_prefill",
            "threads"}
 
 

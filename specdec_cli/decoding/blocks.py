@@ -115,13 +115,13 @@ def forward_code() -> str:
     """A digest of this package's code that shapes a target forward (quantised linears, fused
     projections, row-by-row attention, the lean forward, the KV cache): costs measured under other
     code are stale."""
-    from ..runtime import fused_projections, lean_forward, q8_kernel, quantize, rowwise_attention
+    from ..runtime import fused_projections, lean_forward, native_kernels, quantize, rowwise_attention
     from . import kv
 
     digest = hashlib.sha256()
-    for module in (fused_projections, lean_forward, q8_kernel, quantize, rowwise_attention, kv):
+    for module in (fused_projections, lean_forward, native_kernels, quantize, rowwise_attention, kv):
         digest.update(Path(module.__file__).read_bytes())
-    for source in q8_kernel.sources():
+    for source in native_kernels.sources():
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -240,7 +240,7 @@ def _finish(model: PreTrainedModel, dense, lean: bool) -> PreTrainedModel:
 def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None, dense_dtype,
                native: bool) -> tuple[PreTrainedModel, list | None]:
     """Weight-only int8/int4 linears in a model that otherwise stays float32: on specdec's kernel
-    (``native``: int8 activation codes, float32 in and out, runtime/q8_kernel.py), else on torch's,
+    (``native``: int8 activation codes, float32 in and out, runtime/native_kernels.py), else on torch's,
     which take and give bfloat16 (float32 inputs take their slow paths: 3-7x slower here). Norms,
     attention and residuals in float32 are faster on a CPU than in bfloat16 and do not depend on the
     block length, while the kernels give each row the same result at any block length, so a verify

@@ -1,4 +1,4 @@
-"""Whether a quantised target runs on specdec's own kernels (runtime/q8_kernel.py), decided once a
+"""Whether a quantised target runs on specdec's own kernels (runtime/native_kernels.py), decided once a
 process when a target is loaded: the library is found, or compiled, under specdec's cache. Where it
 cannot run, torch's int4/int8 kernels do, and the user is told why, once. ``python3 -m
 specdec_cli.pairs.native_kernel`` (install.sh) compiles it ahead of the first run."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from ..notices import log
-from ..runtime import q8_kernel
+from ..runtime import native_kernels
 from .cache_dir import cache_root
 
 _told: list[str] = []
@@ -16,8 +16,8 @@ _told: list[str] = []
 
 def native_kernel() -> bool:
     try:
-        q8_kernel.load(cache_root())
-    except q8_kernel.Unavailable as exc:
+        native_kernels.load(cache_root())
+    except native_kernels.Unavailable as exc:
         if not _told:
             _told.append(str(exc))
             log.warning(f"specdec's int8 matmul kernel is not available ({exc}): the target runs on torch's "
@@ -28,7 +28,7 @@ def native_kernel() -> bool:
 
 if __name__ == "__main__":
     try:
-        path = q8_kernel.load(cache_root())
-        print(f"specdec's int8 matmul kernel ready ({path}) at {q8_kernel.library_path(cache_root())}", file=sys.stderr)
-    except q8_kernel.Unavailable as exc:
+        path = native_kernels.load(cache_root())
+        print(f"specdec's int8 matmul kernel ready ({path}) at {native_kernels.library_path(cache_root())}", file=sys.stderr)
+    except native_kernels.Unavailable as exc:
         print(f"specdec's int8 matmul kernel is not available ({exc}): torch's kernels will run", file=sys.stderr)

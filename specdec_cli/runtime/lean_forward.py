@@ -33,7 +33,7 @@ import torch
 
 from .dense_prefill import DENSE_FROM, lean_layer
 from .fused_projections import SharedProjection
-from . import q8_kernel
+from . import native_kernels
 from .lean_model import LeanCausalLM
 from .quantize import Int4Linear, Int8Linear, Q8Linear, padded_columns
 from .reserved_cache import ReservedCache, appends
@@ -50,7 +50,7 @@ def kernel(linear, widen: bool = True):
     widens it exactly inside the add, the same sum for one op less."""
     if isinstance(linear, Q8Linear):  # float32 in and out: nothing to widen
         codes, scale, offset, bits, width = linear.codes, linear.scale, linear.offset, linear.bits, linear.out_features
-        padded = codes.shape[0] * q8_kernel.TILE != width
+        padded = codes.shape[0] * native_kernels.TILE != width
         op, avx512 = linear.kernels.q8_matmul, linear.kernels.avx512
 
         def native(x):
@@ -112,7 +112,7 @@ class LeanDecoder:
 
     def __init__(self, config, native: bool = False):
         """``native``: attend on specdec's attention op (the model's linears are on its kernels)."""
-        self.kernels = q8_kernel.bound() if native else None
+        self.kernels = native_kernels.bound() if native else None
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.groups = self.heads // self.kv_heads

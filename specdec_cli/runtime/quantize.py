@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from . import q8_kernel
+from . import native_kernels
 from .fused_projections import install, sibling_groups
 
 GROUP = 32  # weights per int4 group: a GGUF block
@@ -134,16 +134,16 @@ class Int4Linear(nn.Module):
 
 
 class Q8Linear(nn.Module):
-    """int4 or int8 weight codes against int8 activation codes on specdec's own kernel (q8_kernel.py):
+    """int4 or int8 weight codes against int8 activation codes on specdec's own kernel (native_kernels.py):
     ``w = scale * code + offset`` per block of 32 inputs. Takes and gives float32."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, in_features: int,
                  out_features: int, bias: torch.Tensor | None = None):
-        """The kernel's own tensors (``q8_kernel.pack``'s, or as prepared_file.py saved them), copying nothing;
-        the kernel's op is bound here, as the model is built (q8_kernel.bound)."""
+        """The kernel's own tensors (``native_kernels.pack``'s, or as prepared_file.py saved them), copying nothing;
+        the kernel's op is bound here, as the model is built (native_kernels.bound)."""
         super().__init__()
         self.in_features, self.out_features, self.bits = in_features, out_features, bits
-        self.kernels = q8_kernel.bound()
+        self.kernels = native_kernels.bound()
         self.register_buffer("codes", codes)
         self.register_buffer("scale", scale)
         self.register_buffer("offset", offset)
@@ -152,14 +152,15 @@ class Q8Linear(nn.Module):
     @classmethod
     def from_int4(cls, q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, bias=None) -> "Q8Linear":
         """GGUF Q4_1-style groups (``q * scale + minimum``, q in 0..15), exactly."""
-        return cls(*q8_kernel.pack(q, scale, minimum, 4), 4, q.shape[1], q.shape[0], bias)
+        return cls(*native_kernels.pack(q, scale, minimum, 4), 4, q.shape[1], q.shape[0], bias)
 
     @classmethod
     def from_int8(cls, q: torch.Tensor, scale: torch.Tensor, bias=None) -> "Q8Linear":
         """Per-channel symmetric int8 (``q * scale``) as codes q + 128 with offset −128 · scale."""
-        blocks = q.shape[1] // q8_kernel.BLOCK
+        blocks = q.shape[1] // native_kernels.BLOCK
         scale = scale.float()[:, None].expand(-1, blocks)
-        return cls(*q8_kernel.pack(q.to(torch.int32) + 128, scale, -128 * scale, 8), 8, q.shape[1], q.shape[0], bias)
+        packed = native_kernels.pack(q.to(torch.int32) + 128, scale, -128 * scale, 8)
+        return cls(*packed, 8, q.shape[1], q.shape[0], bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.kernels.matmul(x.reshape(-1, self.in_features).float(), self.codes, self.scale, self.offset, self.bits)
@@ -168,7 +169,7 @@ class Q8Linear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The weights the codes stand for, float32 [out, in]."""
-        return q8_kernel.unpack(self.codes, self.scale, self.offset, self.bits)[: self.out_features]
+        return native_kernels.unpack(self.codes, self.scale, self.offset, self.bits)[: self.out_features]
 
 
 def native_linear(weight: torch.Tensor, kind: str, bias: torch.Tensor | None = None, blocks=None) -> Q8Linear:
@@ -221,7 +222,7 @@ def quantised_linear(linear: nn.Linear, kind: str, dtype: torch.dtype, blocks=No
     """``linear`` as a weight-only int8 or int4 module; ``blocks`` (q, scale, minimum) from a GGUF
     go in as they are, else the float weight is quantised. ``native``: on specdec's kernel where its
     blocks of 32 inputs fit."""
-    if native and q8_kernel.fits(linear.in_features):
+    if native and native_kernels.fits(linear.in_features):
         return native_linear(linear.weight.detach(), kind, linear.bias, blocks)
     if blocks is not None and kind == "int4":
         return Int4Linear(*blocks, linear.bias, dtype)
@@ -255,7 +256,7 @@ def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None 
     for parent_name, siblings in sibling_groups(model) if fuse else []:
         parent = model.get_submodule(parent_name) if parent_name else model
         linears = [getattr(parent, s) for s in siblings]
-        on_native = native and q8_kernel.fits(linears[0].in_features)
+        on_native = native and native_kernels.fits(linears[0].in_features)
         if kind == "int4" and fits_int4(linears[0].in_features):
             parts = [blocks.get(f"{parent_name}.{s}" if parent_name else s) or int4_groups(linear.weight.detach())
                      for s, linear in zip(siblings, linears)]

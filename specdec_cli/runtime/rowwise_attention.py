@@ -23,7 +23,7 @@ from functools import lru_cache, partial
 
 import torch
 
-from . import q8_kernel
+from . import native_kernels
 
 NAME = "specdec_rowwise"
 NATIVE = "specdec_native_rows"
@@ -59,7 +59,7 @@ def visible_keys_once(mask: torch.Tensor | None, rows: int, keys: int) -> list[t
     return _last[1]
 
 
-def native_rows(kernels: q8_kernel.Kernels, query, key, value, scaling, seen: list | None = None) -> torch.Tensor:
+def native_rows(kernels: native_kernels.Kernels, query, key, value, scaling, seen: list | None = None) -> torch.Tensor:
     """attend_rows on specdec's attention op: [1, heads, rows, dim] -> [1, rows, heads, dim]."""
     rows, keys = query.shape[2], key.shape[2]
     counts, index = row_keys(seen, rows, keys)
@@ -124,7 +124,7 @@ def use_rowwise_attention(model) -> None:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     name = NATIVE if on_native_kernels(model) else NAME
-    AttentionInterface.register(name, partial(rowwise_attention, kernels=q8_kernel.bound()) if name == NATIVE
+    AttentionInterface.register(name, partial(rowwise_attention, kernels=native_kernels.bound()) if name == NATIVE
                                 else rowwise_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)  # long inputs go to sdpa with its own mask
     model.set_attn_implementation(name)

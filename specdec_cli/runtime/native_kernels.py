@@ -151,7 +151,7 @@ def op(name: str = "q8_matmul"):
     """A loaded op itself (``q8_matmul`` or ``attend_rows``); a model on these kernels exists only
     once ``load`` succeeded."""
     if not loaded():
-        raise Unavailable("specdec's kernels are not loaded (q8_kernel.load)")
+        raise Unavailable("specdec's kernels are not loaded (native_kernels.load)")
     return getattr(torch.ops.specdec, name)
 
 

@@ -1,4 +1,4 @@
-"""specdec's own int8-activation matmul (runtime/q8_kernel.py): its layout is exact, each row's
+"""specdec's own int8-activation matmul (runtime/native_kernels.py): its layout is exact, each row's
 result is the same bits whatever the rows, threads or CPU path beside it, a verify block of the lean
 forward on it scores every row exactly as one-token forwards do, and where it cannot run the target
 says so and runs torch's kernels."""
@@ -12,7 +12,7 @@ from conftest import tiny_llama
 from transformers import DynamicCache
 
 from specdec_cli.pairs import native_kernel
-from specdec_cli.runtime import q8_kernel
+from specdec_cli.runtime import native_kernels
 from specdec_cli.runtime.lean_forward import use_lean_forward
 from specdec_cli.runtime.quantize import Int4Linear, Q8Linear, int4_groups, quantise_model
 from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
@@ -37,10 +37,10 @@ def weights(bits: int, outputs: int = 40, inputs: int = 96, seed: int = 0):
 @pytest.mark.parametrize("bits", [4, 8])
 def test_the_packed_layout_unpacks_to_the_weights_it_was_given(bits):
     codes, scale, offset = weights(bits)
-    packed = q8_kernel.pack(codes, scale, offset, bits)
+    packed = native_kernels.pack(codes, scale, offset, bits)
     assert packed[0].shape == (3, 3, 256 if bits == 4 else 512)
     want = (codes.float().view(40, 3, 32) * scale[..., None] + offset[..., None]).view(40, 96)
-    got = q8_kernel.unpack(*packed, bits)
+    got = native_kernels.unpack(*packed, bits)
     assert torch.equal(got[:40], want) and torch.equal(got[40:], torch.zeros(8, 96))
 
 
@@ -54,7 +54,7 @@ def test_activations_on_the_int8_grid_give_the_exact_product(bits):
     x_codes[:, ::32] = 127
     x = (x_codes.float().view(5, 3, 32) * torch.tensor([0.5, 0.25, 2.0])[None, :, None]).view(5, 96)
     w = (codes.double().view(40, 3, 32) * scale.double()[..., None] + offset.double()[..., None]).view(40, 96)
-    got = q8_kernel.bound().matmul(x, *q8_kernel.pack(codes, scale, offset, bits), bits)[:, :40]
+    got = native_kernels.bound().matmul(x, *native_kernels.pack(codes, scale, offset, bits), bits)[:, :40]
     torch.testing.assert_close(got.double(), x.double() @ w.t(), rtol=1e-5, atol=1e-4)
 
 
@@ -64,9 +64,9 @@ def run_rows(x, packed, bits, avx512):
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_every_row_is_bit_identical_alone_in_any_block_and_on_any_thread_count(bits):
-    packed = q8_kernel.pack(*weights(bits, outputs=64, inputs=128), bits)
+    packed = native_kernels.pack(*weights(bits, outputs=64, inputs=128), bits)
     x = torch.randn(16, 128, generator=torch.Generator().manual_seed(2)) * 3
-    avx512 = q8_kernel.avx512()
+    avx512 = native_kernels.avx512()
     alone = torch.cat([run_rows(x[i : i + 1], packed, bits, avx512) for i in range(16)])
     for rows in range(1, 17):
         assert torch.equal(run_rows(x[:rows], packed, bits, avx512), alone[:rows]), rows
@@ -80,9 +80,9 @@ def test_every_row_is_bit_identical_alone_in_any_block_and_on_any_thread_count(b
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_the_avx2_and_avx512_paths_give_the_same_bits(bits):
-    if not q8_kernel.avx512():
+    if not native_kernels.avx512():
         pytest.skip("this run's CPU path has no AVX-512 VNNI")
-    packed = q8_kernel.pack(*weights(bits, outputs=48, inputs=576), bits)
+    packed = native_kernels.pack(*weights(bits, outputs=48, inputs=576), bits)
     x = torch.randn(9, 576, generator=torch.Generator().manual_seed(3))
     assert torch.equal(run_rows(x, packed, bits, True), run_rows(x, packed, bits, False))
 
@@ -91,7 +91,7 @@ def test_a_zero_block_and_rows_of_zeros_give_the_offsets_alone():
     codes, scale, offset = weights(4)
     x = torch.zeros(2, 96)
     x[1, 32:64] = 1.0  # block 1 only
-    got = q8_kernel.bound().matmul(x, *q8_kernel.pack(codes, scale, offset, 4), 4)[:, :40]
+    got = native_kernels.bound().matmul(x, *native_kernels.pack(codes, scale, offset, 4), 4)[:, :40]
     assert torch.equal(got[0], torch.zeros(40))
     w = codes[:, 32:64].double() * scale[:, 1:2].double() + offset[:, 1:2].double()
     torch.testing.assert_close(got[1].double(), w.sum(1), rtol=1e-5, atol=1e-5)
@@ -104,8 +104,8 @@ def test_attention_rows_are_the_exact_softmax_and_bit_identical_alone_or_in_a_bl
     values = torch.randn(3, 130, dim, generator=g)[:, :120]
     q = torch.randn(16, 9, dim, generator=g)
     counts = torch.arange(105, 121)
-    attend = q8_kernel.op("attend_rows")
-    avx512 = q8_kernel.avx512()
+    attend = native_kernels.op("attend_rows")
+    avx512 = native_kernels.avx512()
     block = attend(q, keys, values, counts, None, 0.3, avx512)
     for row in range(16):
         alone = attend(q[row : row + 1], keys, values, counts[row : row + 1], None, 0.3, avx512)
@@ -159,8 +159,8 @@ def test_the_ops_are_bound_when_the_model_is_built_not_looked_up_per_call(monkey
     def looked_up(*args):
         raise AssertionError("an op was looked up during a forward")
 
-    monkeypatch.setattr(q8_kernel, "op", looked_up)
-    monkeypatch.setattr(q8_kernel, "avx512", looked_up)
+    monkeypatch.setattr(native_kernels, "op", looked_up)
+    monkeypatch.setattr(native_kernels, "avx512", looked_up)
     ids = torch.randint(3, 98, (1, 12), generator=torch.Generator().manual_seed(8))
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
@@ -178,15 +178,15 @@ def test_the_kernels_weights_are_the_gguf_blocks_exactly():
 
 def test_a_compiler_that_fails_is_named_with_its_last_words(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "/bin/false")
-    with pytest.raises(q8_kernel.Unavailable, match="compiling specdec's kernels failed"):
-        q8_kernel.build(tmp_path / "k.so")
+    with pytest.raises(native_kernels.Unavailable, match="compiling specdec's kernels failed"):
+        native_kernels.build(tmp_path / "k.so")
     assert not list(tmp_path.iterdir())  # no half-written library left
 
 
 def test_without_the_kernel_the_target_says_so_once_and_runs_torchs(monkeypatch, caplog):
     def unavailable(cache):
-        raise q8_kernel.Unavailable("no C++ compiler found")
-    monkeypatch.setattr(q8_kernel, "load", unavailable)
+        raise native_kernels.Unavailable("no C++ compiler found")
+    monkeypatch.setattr(native_kernels, "load", unavailable)
     monkeypatch.setattr(native_kernel, "_told", [])
     with caplog.at_level(logging.WARNING, logger="specdec"):
         assert native_kernel.native_kernel() is False
