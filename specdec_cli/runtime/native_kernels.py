@@ -1,10 +1,14 @@
-"""specdec's own weight-only matmul (native/q8_matmul.cpp): int4 or int8 weight codes against int8
-activation codes, with integer dot products. torch's int4/int8 kernels unpack the weights again for
-every 4 rows, so a 5-row verify block costs almost twice a one-token call; this one reads a tile of
-weights once for all rows, and each row's result is bit-identical to that row computed alone (its
-integer sums are exact, its float steps the same few in the same order). The arithmetic differs from
-torch's kernels (activations are rounded to 8 bits per block of 32, not to bfloat16), so a target on
-it is a new target: docs/precision.md says by how much.
+"""specdec's own kernel library (C++ in native/, its ops in ``torch.ops.specdec``), for a quantised
+target's linears and attention.
+
+Its weight-only matmul (native/q8_matmul.cpp; "q8" names its int8 activation codes, as in
+``quantize.Q8Linear``) multiplies int4 or int8 weight codes with int8 activation codes by integer dot
+products. torch's int4/int8 kernels unpack the weights again for every 4 rows, so a 5-row verify
+block costs almost twice a one-token call; this one reads a tile of weights once for all rows, and
+each row's result is bit-identical to that row computed alone (its integer sums are exact, its float
+steps the same few in the same order). The arithmetic differs from torch's kernels (activations are
+rounded to 8 bits per block of 32, not to bfloat16), so a target on it is a new target:
+docs/precision.md says by how much.
 
 The same library holds the attention op a target on these kernels attends with
 (native/attention_rows.cpp, rowwise_attention.py). It is compiled once per torch version and source,
@@ -30,7 +34,7 @@ import torch
 
 from ..notices import log
 
-NATIVE = Path(__file__).with_name("native")  # q8_matmul.cpp, attention_rows.cpp and the body it includes
+SOURCE_DIR = Path(__file__).with_name("native")  # q8_matmul.cpp, attention_rows.cpp and the body it includes
 BLOCK = 32  # inputs per scale, activations and weights alike
 TILE = 16  # outputs per weight tile
 FLAGS = ["-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-w"]
@@ -43,7 +47,7 @@ class Unavailable(RuntimeError):
 
 def sources() -> list[Path]:
     """The files the library is built from (a change to any makes another library)."""
-    return sorted(p for p in NATIVE.glob("*") if p.suffix in (".cpp", ".inc"))
+    return sorted(p for p in SOURCE_DIR.glob("*") if p.suffix in (".cpp", ".inc"))
 
 
 def library_path(cache: Path) -> Path:
@@ -54,7 +58,7 @@ def library_path(cache: Path) -> Path:
         digest.update(source.read_bytes())
     digest.update(f"{torch.__version__}|{' '.join(FLAGS)}".encode())
     directory = Path(os.environ[DIRECTORY_VAR]) if os.environ.get(DIRECTORY_VAR) else cache / "kernels"
-    return directory / f"q8_matmul-{digest.hexdigest()[:16]}.so"
+    return directory / f"specdec_kernels-{digest.hexdigest()[:16]}.so"
 
 
 def build(path: Path) -> Path:
