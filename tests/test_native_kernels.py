@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_llama
 from transformers import DynamicCache
 
-from specdec_cli.pairs import native_kernel
+from specdec_cli.pairs.cache_dir import cache_root
 from specdec_cli.runtime import native_kernels
 from specdec_cli.runtime.lean_forward import use_lean_forward
 from specdec_cli.runtime.quantize import Int4Linear, Q8Linear, int4_groups, quantise_model
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_pa
 
 @pytest.fixture(autouse=True, scope="module")
 def kernels_loaded():
-    assert native_kernel.native_kernel(), "specdec's kernels do not build here"
+    assert native_kernels.available(cache_root()), "specdec's kernels do not build here"
 
 
 def weights(bits: int, outputs: int = 40, inputs: int = 96, seed: int = 0):
@@ -187,10 +187,10 @@ def test_without_the_kernel_the_target_says_so_once_and_runs_torchs(monkeypatch,
     def unavailable(cache):
         raise native_kernels.Unavailable("no C++ compiler found")
     monkeypatch.setattr(native_kernels, "load", unavailable)
-    monkeypatch.setattr(native_kernel, "_told", [])
+    monkeypatch.setattr(native_kernels, "_told", [])
     with caplog.at_level(logging.WARNING, logger="specdec"):
-        assert native_kernel.native_kernel() is False
-        assert native_kernel.native_kernel() is False
+        assert native_kernels.available(cache_root()) is False
+        assert native_kernels.available(cache_root()) is False
     told = [r.getMessage() for r in caplog.records if "int8 matmul kernel" in r.getMessage()]
     assert told == ["specdec's int8 matmul kernel is not available (no C++ compiler found): the target runs on "
                     "torch's int4/int8 kernels, whose verify blocks cost more"]

@@ -12,9 +12,10 @@ from prepared_support import forwards, spec, tied_target
 from transformers import DynamicCache
 
 from specdec_cli.pairs import loading
+from specdec_cli.pairs.cache_dir import cache_root
 from specdec_cli.pairs.registry import PACKAGED_REGISTRY, ModelSpec, load_registry
 from specdec_cli.pairs.sources import ModelSource
-from specdec_cli.runtime import prepared_file
+from specdec_cli.runtime import native_kernels, prepared_file
 from specdec_cli.runtime.lean_forward import LeanLlama
 
 pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
@@ -122,7 +123,7 @@ def test_the_default_pairs_mapped_int4_target_equals_a_fresh_build_bit_for_bit()
     from specdec_cli.runtime import dense_prefill
     float_model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
     built, dense = loading._quantised(float_model, "int4", Path(directory) / gguf_file, dense_prefill.dense_dtype(),
-                                      loading.native_kernel())
+                                      native_kernels.available(cache_root()))
     built = loading._finish(built, dense, True).eval()
     ids = torch.randint(20, 40000, (1, 40), generator=torch.Generator().manual_seed(3))
     outputs = []

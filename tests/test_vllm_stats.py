@@ -174,22 +174,24 @@ def test_server_flags_and_environment_as_the_issue_measured_them(monkeypatch):
 
 @pytest.mark.parametrize("env", [{}, {"SPECDEC_CACHE": "/c"}, {"SPECDEC_VLLM_ENV": "/v"}, {"HF_HOME": "/h"},
                                  {"XDG_CACHE_HOME": "/x"}])
-def test_install_sh_builds_vllm_where_specdec_looks(env, monkeypatch):
+def test_install_sh_builds_vllm_and_the_kernels_where_specdec_looks(env, monkeypatch):
     import os
     import subprocess
     from pathlib import Path
 
+    from specdec_cli.pairs.cache_dir import cache_root
     from specdec_cli.serving.environment import vllm_env
 
     root = Path(__file__).resolve().parents[1]
     clean = {k: v for k, v in os.environ.items() if k not in ("SPECDEC_CACHE", "SPECDEC_VLLM_ENV", "HF_HOME", "XDG_CACHE_HOME")}
-    script = f'eval "$(sed -n "/^vllm_env()/,/^}}/p" {root / "install.sh"})"; vllm_env'
-    shell = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=clean | env, check=True).stdout.strip()
+    functions = f'sed -n "/^specdec_cache()/,/^}}/p;/^vllm_env()/p" {root / "install.sh"}'
+    script = f'eval "$({functions})"; vllm_env; specdec_cache'
+    shell = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=clean | env, check=True).stdout.split()
     for name in ("SPECDEC_CACHE", "SPECDEC_VLLM_ENV", "HF_HOME", "XDG_CACHE_HOME"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert Path(shell) == vllm_env()
+    assert [Path(path) for path in shell] == [vllm_env(), cache_root()]
 
 
 def test_eagle3_and_config_modes(tmp_path):

@@ -23,13 +23,12 @@ import torch
 
 from ..errors import UserError
 from ..notices import log
-from ..runtime import dense_prefill, prepared_file
+from ..runtime import dense_prefill, native_kernels, prepared_file
 from ..runtime.lean_forward import use_lean_forward
 from ..runtime.lean_model import LeanCausalLM, lean_config, lean_generation_config
 from ..runtime.quantize import QUANTISED, quantise_model
 from ..runtime.rowwise_attention import use_rowwise_attention
 from . import superseded
-from .native_kernel import native_kernel
 from .cache_dir import cache_root, transformers_version
 from .lean_tokenizer import LeanTokenizer, NotLean
 from .registry import ModelSpec
@@ -139,7 +138,7 @@ def quantised_target(spec: ModelSpec, directory: str, gguf_path: Path | None,
     Llama comes as runtime/lean_model.py's skeleton, without transformers' model."""
     lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
     dense_dtype = dense_prefill.dense_dtype() if lean else None
-    native = native_kernel()
+    native = native_kernels.available(cache_root())
     key = _prepared_key(spec, directory, gguf_path, dense_dtype, native)
     path = _prepared_path(key, Path(directory).name) if key else None
     if path is not None and path.is_file():

@@ -12,9 +12,9 @@ docs/precision.md says by how much.
 
 The same library holds the attention op a target on these kernels attends with
 (native/attention_rows.cpp, rowwise_attention.py). It is compiled once per torch version and source,
-with the machine's C++ compiler, into specdec's cache (``install.sh`` does it through
-pairs/native_kernel.py; the first load does it otherwise, ~10 s). Where it cannot be built or the
-CPU lacks AVX2, ``load`` says why and the target runs on torch's kernels instead. It runs AVX-512
+with the machine's C++ compiler, into specdec's cache (``install.sh`` runs this module to do it ahead;
+the first load does it otherwise, ~10 s). Where it cannot be built or the CPU lacks AVX2, ``load``
+says why, ``available`` tells the user once, and the target runs on torch's kernels instead. It runs AVX-512
 VNNI where torch's own CPU capability is AVX-512, else AVX2 (``ATEN_CPU_CAPABILITY=avx2`` gives the
 AVX2 path here); the matmul gives the same bits on both.
 """
@@ -25,6 +25,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from functools import cache
@@ -116,6 +117,24 @@ def load(cache: Path) -> str:
     return path_name
 
 
+_told: list[str] = []
+
+
+def available(cache: Path) -> bool:
+    """Whether a quantised target runs on this library, decided when a target is loaded: ``load``
+    from the specdec cache ``cache``; where it cannot run, the user is told why once a process, and
+    torch's int4/int8 kernels run."""
+    try:
+        load(cache)
+    except Unavailable as exc:
+        if not _told:
+            _told.append(str(exc))
+            log.warning(f"specdec's int8 matmul kernel is not available ({exc}): the target runs on torch's "
+                        "int4/int8 kernels, whose verify blocks cost more")
+        return False
+    return True
+
+
 def loaded() -> bool:
     return hasattr(torch.ops.specdec, "q8_matmul")
 
@@ -187,3 +206,11 @@ class Kernels:
 def bound() -> Kernels:
     """The loaded library's ops, bound once a process (``Unavailable`` before ``load``: not kept)."""
     return Kernels(op("q8_matmul"), op("attend_rows"), avx512())
+
+
+if __name__ == "__main__":  # install.sh: python3 -m specdec_cli.runtime.native_kernels CACHE
+    try:
+        cpu = load(Path(sys.argv[1]))
+        print(f"specdec's int8 matmul kernel ready ({cpu}) at {library_path(Path(sys.argv[1]))}", file=sys.stderr)
+    except Unavailable as exc:
+        print(f"specdec's int8 matmul kernel is not available ({exc}): torch's kernels will run", file=sys.stderr)
