@@ -263,12 +263,6 @@ at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Ten
 
 }  // namespace
 
-// Both ops are declared here; attention_rows.cpp registers its own implementation.
-TORCH_LIBRARY(specdec, m) {
-  m.def("q8_matmul(Tensor x, Tensor codes, Tensor scale, Tensor offset, int bits, bool avx512) -> Tensor");
-  m.def("attend_rows(Tensor q, Tensor key, Tensor value, Tensor counts, Tensor? index, float scale, bool avx512) -> Tensor");
-}
-
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("q8_matmul", &q8_matmul);
 }
