@@ -37,7 +37,7 @@ from . import native_kernels
 from .lean_model import LeanCausalLM
 from .quantize import Int4Linear, Int8Linear, Q8Linear, padded_columns
 from .reserved_cache import ReservedCache, appends
-from .rowwise_attention import ROWWISE_UP_TO, attend_rows, native_rows, on_native_kernels, visible_keys_once
+from .rowwise_attention import ROWWISE_UP_TO, native_rows, on_native_kernels, sdpa_rows, visible_keys_once
 
 QUANTISED_LINEARS = (Int4Linear, Int8Linear, Q8Linear)
 HANDLED = {"input_ids", "cache", "use_cache", "logits_to_keep", "attention_mask", "position_ids", "output_hidden_states"}
@@ -152,7 +152,7 @@ class LeanDecoder:
         """[1, heads, rows, dim] -> [rows, heads, dim], exactly as rowwise_attention computes it."""
         if self.kernels is not None:
             return native_rows(self.kernels, query, key, value, self.scaling, seen)[0]
-        return attend_rows(query, key, value, self.scaling, self.groups, seen)[0]
+        return sdpa_rows(query, key, value, self.scaling, self.groups, seen)[0]
 
     def attend_prompt(self, query, key, value):
         """[1, heads, rows, dim] -> [rows, heads, dim], every row in one causal call: a prompt on an

@@ -25,8 +25,9 @@ import torch
 
 from . import native_kernels
 
-NAME = "specdec_rowwise"
-NATIVE = "specdec_native_rows"
+# The attention implementations registered with transformers: one SDPA call a row, or specdec's op.
+SDPA_ROWS = "specdec_rowwise"
+NATIVE_ROWS = "specdec_native_rows"
 ROWWISE_UP_TO = 64  # query rows; verify blocks are at most MAX_K + 1
 
 
@@ -60,7 +61,8 @@ def visible_keys_once(mask: torch.Tensor | None, rows: int, keys: int) -> list[t
 
 
 def native_rows(kernels: native_kernels.Kernels, query, key, value, scaling, seen: list | None = None) -> torch.Tensor:
-    """attend_rows on specdec's attention op: [1, heads, rows, dim] -> [1, rows, heads, dim]."""
+    """What sdpa_rows computes, on specdec's attention op (attend_rows, all rows in one call):
+    [1, heads, rows, dim] -> [1, rows, heads, dim]."""
     rows, keys = query.shape[2], key.shape[2]
     counts, index = row_keys(seen, rows, keys)
     return kernels.attend_rows(query[0].transpose(0, 1), key[0], value[0], counts, index, scaling)[None]
@@ -84,7 +86,7 @@ def row_keys(seen: list | None, rows: int, keys: int) -> tuple[torch.Tensor, tor
     return counts, index
 
 
-def attend_rows(query, key, value, scaling, groups: int, seen: list | None = None) -> torch.Tensor:
+def sdpa_rows(query, key, value, scaling, groups: int, seen: list | None = None) -> torch.Tensor:
     """[1, heads, rows, dim] -> [1, rows, heads, dim]: each query row as a one-query call over the keys
     it may see (``seen``: per row the gathered key positions, or None for its causal prefix)."""
     rows, keys = query.shape[2], key.shape[2]
@@ -113,7 +115,7 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     seen = None if attention_mask is None else visible_keys_once(attention_mask, rows, keys)
     if kernels is not None:
         return native_rows(kernels, query, key, value, scaling, seen), None
-    return attend_rows(query, key, value, scaling, getattr(module, "num_key_value_groups", 1), seen), None
+    return sdpa_rows(query, key, value, scaling, getattr(module, "num_key_value_groups", 1), seen), None
 
 
 def use_rowwise_attention(model) -> None:
@@ -123,8 +125,8 @@ def use_rowwise_attention(model) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-    name = NATIVE if on_native_kernels(model) else NAME
-    AttentionInterface.register(name, partial(rowwise_attention, kernels=native_kernels.bound()) if name == NATIVE
+    name = NATIVE_ROWS if on_native_kernels(model) else SDPA_ROWS
+    AttentionInterface.register(name, partial(rowwise_attention, kernels=native_kernels.bound()) if name == NATIVE_ROWS
                                 else rowwise_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)  # long inputs go to sdpa with its own mask
     model.set_attn_implementation(name)
