@@ -211,6 +211,19 @@ def test_predicted_speedup_counts_each_rounds_yield_by_drafter_and_position():
     assert predicted_from_rounds([mode], plain) == pytest.approx(measured)
 
 
+def test_token_latency_percentiles_are_the_engine_benchs_interpolated_ones():
+    """The loop bench's p50/p90/p99 interpolate between ranks as `vllm bench serve` (serving/stats.py):
+    nearest rank would give 3, 4 and 4 ms here; no latencies at all give 0."""
+    from specdec_cli.measure.loop_bench import Sample, figures
+    from specdec_cli.prompts import Prompt
+
+    mode = Sample(Prompt(1, "x"), [7] * 5, wall_s=1.0, ttft_s=0.1, latencies=[0.004, 0.001, 0.003, 0.002])
+    got = figures([mode], [mode])
+    assert [got[f"p{q}_token_latency_s"] for q in (50, 90, 99)] == [0.0025, 0.0037, 0.00397]
+    one_token = Sample(Prompt(1, "x"), [7], wall_s=1.0, ttft_s=0.1, latencies=[])
+    assert figures([one_token], [one_token])["p99_token_latency_s"] == 0.0
+
+
 def test_a_modes_forwards_off_the_lean_forward_are_counted_and_warned(pair_dir, prompt_file, monkeypatch):
     from specdec_cli.measure import loop_bench as bench_module
     from specdec_cli.measure.loop_bench import Sample, figures

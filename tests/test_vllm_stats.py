@@ -3,6 +3,7 @@ functions: no server needed; the real-server tests are test_vllm_engine.py and t
 
 import math
 
+import numpy as np
 import pytest
 
 from specdec_cli.errors import UserError
@@ -41,6 +42,8 @@ def test_percentiles_interpolate_between_ranks_as_numpy_does():
     assert stats.percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)
     assert stats.percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
     assert stats.percentile([], 50) is None
+    values = [0.7, 0.1, 5.0, 2.2, 2.2, 9.5, 0.3]
+    assert [stats.percentile(values, q) for q in (0, 37, 50, 90, 100)] == list(np.percentile(values, [0, 37, 50, 90, 100]))
     assert stats.latency_summary([0.1, 0.2, 0.3]) == {"mean_ms": 200.0, "p50_ms": 200.0, "p90_ms": 280.0, "p99_ms": 298.0}
 
 

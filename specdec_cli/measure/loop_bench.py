@@ -38,6 +38,7 @@ from ..pairs.profile import PairProfile
 from ..pairs.tokenization import encode_prompt
 from ..pairs.registry import HEAD, MODEL, NGRAM
 from ..prompts import Prompt
+from ..serving.stats import percentile
 from . import lossy
 from .run_stats import RoundCounts
 
@@ -289,7 +290,7 @@ def figures(samples: list[Sample], plain: list[Sample]) -> dict:
     tps = tokens / max(wall, 1e-9)
     drafted = sum(s.drafted for s in samples)
     rounds = sum(s.rounds for s in samples)
-    latencies = sorted(t for s in samples for t in s.latencies)
+    latencies = [t for s in samples for t in s.latencies]
     return {
         "tokens_per_s": round(tps, 2),
         "speedup_vs_plain": round(tps / plain_tps, 3) if plain_tps else None,
@@ -298,7 +299,7 @@ def figures(samples: list[Sample], plain: list[Sample]) -> dict:
         "rounds": rounds,
         "completion_length": round(tokens / len(samples), 2),
         "ttft_s": round(statistics.fmean(s.ttft_s for s in samples), 4),
-        **{f"p{q}_token_latency_s": round(_quantile(latencies, q / 100), 5) for q in (50, 90, 99)},
+        **{f"p{q}_token_latency_s": round(percentile(latencies, q) or 0.0, 5) for q in (50, 90, 99)},
         "identical_to_plain": all(s.tokens == p.tokens for s, p in zip(samples, plain)),
         "wall_s": round(wall, 3),
         "fallback_forwards": sum(s.fallback_forwards for s in samples),  # off the lean forward: 0 expected
@@ -324,12 +325,6 @@ def predicted_from_rounds(samples: list[Sample], plain: list[Sample]) -> float:
     wall = sum(s.wall_s for s in samples)
     plain_tps = sum(len(s.tokens) for s in plain) / max(sum(s.wall_s for s in plain), 1e-9)
     return expected / max(wall, 1e-9) / plain_tps if plain_tps else 0.0
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def bench_pair(spec, modes: list[Mode], prompts: list[Prompt], max_new_tokens: int, sampling: SamplingParams,

@@ -7,19 +7,19 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
+
 # Two-sided 95 % Student t quantiles by degrees of freedom (scipy is a test extra only).
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
        15: 2.131, 20: 2.086, 30: 2.042}
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile with linear interpolation between ranks (numpy's default, as `vllm bench serve`)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    """The q-th percentile (q in 0..100) as `vllm bench serve` computes it: ``np.percentile``'s default,
+    linear interpolation between the two closest ranks (rank (n - 1) * q / 100). The one definition in
+    every report, the engine bench's and this loop's alike, so that a p90 means the same in both; None
+    for no values."""
+    return float(np.percentile(values, q)) if values else None
 
 
 def latency_summary(values_s: list[float], percentiles=(50, 90, 99)) -> dict[str, float | None]:
