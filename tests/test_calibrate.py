@@ -115,6 +115,16 @@ def test_a_disagreeing_draft_is_rarely_accepted_and_speculation_is_off(target, d
     assert result.verdict.verdict == "off" and result.verdict.k == 0
 
 
+def test_verify_costs_take_the_interpolated_median_of_block_times():
+    """The reports' one percentile (serving/stats.py): of an even count the mean of the middle two, so
+    a 3-token block at 4 and 6 ms over one token at 1 and 3 ms costs 2.5 (the upper middles: 2.0)."""
+    from specdec_cli.measure.calibration import Tally, summarise
+
+    plain = Tally(runs=1, wall_s=1.0, new_tokens=10, rounds=10, verify_s=0.02)
+    result = summarise("s", {0: plain, 2: Tally(runs=1, wall_s=1.0)}, {1: [0.001, 0.003], 3: [0.004, 0.006]}, [0, 2])
+    assert result.verify_cost == {2: pytest.approx(2.5)}
+
+
 def test_parse_ks():
     assert parse_ks("0..3") == [0, 1, 2, 3]
     assert parse_ks("2,5") == [0, 2, 5]  # the K=0 baseline is always measured

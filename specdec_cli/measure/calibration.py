@@ -26,6 +26,7 @@ from ..errors import UserError
 from ..pairs.manifest import libraries, source_version
 from ..pairs.profile import PairProfile, ScenarioProfile, drafter_identity, drafter_name, section_name
 from ..pairs.registry import PairSpec
+from ..serving.stats import percentile
 from .lossy import target_nll
 from .run_stats import RoundCounts
 
@@ -256,9 +257,9 @@ def summarise_all(measured: Measurements) -> tuple[dict[str, ScenarioResult], Sc
 
 
 def _median(values: list[float]) -> float:
-    """Verify times by block size: the median, since a busy machine adds rare long outliers."""
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if ordered else 0.0
+    """Verify times by block size: the median, since a busy machine adds rare long outliers (the
+    reports' one percentile, serving/stats.py); 0 for none."""
+    return percentile(values, 50) or 0.0
 
 
 def _mean_verify(tally: Tally | None) -> float:
