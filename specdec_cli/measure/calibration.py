@@ -1,7 +1,8 @@
 """Measuring K: every prompt run at every K, folded per scenario into the figures that decide K.
 
-Runs are interleaved (for each prompt, every K in an order rotated by the prompt's index), so
-drift of a shared machine hits all K alike; one warm-up run is excluded. The figures come from
+Runs are interleaved by the package's one harness (interleaved.py: for each prompt, every K in an
+order rotated by the prompt's index), so drift of a shared machine hits all K alike; one warm-up run
+is excluded. The figures come from
 round events only, so the engine needs no timing hooks. The decision itself (best K, verdict,
 break-even) is the pure math of ``speedup.py``.
 
@@ -27,6 +28,7 @@ from ..pairs.manifest import libraries, source_version
 from ..pairs.profile import PairProfile, ScenarioProfile, drafter_identity, drafter_name, section_name
 from ..pairs.registry import PairSpec
 from ..serving.stats import percentile
+from .interleaved import run_interleaved
 from .lossy import target_nll
 from .run_stats import RoundCounts
 
@@ -145,27 +147,27 @@ def sweep(
     tree_engine: SpeculativeEngine | None = None,
 ) -> Measurements:
     """Run every (scenario, prompt ids) at every K, and with ``tree_engine`` (the head drafting trees)
-    at every tree budget, rotating the order per prompt; under a lossy ``rule``, score each output's
-    NLL after its timed run."""
+    at every tree budget, by the one harness (interleaved.py: a warm-up, the order rotated per
+    prompt); under a lossy ``rule``, score each output's NLL after its timed run."""
     if not prompts:
         raise UserError("no prompts to calibrate on")
     trees = list(trees or []) if tree_engine is not None else []
-    for k in (max(ks), 0):  # warm-up: first-call costs (allocations, caches) stay out of the figures
-        _run(engine, prompts[0][1], k, min(max_new_tokens, 16), sampling, seed, rule)
-    if trees:
-        _run(tree_engine, prompts[0][1], max(trees), min(max_new_tokens, 16), sampling, seed)
     result = Measurements(ks, trees=trees)
+
+    def warm_up() -> None:  # first-call costs (allocations, caches) stay out of the figures
+        for k in (max(ks), 0):
+            _run(engine, prompts[0][1], k, min(max_new_tokens, 16), sampling, seed, rule)
+        if trees:
+            _run(tree_engine, prompts[0][1], max(trees), min(max_new_tokens, 16), sampling, seed)
+
+    def one(prompt: tuple[str, list[int]], arm: tuple[SpeculativeEngine, int, bool]) -> None:
+        (scenario, ids), (runner, k, tree) = prompt, arm
+        events, wall_s = _run(runner, ids, k, max_new_tokens, sampling, seed, rule)
+        nll = None if rule.lossless or tree else target_nll(engine.target, ids, [t for e in events for t in e.emitted])
+        result.record(scenario, k, events, wall_s, nll, tree)
+
     runs = [(engine, k, False) for k in ks] + [(tree_engine, n, True) for n in trees]
-    total, done = len(prompts) * len(runs), 0
-    for index, (scenario, ids) in enumerate(prompts):
-        shift = index % len(runs)
-        for runner, k, tree in runs[shift:] + runs[:shift]:
-            events, wall_s = _run(runner, ids, k, max_new_tokens, sampling, seed, rule)
-            nll = None if rule.lossless or tree else target_nll(engine.target, ids, [t for e in events for t in e.emitted])
-            result.record(scenario, k, events, wall_s, nll, tree)
-            done += 1
-            if progress:
-                progress(done, total)
+    run_interleaved(prompts, runs, one, warm_up, progress)
     return result
 
 

@@ -1,7 +1,7 @@
 """Benchmark modes side by side: this loop plain and speculative, and transformers' own generate.
 
-Modes run interleaved prompt by prompt (with a rotated order) so that machine drift hits them all
-alike, after one excluded warm-up pass. Every speculative figure is reported next to plain decoding
+Modes run interleaved prompt by prompt (with a rotated order, interleaved.py's harness, calibration's
+too) so that machine drift hits them all alike, after one excluded warm-up pass. Every speculative figure is reported next to plain decoding
 of the same target on the same prompts in the same run, and every mode's tokens are compared with
 plain's: a speed-up with different output is not a speed-up.
 
@@ -40,6 +40,7 @@ from ..pairs.registry import HEAD, MODEL, NGRAM
 from ..prompts import Prompt
 from ..serving.stats import percentile
 from . import lossy
+from .interleaved import run_interleaved
 from .run_stats import RoundCounts
 
 MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto",
@@ -256,29 +257,30 @@ def _timed(sample: Sample, tokens: list[int], started: float, stamps: list[tuple
 
 
 def run(bench: Bench, modes: list[Mode], prompts: list[Prompt], encode, progress=None) -> dict[Mode, list[Sample]]:
-    """Every mode on every prompt (``bench.samples`` times), interleaved with a rotating order; one
-    warm-up pass excluded. With a lossy mode, engine outputs are scored (NLL, task answers) after
-    their timed region."""
+    """Every mode on every prompt (``bench.samples`` times, a trial each) by the one harness
+    (interleaved.py): one warm-up pass excluded, the modes' order rotated per trial. With a lossy
+    mode, engine outputs are scored (NLL, task answers) after their timed region."""
     runners = {mode: bench.runner(mode) for mode in modes}
     encoded = [encode(p) for p in prompts]
     scored = any(not mode.rule.lossless for mode in modes)
-    for mode in modes:  # warm-up: first-call allocations and lazy inits are nobody's cost
-        runners[mode](encoded[0][:], prompts[0], bench.seed)
-    # auto learns from every round: it starts afresh, untaught by first-call costs and prompt 0
-    runners.update({mode: bench.runner(mode) for mode in modes if mode.kind in AUTO_KINDS})
     samples: dict[Mode, list[Sample]] = {mode: [] for mode in modes}
-    turn = 0
-    for prompt, ids in zip(prompts, encoded):
-        for seed in range(bench.seed, bench.seed + bench.samples):
-            order = modes[turn % len(modes) :] + modes[: turn % len(modes)]
-            turn += 1
-            for mode in order:
-                sample = runners[mode](ids, prompt, seed)
-                if scored and mode.kind in ENGINE_KINDS:
-                    lossy.score(sample, bench.runtime.target.model, bench.runtime.tokenizer, ids)
-                samples[mode].append(sample)
-                if progress:
-                    progress()
+
+    def warm_up() -> None:  # first-call allocations and lazy inits are nobody's cost
+        for mode in modes:
+            runners[mode](encoded[0][:], prompts[0], bench.seed)
+        # auto learns from every round: it starts afresh, untaught by first-call costs and prompt 0
+        runners.update({mode: bench.runner(mode) for mode in modes if mode.kind in AUTO_KINDS})
+
+    def one(trial: tuple[Prompt, list[int], int], mode: Mode) -> None:
+        prompt, ids, seed = trial
+        sample = runners[mode](ids, prompt, seed)
+        if scored and mode.kind in ENGINE_KINDS:
+            lossy.score(sample, bench.runtime.target.model, bench.runtime.tokenizer, ids)
+        samples[mode].append(sample)
+
+    trials = [(prompt, ids, seed) for prompt, ids in zip(prompts, encoded)
+              for seed in range(bench.seed, bench.seed + bench.samples)]
+    run_interleaved(trials, modes, one, warm_up, (lambda done, total: progress()) if progress else None)
     return samples
 
 
