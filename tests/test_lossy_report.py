@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from specdec_cli.cli import app
 from specdec_cli.decoding.acceptance import AcceptRule
 from specdec_cli.errors import UserError
-from specdec_cli.live import summary
+from specdec_cli.commands.live import summary
 from specdec_cli.measure import lossy
 from specdec_cli.measure.loop_bench import Mode, Sample, parse_modes, with_rule
 from specdec_cli.measure.run_stats import RunStats

@@ -343,7 +343,7 @@ def event(drafted, accepted, token, emitted):
 
 
 def test_the_finished_answer_holds_no_rejected_draft_and_the_status_fits_the_width():
-    from specdec_cli.live import LiveView
+    from specdec_cli.commands.live import LiveView
     from specdec_cli.measure.run_stats import RunStats
 
     tokenizer = char_tokenizer()
@@ -367,7 +367,7 @@ def test_the_finished_answer_holds_no_rejected_draft_and_the_status_fits_the_wid
 def test_fit_cuts_a_line_to_the_width():
     from rich.text import Text
 
-    from specdec_cli.live import fit
+    from specdec_cli.commands.live import fit
 
     assert fit(Text("x" * 50), 20).plain == "x" * 18 + "…"
 

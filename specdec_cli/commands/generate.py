@@ -50,7 +50,7 @@ from .common import (
 if TYPE_CHECKING:
     from ..decoding.control.controller import AdaptiveController
     from ..decoding.loaded_pair import LoadedPair
-    from ..live import LiveView
+    from .live import LiveView
 
 
 @user_errors
@@ -151,7 +151,7 @@ def _stdout_is_a_file() -> bool:
 
 
 def _run_one(runtime: LoadedPair, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console, rule, tree=None) -> tuple[dict, LiveView | None]:
-    from ..live import LiveView
+    from .live import LiveView
     from ..measure.run_stats import RunStats
     from ..pairs.tokenization import encode_prompt
 

@@ -19,9 +19,9 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from .decoding.engine import RoundEvent
-from .measure.run_stats import RunStats
-from .pairs.tokenization import Detokenizer
+from ..decoding.engine import RoundEvent
+from ..measure.run_stats import RunStats
+from ..pairs.tokenization import Detokenizer
 
 ACCEPTED = "green"
 REJECTED = "strike dim red"
