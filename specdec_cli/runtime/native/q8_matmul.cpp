@@ -32,6 +32,9 @@ namespace {
 constexpr int64_t BLOCK = 32;  // inputs per activation scale and per weight scale
 constexpr int64_t TILE = 16;   // outputs per tile
 
+// Bytes of one tile's weight codes for one block: 16 outputs x 32 inputs at 4 or 8 bits.
+constexpr int64_t block_bytes(int64_t bits) { return TILE * BLOCK * bits / 8; }
+
 struct Quantised {
   std::vector<int8_t> codes;   // [rows, K]
   std::vector<float> scale;    // [rows, K / 32]
@@ -97,12 +100,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
 void tile_avx512(const uint8_t* w, const float* dw, const float* mw, const Quantised& q, int64_t row0,
                  int64_t k, float* y, int64_t n_total, int64_t n0) {
   const int64_t blocks = k / BLOCK;
-  const int64_t block_bytes = BITS == 4 ? 256 : 512;
   __m512 acc[R][2];  // even and odd blocks: two float chains, summed at the end
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = w + b * block_bytes;
+    const uint8_t* wb = w + b * block_bytes(BITS);
     __m512i quads[8];
     if (BITS == 4) {
       for (int i = 0; i < 4; ++i) {
@@ -141,7 +143,6 @@ __attribute__((target("avx2,fma")))
 void tile_avx2(const uint8_t* w, const float* dw, const float* mw, const Quantised& q, int64_t row0,
                int64_t k, float* y, int64_t n_total, int64_t n0) {
   const int64_t blocks = k / BLOCK;
-  const int64_t block_bytes = BITS == 4 ? 256 : 512;
   __m256 acc[R][2][2];  // per half of the tile, even and odd blocks (as the AVX-512 path)
   for (int r = 0; r < R; ++r)
     for (int half = 0; half < 2; ++half) acc[r][half][0] = acc[r][half][1] = _mm256_setzero_ps();
@@ -149,7 +150,7 @@ void tile_avx2(const uint8_t* w, const float* dw, const float* mw, const Quantis
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = w + b * block_bytes;
+    const uint8_t* wb = w + b * block_bytes(BITS);
     __m256i quads[8][2];  // per quad, outputs 0-7 and 8-15
     for (int half = 0; half < 2; ++half) {
       if (BITS == 4) {
@@ -215,7 +216,7 @@ template <int BITS>
 void tiles(bool avx512, const uint8_t* w, const float* dw, const float* mw, const Quantised& q, int64_t rows,
            int64_t k, float* y, int64_t n, int64_t tile) {
   const int64_t blocks = k / BLOCK;
-  const int64_t tile_bytes = blocks * (BITS == 4 ? 256 : 512);
+  const int64_t tile_bytes = blocks * block_bytes(BITS);
   const uint8_t* wt = w + tile * tile_bytes;
   const float* dt = dw + tile * blocks * TILE;
   const float* mt = mw + tile * blocks * TILE;
@@ -241,7 +242,7 @@ at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   TORCH_CHECK(bits == 4 || bits == 8, "bits: 4 or 8");
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 3 && codes.is_contiguous(), "codes: uint8 [tiles, blocks, bytes]");
   const int64_t rows = x.size(0), k = x.size(1), tiles_n = codes.size(0), n = tiles_n * TILE;
-  TORCH_CHECK(k % BLOCK == 0 && codes.size(1) == k / BLOCK && codes.size(2) == (bits == 4 ? 256 : 512), "codes do not fit x");
+  TORCH_CHECK(k % BLOCK == 0 && codes.size(1) == k / BLOCK && codes.size(2) == block_bytes(bits), "codes do not fit x");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
               offset.is_contiguous() && scale.numel() == n * (k / BLOCK) && offset.numel() == scale.numel(),
               "scale, offset: float32 [tiles, blocks, 16]");
