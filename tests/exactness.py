@@ -1,18 +1,26 @@
 """The exact-distribution test for speculative sampling, shared by every drafter's tests.
 
-With a target of a few tokens' vocabulary, P(a, b | prompt) is enumerated exactly; thousands of
-seeded two-token speculative runs must then match it under a chi-square test.
+With a target of a few tokens' vocabulary, P(a, b | prompt) is enumerated exactly; RUNS seeded
+two-token speculative runs must then match it under a chi-square test at P_VALUE.
+
+RUNS is sized by power: the check must catch the classic bug (a rejected draft resampled from the
+target's p instead of the residual max(0, p - q)), which moves the first token of the disagreeing
+pair by a total variation of 0.11. At RUNS it misses that bug with probability ``missed_rate`` < 1e-3
+(noncentral chi-square; test_exactness.py holds it), and fails a correct sampler with probability
+P_VALUE (each check is seeded, so a given one passes or fails for good).
 """
 
 import torch
 from conftest import tiny_llama
-from scipy.stats import chisquare
+from scipy.stats import chi2, chisquare, ncx2
 
 from specdec_cli.decoding.acceptance import distribution
 from specdec_cli.decoding.engine import SpeculativeEngine
 
 VOCAB = 8
 PROMPT = [3, 4, 5]
+RUNS = 2000  # seeded runs per check: see the module's docstring
+P_VALUE = 1e-3  # below it, the sampled counts are not the target's distribution
 
 
 def small_models():
@@ -35,7 +43,7 @@ def exact_two_token_distribution(target, prompt, sampling):
     return (first[:, None] * second).flatten()
 
 
-def sampled_pairs(target, drafter, k, sampling, n=3000, prompt=PROMPT, drafted=None):
+def sampled_pairs(target, drafter, k, sampling, n=RUNS, prompt=PROMPT, drafted=None):
     """Counts of each two-token continuation over ``n`` seeded runs; ``drafted`` (a list), when
     given, collects how many tokens each run drafted."""
     counts = torch.zeros(VOCAB * VOCAB)
@@ -49,21 +57,34 @@ def sampled_pairs(target, drafter, k, sampling, n=3000, prompt=PROMPT, drafted=N
     return counts
 
 
+def pooled(values, probs, n: int) -> torch.Tensor:
+    """``values`` per cell of the target's support, the cells the target expects fewer than 5 of in
+    ``n`` runs summed into one (as the chi-square test needs)."""
+    values, probs = values[probs > 0], probs[probs > 0]
+    keep = probs / probs.sum() * n >= 5
+    rare = values[~keep].sum()[None] if (~keep).any() else values[:0]
+    return torch.cat([values[keep], rare])
+
+
 def assert_same_distribution(counts, probs):
     counts, probs = counts.double(), probs.double()
     assert counts[probs == 0].sum() == 0  # nothing outside the target's support (top-k, top-p)
-    counts, probs = counts[probs > 0], probs[probs > 0]
-    expected = probs / probs.sum() * counts.sum()
-    keep = expected >= 5  # pool the rare cells, as the chi-square test needs
-    observed, expected = counts[keep].tolist(), expected[keep].tolist()
-    if (~keep).any():
-        observed.append(float(counts[~keep].sum()))
-        expected.append(float(probs[~keep].sum() / probs.sum() * counts.sum()))
+    n = float(counts.sum())
+    observed, expected = pooled(counts, probs, n), pooled(probs / probs[probs > 0].sum() * n, probs, n)
     assert len(observed) >= 10
-    assert chisquare(observed, expected).pvalue > 1e-3
+    assert chisquare(observed.tolist(), expected.tolist()).pvalue > P_VALUE
 
 
-def assert_lossless(target, drafter, sampling, k=2, n=3000, prompt=PROMPT):
+def missed_rate(probs, wrong, n: int = RUNS) -> float:
+    """The chance that the check at ``n`` runs passes a sampler whose distribution is ``wrong``, not
+    ``probs``: the noncentral chi-square with λ = n Σ (wrong - p)² / p stays under the critical value."""
+    probs, wrong = probs.double() / probs.sum(), wrong.double() / wrong.sum()
+    p, w = pooled(probs, probs, n), pooled(wrong, probs, n)
+    df = len(p) - 1
+    return float(ncx2.cdf(chi2.isf(P_VALUE, df), df, n * float(((w - p) ** 2 / p).sum())))
+
+
+def assert_lossless(target, drafter, sampling, k=2, n=RUNS, prompt=PROMPT):
     """Speculative sampling with ``drafter`` gives exactly the target's two-token distribution, and
     the drafter did draft (a drafter that never drafts would pass as plain decoding)."""
     drafted: list[int] = []

@@ -5,6 +5,8 @@ kills this process (test_kernel_memory.py reads the exit status).
     python kernel_memory_probe.py guard KIND OUT IN    # each kernel tensor ends at an inaccessible page
     python kernel_memory_probe.py touch                # the guard page itself: must die by SIGSEGV
     python kernel_memory_probe.py prepared KIND HIDDEN # a tiny target prepared, then mapped back and run
+    python kernel_memory_probe.py batch CASE...        # several in one process: CASE is guard:KIND:OUT:IN
+                                                       # or prepared:KIND:HIDDEN, each followed by "ok CASE"
 
 Prints ``ok`` when everything ran.
 """
@@ -95,14 +97,19 @@ def prepared(kind: str, hidden: int) -> None:
         assert not misaligned, f"mapped from {path.name} at addresses no kernel is promised: {misaligned[:3]}"
 
 
+PROBES = {"guard": lambda kind, out, inner: guard(kind, int(out), int(inner)), "touch": touch,
+          "prepared": lambda kind, hidden: prepared(kind, int(hidden))}
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    if command == "guard":
-        guard(args[0], int(args[1]), int(args[2]))
-    elif command == "touch":
-        touch()
-    elif command == "prepared":
-        prepared(args[0], int(args[1]))
+    if command == "batch":  # one import of torch for all: the first case that fails ends the process
+        for case in args:
+            name, *values = case.split(":")
+            PROBES[name](*values)
+            print("ok", case, flush=True)
+    elif command in PROBES:
+        PROBES[command](*args)
     else:
         raise SystemExit(f"unknown probe {command}")
     print("ok")

@@ -31,7 +31,7 @@ def test_the_kernel_tests_pass_on_avx2_kernels_too():
     capability = torch.backends.cpu.get_cpu_capability()
     if not capability.startswith("AVX512"):
         pytest.skip(f"this CPU runs {capability} kernels: the marked tests ran on them already")
-    run = subprocess.run([sys.executable, "-m", "pytest", "-m", "cpu_kernels", "-q", "-p", "no:cacheprovider",
+    run = subprocess.run([sys.executable, "-m", "pytest", "-m", "cpu_kernels", "-q", "-n", "0", "-p", "no:cacheprovider",
                           str(Path(__file__).parent)], env={**os.environ, VARIABLE: "avx2"},
                          capture_output=True, text=True, timeout=1800)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""

@@ -1,5 +1,7 @@
-"""The weight-only kernels only ever read memory they were given, where they can read it: each probe runs
-in a process of its own (kernel_memory_probe.py), so that a fault fails one test instead of the run.
+"""The weight-only kernels only ever read memory they were given, where they can read it: the probes run
+in a process apart (kernel_memory_probe.py), so that a fault fails a test instead of the run. They run
+together in one process (one import of torch); a case that did not print its ``ok`` there runs again
+alone, so that a fault is laid at the case that caused it.
 
 On AVX-512 torch's int8 kernel reads weight and input rows with aligned 16-byte loads: a row width
 that is not a multiple of 16 bytes faults even on the heap, and so does a weight mapped from a file
@@ -33,14 +35,35 @@ def test_the_guard_page_kills_a_read_past_the_end():
     assert probe("touch").returncode == -signal.SIGSEGV
 
 
-@pytest.mark.parametrize("kind, out_features, in_features", [
+GUARDED = [
     ("int8", 98, 32), ("int8", 65, 576), ("int8", 49, 40), ("int8", 7, 24),  # 40 and 24: rows padded to 16 bytes
     ("int4", 98, 32), ("int4", 65, 576), ("int4", 200, 64),
-])
-def test_no_kernel_reads_past_its_weight(kind, out_features, in_features):
-    assert_ran(probe("guard", kind, out_features, in_features))
+]
+MAPPED = [("int8", 32), ("int8", 40), ("int4", 32)]
 
 
-@pytest.mark.parametrize("kind, hidden", [("int8", 32), ("int8", 40), ("int4", 32)])
-def test_a_target_mapped_from_its_prepared_file_runs_and_scores_as_built(kind, hidden):
-    assert_ran(probe("prepared", kind, hidden))
+def case(name: str, *values) -> str:
+    return ":".join(map(str, (name, *values)))
+
+
+@pytest.fixture(scope="module")
+def batch() -> set[str]:
+    """The cases that printed their ``ok`` in one process running them all."""
+    cases = [case("guard", *g) for g in GUARDED] + [case("prepared", *m) for m in MAPPED]
+    result = probe("batch", *cases)
+    return {line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("ok ")}
+
+
+def assert_case_ran(batch: set[str], name: str, *values) -> None:
+    if case(name, *values) not in batch:
+        assert_ran(probe(name, *values))
+
+
+@pytest.mark.parametrize("kind, out_features, in_features", GUARDED)
+def test_no_kernel_reads_past_its_weight(batch, kind, out_features, in_features):
+    assert_case_ran(batch, "guard", kind, out_features, in_features)
+
+
+@pytest.mark.parametrize("kind, hidden", MAPPED)
+def test_a_target_mapped_from_its_prepared_file_runs_and_scores_as_built(batch, kind, hidden):
+    assert_case_ran(batch, "prepared", kind, hidden)

@@ -20,8 +20,10 @@ from specdec_cli.serving.configs import encode_prompts
 from specdec_cli.serving.llama_server import LlamaConfig, speculative_flags
 from specdec_cli.serving.server import ManagedServer, free_port
 
-from engine_support import (PROMPTS, assert_killed_run, assert_port_refused, busy_port, error_lines, group_alive, kill_mid_bench, llama_servers, require_llama,
-                            specdec, write_prompts)
+from engine_support import (PROMPTS, SERVERS, assert_killed_run, assert_port_refused, busy_port, error_lines,
+                            group_alive, kill_mid_bench, llama_servers, require_llama, specdec, write_prompts)
+
+pytestmark = SERVERS
 
 TIMEOUT = 300  # seconds any one command may take on a loaded 2-core machine
 TOKENS = "96"  # long enough for ngram-mod (24-token matches) to find the copies
@@ -40,18 +42,19 @@ def prompts(tmp_path_factory):
     return write_prompts(tmp_path_factory.mktemp("llama"))
 
 
-def bench_args(prompts: Path, *extra: str) -> list[str]:
+def bench_args(prompts: Path, *extra: str, loop: str = "none") -> list[str]:
     return ["bench", "--engine", "llama.cpp", "--prompts", str(prompts), "--max-new-tokens", TOKENS, "--threads", "2",
-            "--loop-modes", "none", *extra]
+            "--loop-modes", loop, *extra]
 
 
 @pytest.fixture(scope="module")
 def bench(prompts, tmp_path_factory):
-    """One engine bench for the module: llama-plain and llama-ngram:4 at concurrency 1 and 2."""
+    """One engine bench for the module: llama-plain and llama-ngram:4 at concurrency 1 and 2, and
+    specdec's own loop (plain, ngram:3) on the concurrency-1 prompts after the servers stopped."""
     require_llama()
     out = tmp_path_factory.mktemp("llama-bench") / "bench.json"
-    done = specdec(*bench_args(prompts, "--modes", "llama-plain,llama-ngram:4", "--concurrency", "1,2", "--json"),
-                   timeout=TIMEOUT)
+    done = specdec(*bench_args(prompts, "--modes", "llama-plain,llama-ngram:4", "--concurrency", "1,2", "--json",
+                               loop="plain,ngram:3"), timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr
     out.write_text(done.stdout)
     return json.loads(done.stdout), out
@@ -79,6 +82,15 @@ def test_bench_measures_plain_and_lookup_at_concurrency_1_and_2(bench):
     gguf = gguf_file(load_registry(None).pair(None).target.source, "test")
     assert arguments[arguments.index("-m") + 1] == str(gguf)  # the pair's GGUF as it is: the loop's own weights
     assert result["manifest"]["target"]["gguf"] == str(gguf)
+
+
+def test_the_own_loop_runs_beside_a_managed_bench(bench):
+    result, out = bench
+    own = result["own_loop"]
+    assert own["concurrency"] == 1 and own["prompts"] == 3 and set(own["modes"]) == {"plain", "ngram:3"}
+    assert own["modes"]["ngram:3"]["identical_to_plain"] is True and own["modes"]["plain"]["tokens_per_s"] > 0
+    assert 0 < own["modes"]["plain"]["p50_token_latency_s"] <= own["modes"]["plain"]["p90_token_latency_s"]  # beside TPOT
+    assert out.read_text().lstrip().startswith("{")  # --json: the object alone, no table before it
 
 
 def test_equivalence_with_the_draft_model_drafts_and_places_every_divergence(prompts, tmp_path):

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from exactness import PROMPT, VOCAB, assert_same_distribution, exact_two_token_distribution, small_models
+from exactness import PROMPT, RUNS, VOCAB, assert_same_distribution, exact_two_token_distribution, small_models
 from scipy.stats import chisquare
 
 from specdec_cli.decoding.acceptance import (
@@ -131,11 +131,11 @@ def _engine_pairs(rule, n):
 
 
 def test_engine_with_a_lossy_rule_fails_the_exact_distribution_test():
-    counts, exact = _engine_pairs(parse_rule("lenient:3"), 3000)
+    counts, exact = _engine_pairs(parse_rule("lenient:3"), RUNS)
     with pytest.raises(AssertionError):
         assert_same_distribution(counts, exact)
 
 
 def test_engine_with_the_exact_rule_passes_it():
-    counts, exact = _engine_pairs(AcceptRule(), 3000)
+    counts, exact = _engine_pairs(AcceptRule(), RUNS)
     assert_same_distribution(counts, exact)

@@ -107,6 +107,6 @@ def test_choosing_between_lookup_and_the_learned_drafter_keeps_the_targets_exact
 
     sampling, prompt = SamplingParams(1.0), SMALL_PROMPT + SMALL_PROMPT[:2]  # "3 4" recurs: lookup offers "5"
     schedule = Coin([])
-    counts = sampled_pairs(target, LookupFirst(ModelDrafter(disagreeing, VOCAB)), schedule, sampling, n=3000, prompt=prompt)
+    counts = sampled_pairs(target, LookupFirst(ModelDrafter(disagreeing, VOCAB)), schedule, sampling, prompt=prompt)
     assert_same_distribution(counts, exact_two_token_distribution(target, prompt, sampling))
     assert any(offer for offer, _, _ in schedule.seen)

@@ -226,7 +226,7 @@ def test_the_controllers_tree_rounds_keep_the_targets_exact_distribution():
             return (min(2, room), learned) if rng.random() < 0.3 else (6, tree_source(learned))
 
     sampling, prompt = SamplingParams(1.0), SMALL_PROMPT
-    counts = sampled_pairs(target, LookupFirst(head), Coin([]), sampling, n=3000, prompt=prompt)
+    counts = sampled_pairs(target, LookupFirst(head), Coin([]), sampling, prompt=prompt)
     assert_same_distribution(counts, exact_two_token_distribution(target, prompt, sampling))
 
 

@@ -1,35 +1,30 @@
-"""specdec against REAL vLLM servers (no mock): a plain and an ngram server started once for the
-module, then the bench at concurrency 1 and 4, the equivalence check and `watch --once --json`
-attached to them; at the end, nothing of them may still run."""
+"""specdec against REAL vLLM servers (no mock): the test run's plain server and the one started from
+specdec's exported prompt-lookup config (conftest's ``vllm_servers``), then the bench at concurrency
+1 and 4, the equivalence check and `watch --once --json` attached to them; when the test run ends,
+nothing of them may still run."""
 
 from __future__ import annotations
 
 import json
-from contextlib import ExitStack
 
 import pytest
 
 from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, write_profile
-from specdec_cli.pairs.registry import load_registry
-from specdec_cli.serving.load_bench import parse_modes
 from specdec_cli.serving.client import complete
-from specdec_cli.serving.configs import encode_prompts, server_configs, start_all
+from specdec_cli.serving.configs import encode_prompts
 from specdec_cli.serving.server import running_servers
 
-from engine_support import PROMPTS, error_lines, group_alive, require_vllm, specdec, write_prompts
+from engine_support import PROMPTS, SERVERS, error_lines, specdec, write_prompts
+
+pytestmark = SERVERS
 
 TIMEOUT = 600  # seconds any one command may take on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")
-def servers():
-    require_vllm()
-    configs = server_configs(load_registry(None).pair(None), parse_modes("vllm-plain,vllm-ngram:4"), threads=2)
-    with ExitStack() as stack:
-        started = start_all(stack, configs, progress=lambda line: None)
-        yield started
-    for server in started.values():
-        assert not group_alive(server.process.pid), f"{server.config.label}'s processes outlived the test"
+def servers(vllm_servers):
+    """The test run's servers by mode: the exported config drafts at K 4 up to 3 requests in flight."""
+    return {"vllm-plain": vllm_servers.plain, "vllm-ngram:4": vllm_servers.exported}
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +112,8 @@ def test_watch_compares_the_server_with_its_export_and_profile(servers, tmp_path
     ids = encode_prompts(server.config.model_dir, [(p["id"], p["prompt"]) for p in PROMPTS])
     done = [complete(server.endpoint, tokens, 96, ignore_eos=True) for _, tokens in ids]  # three requests that draft
     assert [c.error for c in done] == [None] * len(PROMPTS)
-    spec = tmp_path / "spec.json"  # what `specdec export --engine vllm --out` writes, for the server's K
-    spec.write_text(json.dumps({**server.config.speculative, "num_speculative_tokens_per_batch_size": [[1, 256, 4]]}))
+    spec = tmp_path / "spec.json"  # what `specdec export --engine vllm --out` wrote: the config the server runs
+    spec.write_text(json.dumps(server.config.speculative))
     profile = tmp_path / "profile.yaml"
     calibrated = ScenarioProfile(k=4, verdict="speculate", best_k=4, speedup=1.2, alpha=0.0, c=0.0, verify_cost={4: 1.5})
     write_profile(profile, PairProfile(pair="copy", calibrated="2026-12-01T00:00:00+00:00", target="t", draft="ngram",
@@ -129,7 +124,7 @@ def test_watch_compares_the_server_with_its_export_and_profile(servers, tmp_path
                       "--profile", str(profile), timeout=120)
     assert watched.returncode == 0, watched.stderr
     shown = json.loads(watched.stdout)["recommendation"]
-    assert shown["recommended_k"] == 4 and shown["recommended_from"] == "table row [1, 256, 4]"
+    assert shown["recommended_k"] == 4 and shown["recommended_from"] == "table row [1, 3, 4]"
     assert 3.5 <= shown["measured_k"] <= 4.0 and shown["agree"] is True  # draft tokens / drafts from the counters
     drift = shown["drift"]
     assert drift["draft_tokens"] >= drift["min_draft_tokens"] and drift["profile_interval"][0] == 0.0

@@ -1,0 +1,34 @@
+"""The exact-distribution check's size holds: at RUNS it misses the classic sampling bug with
+probability under 1e-3 (exactness.py's docstring), and the power computation itself is right."""
+
+import torch
+
+from exactness import RUNS, VOCAB, exact_two_token_distribution, missed_rate, small_models
+from specdec_cli.decoding.acceptance import SamplingParams, distribution
+
+
+def classic_bug(target, draft, prompt, sampling):
+    """The two-token distribution when one drafted token, rejected, is resampled from p rather than
+    from the residual max(0, p - q): the first token's P becomes min(p, q) + (1 - Σ min(p, q)) p."""
+    exact = exact_two_token_distribution(target, prompt, sampling).double().view(VOCAB, VOCAB)
+    with torch.no_grad():
+        p = distribution(target(torch.tensor([prompt])).logits[0, -1], sampling).double()
+        q = distribution(draft(torch.tensor([prompt])).logits[0, -1], sampling).double()
+    first = torch.minimum(p, q) + (1 - torch.minimum(p, q).sum()) * p
+    return exact.flatten(), (first[:, None] * exact / p[:, None]).flatten()
+
+
+def test_the_check_at_runs_misses_the_classic_bug_rarely():
+    target, disagreeing = small_models()
+    exact, wrong = classic_bug(target, disagreeing, [3, 4, 5], SamplingParams(1.0))
+    assert 0.1 < (wrong - exact).abs().sum() / 2 < 0.12  # the bug moves 11 % of the probability
+    assert missed_rate(exact, wrong) < 1e-3
+    assert missed_rate(exact, wrong, RUNS // 2) > 1e-2  # half the runs would not be enough
+
+
+def test_missed_rate_is_one_minus_the_power_of_the_chi_square_test():
+    uniform = torch.full((16,), 1 / 16)
+    assert abs(missed_rate(uniform, uniform, 1000) - (1 - 1e-3)) < 1e-9  # no difference: passes but for the test's own 1e-3
+    skewed = uniform.clone()
+    skewed[0], skewed[1] = 2 / 16, 0.0
+    assert missed_rate(uniform, skewed, 1000) < 1e-8 < 0.5 < missed_rate(uniform, skewed, 100)  # λ 125 against 12.5
