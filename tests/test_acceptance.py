@@ -86,3 +86,32 @@ def test_warping_applies_temperature_top_k_and_top_p():
     assert torch.allclose(nucleus, torch.tensor([[0.625, 0.375, 0, 0]]))
     hot = distribution(logits, SamplingParams(0.5))
     assert torch.allclose(hot, (P**2 / (P**2).sum())[None])
+
+
+def test_top_k_one_is_the_argmax():
+    assert torch.equal(distribution(torch.log(P)[None], SamplingParams(1.0, top_k=1)), torch.tensor([[1.0, 0, 0, 0]]))
+
+
+def test_only_the_warpers_that_change_something_are_built():
+    """None at all without warping (a greedy run never imports transformers' logits processors); temperature 1
+    and top-p 1 add none; top-k and top-p beside temperature 0 (the CLI allows them) add no temperature warper."""
+    def names(params):
+        return None if params.warpers is None else [type(w).__name__ for w in params.warpers]
+
+    assert names(SamplingParams()) is None and names(SamplingParams(1.0)) is None
+    assert names(SamplingParams(1.0, top_k=2)) == ["TopKLogitsWarper"]
+    assert names(SamplingParams(0.5, top_p=0.9)) == ["TemperatureLogitsWarper", "TopPLogitsWarper"]
+    assert names(SamplingParams(0.0, top_k=2, top_p=0.5)) == ["TopKLogitsWarper", "TopPLogitsWarper"]
+
+
+def zero_u(shape, generator=None, device=None):
+    """torch.rand's smallest draw: u ~ U[0, 1) is 0 once in 2^24 float32 draws."""
+    return torch.zeros(shape)
+
+
+def test_a_token_the_target_gives_no_mass_is_rejected_even_at_u_zero(monkeypatch):
+    """Accept when u < p(x)/q(x): at p(x) = 0 no u accepts, so the token is never emitted."""
+    monkeypatch.setattr(torch, "rand", zero_u)
+    p = torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0]])
+    assert speculative_accept(torch.tensor([2]), None, p) == (0, 0)
+    assert speculative_accept(torch.tensor([2]), ONE_HOT[None], p) == (0, 0)

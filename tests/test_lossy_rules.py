@@ -11,6 +11,7 @@ from scipy.stats import chisquare
 from specdec_cli.decoding.acceptance import (
     AcceptRule,
     SamplingParams,
+    greedy_accept,
     lenient_probability,
     parse_rule,
     relaxed_accept,
@@ -63,6 +64,10 @@ def test_typical_keeps_tokens_above_the_entropy_threshold():
     assert typical_keep(p, torch.tensor([0, 1, 2, 3]), 0.2, 1.0).tolist() == [True, True, False, False]
     flat = torch.full((1, 4), 0.25)  # high entropy: a low threshold, even the argmax tie passes
     assert typical_keep(flat, torch.tensor([3]), 0.3, 0.5).tolist() == [True]
+    # token 2 (0.15) is kept while DELTA < 0.15·exp(H) = 0.4704
+    assert typical_keep(P[None], torch.tensor([2]), 0.3, 0.46).tolist() == [True]
+    assert typical_keep(P[None], torch.tensor([2]), 0.3, 0.48).tolist() == [False]
+    assert typical_keep(P[None], torch.tensor([1]), 0.3, 1.0).tolist() == [False]  # p(x) = EPS: not above it
 
 
 def test_top_keeps_the_targets_n_most_likely():
@@ -91,6 +96,35 @@ def test_greedy_relaxed_verdicts():
     assert relaxed_accept(AcceptRule("top", (1.0,)), torch.tensor([0, 0]), None, logits[:3], GREEDY) == (2, 0)
     for rule in ("lenient:2", "typical:0.3,0.4", "top:2"):  # K = 0 (a budget's last round): the target's argmax
         assert relaxed_accept(parse_rule(rule), torch.tensor([], dtype=torch.long), None, logits[:1], GREEDY) == (0, 0)
+
+
+def test_lenient_one_under_greedy_is_the_exact_rule():
+    torch.manual_seed(0)
+    for wrong in [0, 1, 2, None] * 5:  # the first wrong draft, or none
+        logits = torch.randn(4, 4)
+        draft = logits[:3].argmax(-1)
+        if wrong is not None:
+            draft[wrong] = (draft[wrong] + 1) % 4
+        assert relaxed_accept(AcceptRule("lenient", (1.0,)), draft, None, logits, GREEDY) == greedy_accept(draft, logits)
+
+
+def test_sampled_relaxed_tokens_after_a_rejection_and_after_every_draft_kept():
+    """lenient: the residual after a rejection (never the draft's one-hot token), the bonus from the last row when
+    all are kept; top and typical: p itself after a rejection, the rejected token included."""
+    logits = torch.log(torch.tensor([[0.6, 0.4, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]))
+    lenient, top = set(), set()
+    for seed in range(40):
+        lenient.add(relaxed_accept(AcceptRule("lenient", (1.0,)), torch.tensor([1]), None, logits, SAMPLE,
+                                   torch.Generator().manual_seed(seed)))
+        top.add(relaxed_accept(AcceptRule("top", (1.0,)), torch.tensor([1]), None, logits, SAMPLE,
+                               torch.Generator().manual_seed(seed)))
+    assert lenient == {(0, 0), (1, 3)} and top == {(0, 0), (0, 1)}
+
+
+def test_lenient_rejects_a_token_the_target_gives_no_mass_even_at_u_zero(monkeypatch):
+    monkeypatch.setattr(torch, "rand", lambda shape, generator=None, device=None: torch.zeros(shape))
+    logits = torch.log(torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0]]))
+    assert relaxed_accept(AcceptRule("lenient", (1.0,)), torch.tensor([2]), None, logits, SAMPLE) == (0, 0)
 
 
 def _first_tokens(rule, draft_q, n=20000, seed=0):

@@ -9,7 +9,14 @@ from transformers import DynamicCache
 
 from specdec_cli.decoding.acceptance import greedy_accept, residual_distribution
 from specdec_cli.decoding.kv import keep_positions
-from specdec_cli.decoding.tree import Tree, attention_mask, greedy_tree_accept, tree_sample_accept, verify_tree
+from specdec_cli.decoding.tree import (
+    Tree,
+    attention_mask,
+    best_nodes,
+    greedy_tree_accept,
+    tree_sample_accept,
+    verify_tree,
+)
 
 PROMPT = [5, 17, 33, 8, 2, 61]
 # root, two children of the root, a grandchild under each, and a third level under the first
@@ -21,6 +28,8 @@ def test_tree_refuses_a_parent_after_its_child_and_a_missing_root():
         Tree(torch.tensor([1, 2, 3]), (-1, 2, 0))
     with pytest.raises(ValueError):
         Tree(torch.tensor([1, 2]), (0, 0))
+    with pytest.raises(ValueError):
+        Tree(torch.tensor([1, 2]), (-1, 1))  # a node its own parent
 
 
 def test_mask_lets_each_node_see_the_cache_and_its_ancestors_only():
@@ -133,6 +142,20 @@ def test_min_p_over_q_on_top_k_children_is_caught():
         return [], int(torch.multinomial(residual_distribution(row, Q_ROOT), 1, generator=generator))
 
     assert pvalue(outcome_counts(ratio_rule, n=5000), exact_outcomes()) < 1e-6
+
+
+def test_a_child_the_target_gives_no_mass_is_never_kept_even_at_u_zero(monkeypatch):
+    """Keep a child when u < p(x) / what is left: at p(x) = 0 no u ~ U[0, 1) keeps it, not even u = 0."""
+    monkeypatch.setattr(torch, "rand", lambda shape, generator=None, device=None: torch.zeros(shape))
+    fork = Tree(torch.tensor([3, 2, 0]), (-1, 0, 0))  # the root's children: token 2 (no mass), then token 0
+    p = torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0], [0, 1.0, 0, 0]])
+    assert tree_sample_accept(fork, p) == ([2], 1)
+
+
+def test_best_nodes_leave_out_impossible_candidates_and_refuse_a_choice_without_a_parent():
+    assert best_nodes([-0.1, float("-inf"), -2.0], [-1, -1, -1], 3) == [0, 2]  # -inf: a token outside --top-vocab
+    with pytest.raises(AssertionError, match="parent was left out"):
+        best_nodes([-1.0, -0.5], [-1, 0], 1)  # a score that rose from parent to child
 
 
 def test_rowwise_attention_verifies_a_tree_exactly_as_one_token_forwards_along_each_path():

@@ -31,6 +31,7 @@ def test_expected_accepted_is_one_plus_the_path_probabilities():
     # root → a (rank 0), b (rank 1); a → c (rank 0), d (rank 1); c → e
     parents = [-1, 0, 0, 1, 1, 3]
     assert shape_of(parents) == ([0, 1, 1, 2, 2, 3], [0, 0, 1, 0, 1, 0])
+    assert shape_of([-1, 0, 0, 0]) == ([0, 1, 1, 1], [0, 0, 1, 2])  # a third sibling ranks 2
     expected = 1 + 0.5 + 0.3 + 0.5 * 0.4 + 0.5 * 0.2 + 0.5 * 0.4 * 0.4
     assert expected_accepted(parents, rate) == pytest.approx(expected, abs=1e-12)
     chain = [-1, 0, 1, 2]
