@@ -83,6 +83,7 @@ def test_spec_mode_without_a_draft_model_is_a_user_error(pair_dir, prompt_file):
                                                "none (use --draft, or list one under `drafters:` in models.yaml)")
 
 
+@pytest.mark.slow
 def test_bench_runs_the_alternates_of_a_pair_drafted_by_ngram(pair_dir, prompt_file):
     """tiny-alt drafts by n-gram lookup by default; its draft model and head still get their modes."""
     result = bench(pair_dir, prompt_file, "--pair", "tiny-alt", "--modes", "spec:3,hf-assisted:3,head:2,ngram:3,ngram+spec:3,ngram+head:2")

@@ -21,6 +21,7 @@ def test_plan_ignores_savings_within_timing_noise():
     assert plan({1: 1.0, 2: 1.5, 3: 1.46}) == {1: 1, 2: 2, 3: 3}  # 3% cheaper: not worth padding
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2, 4, 7])
 def test_padded_blocks_give_the_same_tokens_and_rounds(target, similar, k):
     plain, _ = decode(target, None, 0, block_plan={})

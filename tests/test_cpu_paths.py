@@ -25,6 +25,7 @@ def test_torch_runs_the_kernels_this_run_asked_for():
     assert torch.backends.cpu.get_cpu_capability() == asked.upper()
 
 
+@pytest.mark.slow
 def test_the_kernel_tests_pass_on_avx2_kernels_too():
     if os.environ.get(VARIABLE):
         pytest.skip(f"this run chose its kernels ({VARIABLE}={os.environ[VARIABLE]})")

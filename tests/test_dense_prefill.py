@@ -30,6 +30,7 @@ def prompt_logits(model, ids, **kwargs):
         return model(ids, cache=cache, use_cache=True, **kwargs).logits[0, -1], cache
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["bfloat16", "float32"])
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
 def test_a_prompt_runs_on_dense_weights_close_to_the_kernels(pair_dir, dtype, weights, monkeypatch):

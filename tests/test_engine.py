@@ -157,6 +157,7 @@ def small():
     return small_models()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "drafter_kind, sampling",
     [("self", SamplingParams(1.0)), ("disagreeing", SamplingParams(1.0)), ("disagreeing", SamplingParams(0.7, top_k=5)),

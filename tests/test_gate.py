@@ -139,6 +139,7 @@ class GatedLearned(KSchedule):
         self.stopped += len(event.confidence or []) > len(event.drafted)
 
 
+@pytest.mark.slow
 def test_gated_sampling_keeps_the_targets_exact_distribution():
     """How long a draft is may depend on q, the drafter's own distribution: never on the target's.
 

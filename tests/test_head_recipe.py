@@ -144,6 +144,7 @@ def test_greedy_output_with_a_fused_head_is_the_targets(target):
                     for t in e.emitted] == plain
 
 
+@pytest.mark.slow
 def test_sampling_with_a_fused_head_keeps_the_targets_distribution():
     small, _ = small_models()
     torch.manual_seed(0)
@@ -232,6 +233,7 @@ def test_a_quantised_targets_head_runs_int8_without_touching_the_float_head_and_
             assert [t for e in engine.generate(prompt, k=k, max_new_tokens=30) for t in e.emitted] == plain
 
 
+@pytest.mark.slow
 @pytest.mark.cpu_kernels
 def test_sampling_with_an_int8_head_keeps_the_targets_distribution():
     small, _ = small_models()

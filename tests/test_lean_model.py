@@ -153,6 +153,7 @@ print("HEAVY", heavy, file=sys.stderr)
 LONG = "".join(chr(40 + (i * 7) % 80) for i in range(100))  # the head's first catch-up: more rows than a block
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafting, prompt", [(["-k", "0"], "abcabc"), (["--drafter", "head", "-k", "2"], "abcabc"),
                                               (["--drafter", "head", "-k", "2"], LONG), (["--drafter", "head", "--tree", "4"], LONG)],
                          ids=["plain", "head", "head-long-prompt", "tree-long-prompt"])

@@ -138,6 +138,7 @@ def _first_tokens(rule, draft_q, n=20000, seed=0):
     return counts
 
 
+@pytest.mark.slow
 def test_lenient_one_is_the_exact_distribution_and_lenient_two_is_not():
     exact = _first_tokens(AcceptRule("lenient", (1.0,)), Q)
     assert chisquare(exact, P * exact.sum()).pvalue > 1e-3
@@ -147,6 +148,7 @@ def test_lenient_one_is_the_exact_distribution_and_lenient_two_is_not():
     assert lossy[3] / lossy.sum() == pytest.approx(0.1, abs=0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["top:3", "typical:0.3,0.3"])
 def test_top_and_typical_change_the_first_token_distribution(rule):
     counts = _first_tokens(parse_rule(rule), Q)
@@ -164,12 +166,14 @@ def _engine_pairs(rule, n):
     return counts, exact_two_token_distribution(target, PROMPT, SAMPLE)
 
 
+@pytest.mark.slow
 def test_engine_with_a_lossy_rule_fails_the_exact_distribution_test():
     counts, exact = _engine_pairs(parse_rule("lenient:3"), RUNS)
     with pytest.raises(AssertionError):
         assert_same_distribution(counts, exact)
 
 
+@pytest.mark.slow
 def test_engine_with_the_exact_rule_passes_it():
     counts, exact = _engine_pairs(AcceptRule(), RUNS)
     assert_same_distribution(counts, exact)

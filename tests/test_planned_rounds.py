@@ -3,6 +3,7 @@ and free while speculation is off (no draft forward; the head's features kept at
 
 import random
 
+import pytest
 import torch
 from exactness import PROMPT as SMALL_PROMPT
 from exactness import VOCAB, assert_same_distribution, exact_two_token_distribution, sampled_pairs, small_models
@@ -93,6 +94,7 @@ def test_head_features_grow_by_doubling_not_by_copying_every_round(target):
     assert len(buffers) <= 3  # 256 → 512 → 1024 rows: one copy per doubling, not one per round
 
 
+@pytest.mark.slow
 def test_choosing_between_lookup_and_the_learned_drafter_keeps_the_targets_exact_distribution():
     """Whichever drafter the schedule picks, sampling stays exactly the target's distribution."""
     target, disagreeing = small_models()

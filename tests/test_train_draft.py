@@ -83,6 +83,7 @@ def test_both_kinds_train_save_load_and_draft(trained, loaded_target):
     assert meta["top_vocab"] is not None and len(meta["top_vocab"]) == 40 and 1 in meta["top_vocab"]  # EOS kept
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["model", "head"])
 def test_greedy_output_with_a_trained_drafter_is_the_targets(trained, loaded_target, kind):
     target = loaded_target.model
@@ -93,6 +94,7 @@ def test_greedy_output_with_a_trained_drafter_is_the_targets(trained, loaded_tar
             assert [t for e in engine.generate(prompt, k=k, max_new_tokens=30) for t in e.emitted] == plain
 
 
+@pytest.mark.slow
 def test_training_lowers_the_loss_and_resume_continues_without_new_answers(pair_dir, prompt_file, tmp_path, monkeypatch):
     out = tmp_path / "head"
     assert train(pair_dir, prompt_file, out, "head", "--steps", "5").exit_code == 0
@@ -233,6 +235,7 @@ def test_head_cache_keeps_only_positions_computed_from_true_features(target):
 SUBSET = torch.tensor([0, 2, 3, 6])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["model", "head"])
 def test_restricted_output_layer_keeps_speculative_sampling_exact(kind):
     target, disagreeing = small_models()
@@ -355,6 +358,7 @@ def test_lookup_first_drafts_from_a_repeat_and_otherwise_asks_the_learned_drafte
     assert drafter.name == "ngram+stub" and not drafter.uses_target_features
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["model", "head"])
 def test_lookup_first_keeps_greedy_output_and_sampling_exact(trained, loaded_target, kind):
     drafter = LookupFirst(drafter_for(trained, kind, loaded_target))

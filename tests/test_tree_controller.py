@@ -216,6 +216,7 @@ def test_any_mix_of_trees_chains_lookup_and_plain_rounds_is_token_identical_to_p
         assert all(e.source == "head" for e in events if e.parents is not None)
 
 
+@pytest.mark.slow
 def test_the_controllers_tree_rounds_keep_the_targets_exact_distribution():
     target, _ = small_models()
     torch.manual_seed(0)

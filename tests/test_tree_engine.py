@@ -182,12 +182,14 @@ def small():
     return small_models()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", [SamplingParams(1.0), SamplingParams(0.7, top_k=5)])
 def test_tree_sampling_keeps_the_targets_exact_distribution(small, sampling):
     target, _ = small
     assert_lossless(target, FixedTree(), sampling, k=6)
 
 
+@pytest.mark.slow
 def test_head_tree_sampling_keeps_the_targets_exact_distribution(small):
     target, _ = small
     torch.manual_seed(0)
