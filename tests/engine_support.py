@@ -26,6 +26,10 @@ from specdec_cli.serving.server import group_members, running_servers
 # are that worker's, and the tests count the servers that run and the newest one specdec started).
 SERVERS = [pytest.mark.slow, pytest.mark.xdist_group("servers")]
 
+# One thread per test server: two xdist workers share this machine's cores, and llama.cpp's and vLLM's
+# threads spin at their barriers, so a second thread waiting for a busy core stalls every step.
+SERVER_THREADS = 1
+
 SKIP_VAR = "SPECDEC_SKIP_VLLM_TESTS"  # a developer's quick run: the real-vLLM tests skip instead of failing
 LLAMA_SKIP_VAR = "SPECDEC_SKIP_LLAMA_TESTS"  # the same for the real llama.cpp tests
 
@@ -140,8 +144,23 @@ def write_prompts(directory: Path) -> Path:
 
 
 def specdec(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specdec_cli", *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    """specdec in a process of its own. Past ``timeout`` it gets SIGTERM first, so that it stops the
+    servers it started (a SIGKILL would leave them running, and slow every later test), then the
+    test fails on subprocess.TimeoutExpired."""
+    command = [sys.executable, "-m", "specdec_cli", *args]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                          text=True) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                out, err = process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, out, err) from None
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
 def group_alive(pgid: int) -> bool:
@@ -213,8 +232,8 @@ def start_vllm_servers(directory: Path):
     require_vllm()
     config = exported_vllm_config(directory)
     model_dir = transformers_directory(load_registry(None).pair(None).target.source)
-    configs = {"vllm-plain": ServerConfig("vllm-plain", model_dir, "smol", threads=2),
-               "vllm-export": ServerConfig("vllm-export", model_dir, "smol", config, threads=2)}
+    configs = {"vllm-plain": ServerConfig("vllm-plain", model_dir, "smol", threads=SERVER_THREADS),
+               "vllm-export": ServerConfig("vllm-export", model_dir, "smol", config, threads=SERVER_THREADS)}
     with ExitStack() as stack:
         started = start_all(stack, configs, progress=lambda line: None)
         yield VllmServers(started["vllm-plain"], started["vllm-export"], config)

@@ -14,7 +14,8 @@ from specdec_cli.serving import metrics
 from specdec_cli.serving.client import complete
 from specdec_cli.serving.configs import encode_prompts
 from specdec_cli.serving.server import ManagedServer, ServerConfig
-from engine_support import EXPORT_TABLE, PROMPTS, SERVERS, require_vllm
+
+from engine_support import EXPORT_TABLE, PROMPTS, SERVER_THREADS, SERVERS, require_vllm
 
 pytestmark = SERVERS
 
@@ -58,7 +59,7 @@ def test_the_exported_head_loads_in_vllm_as_eagle3_and_its_drafts_are_accepted(t
     model_dir = transformers_directory(pair.target.source)
     prompts = encode_prompts(model_dir, [(p["id"], p["prompt"]) for p in PROMPTS])
     config = {"method": "eagle3", "model": str(out), "num_speculative_tokens": 3}
-    with ManagedServer(ServerConfig("vllm-eagle3", model_dir, "smol", config, threads=2)) as server:
+    with ManagedServer(ServerConfig("vllm-eagle3", model_dir, "smol", config, threads=SERVER_THREADS)) as server:
         before = metrics.scrape(server.endpoint)
         outputs = [complete(server.endpoint, ids, 32) for _, ids in prompts]
         window = metrics.scrape(server.endpoint).minus(before)

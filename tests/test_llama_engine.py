@@ -20,8 +20,9 @@ from specdec_cli.serving.configs import encode_prompts
 from specdec_cli.serving.llama_server import LlamaConfig, speculative_flags
 from specdec_cli.serving.server import ManagedServer, free_port
 
-from engine_support import (PROMPTS, SERVERS, assert_killed_run, assert_port_refused, busy_port, error_lines,
-                            group_alive, kill_mid_bench, llama_servers, require_llama, specdec, write_prompts)
+from engine_support import (PROMPTS, SERVER_THREADS, SERVERS, assert_killed_run, assert_port_refused, busy_port,
+                            error_lines, group_alive, kill_mid_bench, llama_servers, require_llama, specdec,
+                            write_prompts)
 
 pytestmark = SERVERS
 
@@ -43,7 +44,8 @@ def prompts(tmp_path_factory):
 
 
 def bench_args(prompts: Path, *extra: str, loop: str = "none") -> list[str]:
-    return ["bench", "--engine", "llama.cpp", "--prompts", str(prompts), "--max-new-tokens", TOKENS, "--threads", "2",
+    return ["bench", "--engine", "llama.cpp", "--prompts", str(prompts), "--max-new-tokens", TOKENS,
+            "--threads", str(SERVER_THREADS),
             "--loop-modes", loop, *extra]
 
 
@@ -96,7 +98,8 @@ def test_the_own_loop_runs_beside_a_managed_bench(bench):
 def test_equivalence_with_the_draft_model_drafts_and_places_every_divergence(prompts, tmp_path):
     report = tmp_path / "equivalence.json"
     done = specdec("verify-equivalence", "--engine", "llama.cpp", "--spec", "draft:3", "--prompts", str(prompts),
-                   "--max-new-tokens", "32", "--concurrency", "2", "--threads", "2", "--json", "--report", str(report),
+                   "--max-new-tokens", "32", "--concurrency", "2", "--threads", str(SERVER_THREADS), "--json",
+                   "--report", str(report),
                    timeout=TIMEOUT)
     result = json.loads(done.stdout)
     assert done.returncode == (0 if result["equivalent"] else 1), done.stderr  # a divergence is a finding, exit 1
@@ -152,7 +155,7 @@ def test_exported_flags_start_a_server_that_drafts_as_asked_and_watch_reads_it(b
     gguf = gguf_file(load_registry(None).pair(None).target.source, "test")
     assert flags[:3] == ["llama-server", "-m", str(gguf)]
     assert flags[3:] == ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "4", "--spec-ngram-mod-n-min", "1"]
-    with ManagedServer(LlamaConfig("export", gguf, "smol", tuple(flags[3:]), threads=2)) as server:
+    with ManagedServer(LlamaConfig("export", gguf, "smol", tuple(flags[3:]), threads=SERVER_THREADS)) as server:
         ids = encode_prompts(transformers_directory(load_registry(None).pair(None).target.source),
                              [(p["id"], p["prompt"]) for p in PROMPTS])
         done = [complete(server.endpoint, tokens, 96, ignore_eos=True) for _, tokens in ids]
@@ -174,8 +177,9 @@ def test_exported_flags_start_a_server_that_drafts_as_asked_and_watch_reads_it(b
 
 def test_a_bench_attached_to_llama_servers_speaks_their_dialect(prompts):
     gguf = gguf_file(load_registry(None).pair(None).target.source, "test")
-    with ManagedServer(LlamaConfig("plain", gguf, "smol", threads=2)) as plain, \
-            ManagedServer(LlamaConfig("lookup", gguf, "smol", speculative_flags("ngram-mod", 4), threads=2)) as lookup:
+    with ManagedServer(LlamaConfig("plain", gguf, "smol", threads=SERVER_THREADS)) as plain, \
+            ManagedServer(LlamaConfig("lookup", gguf, "smol", speculative_flags("ngram-mod", 4),
+                                      threads=SERVER_THREADS)) as lookup:
         done = specdec("bench", "--server", lookup.endpoint.url, "--reference", plain.endpoint.url, "--prompts", str(prompts),
                        "--max-new-tokens", TOKENS, "--concurrency", "1", "--json", timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr

@@ -18,8 +18,8 @@ from specdec_cli.pairs.loading import transformers_directory
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.serving.server import free_port
 
-from engine_support import (SERVERS, assert_killed_run, assert_port_refused, busy_port, error_lines, kill_mid_bench,
-                            require_vllm, servers_on_port, specdec, write_prompts)
+from engine_support import (SERVER_THREADS, SERVERS, assert_killed_run, assert_port_refused, busy_port, error_lines,
+                            kill_mid_bench, require_vllm, servers_on_port, specdec, write_prompts)
 
 pytestmark = SERVERS
 
@@ -33,7 +33,7 @@ def vllm_installed():
 
 def _bench(prompts: Path, port: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "specdec_cli", "bench", "--engine", "vllm", "--prompts", str(prompts), "--port", str(port),
-            "--max-new-tokens", "16", "--threads", "2", *extra]
+            "--max-new-tokens", "16", "--threads", str(SERVER_THREADS), *extra]
 
 
 def test_a_config_file_servers_death_mid_bench_writes_the_levels_done_and_exits_3(tmp_path):
