@@ -31,6 +31,10 @@ def pytest_configure(config):
     os.environ.setdefault("SPECDEC_KERNELS", os.path.join(root, "kernels"))  # compiled once, for tests with caches of their own
     for variable, name in (("XDG_CACHE_HOME", ".xdg-cache"), ("XDG_CONFIG_HOME", ".xdg-config")):
         os.environ[variable] = os.path.join(root, name)
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        # Workers share the cores: a torch thread waiting at a barrier for a descheduled one stalls
+        # every small forward, so each worker computes on one thread.
+        torch.set_num_threads(1)
 
 
 def tiny_llama(seed: int, vocab_size: int = 98, hidden: int = 32, layers: int = 2, **overrides) -> LlamaForCausalLM:

@@ -137,7 +137,7 @@ def mutants(path: Path) -> list[Mutant]:
 def restore(*_):
     """Write every mutated file back; on a signal, end the test run and exit after that."""
     for process in _running:
-        process.kill()  # its session's other processes, if any, end with their pipes
+        process.kill()  # the rest of its process group, if any, ends with its pipes
     for path, text in _originals.items():
         if path.read_text() != text:
             path.write_text(text)
