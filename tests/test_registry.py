@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.errors import UserError
+from specdec_cli.limits import MAX_K
 from specdec_cli.pairs.registry import DrafterSpec, ModelSpec, load_registry, override
 from specdec_cli.pairs.sources import ModelSource
 
@@ -117,3 +118,25 @@ def test_lookup_must_be_a_boolean(tmp_path):
     fake_head(real / "h")
     with pytest.raises(UserError, match="'lookup' is true or false, got 'yes'"):
         load_registry(link)
+
+
+@pytest.mark.parametrize("pair, message", [
+    ("    target: ./t\n    draft: ngram\n    kk: 3\n", "pair 'p': unknown key 'kk'; the keys are description, target, draft, "
+                                                   "drafters, dtype, k, scenarios, adaptive, pad_blocks, profile"),
+    ("    target: ./t\n    draft: ngram\n    k: true\n", "pair 'p': K must be an integer from 0 to {MAX_K}, got True"),
+    ("    target: ./t\n    draft: ngram\n    scenarios: {chat: false}\n",
+     "pair 'p' scenario 'chat': K must be an integer from 0 to {MAX_K}, got False"),
+    ("    target: ./t\n    draft: ngram\n    pad_blocks: 'no'\n", "pair 'p': 'pad_blocks' is true or false, got 'no'"),
+])
+def test_a_misspelt_key_or_a_boolean_k_is_one_line_and_exit_code_2(tmp_path, pair, message):
+    """Either was once taken without a word: the setting lost, or `"k": true` in the JSON."""
+    link, _ = linked_registry(tmp_path, pair)
+    result = CliRunner().invoke(app, ["models", "--models", str(link)])
+    assert result.exit_code == 2, result.output
+    assert " ".join(result.stderr.split()) == f"specdec: error: {link}: " + message.format(MAX_K=MAX_K)
+
+
+def test_an_unknown_top_level_key_is_refused(tmp_path):
+    (tmp_path / "models.yaml").write_text("defualt: p\npairs:\n  p:\n    target: ./t\n    draft: ngram\n")
+    with pytest.raises(UserError, match="models.yaml: unknown key 'defualt'; the keys are default, pairs$"):
+        load_registry(tmp_path / "models.yaml")

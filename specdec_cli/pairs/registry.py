@@ -117,6 +117,10 @@ def yaml_problem(path: Path, exc: Exception) -> str:
     return f"{path}{where}: not valid YAML ({problem}{f' {context}' if context else ''})"
 
 
+FILE_KEYS = ("default", "pairs")
+PAIR_KEYS = ("description", "target", "draft", "drafters", "dtype", "k", "scenarios", "adaptive", "pad_blocks", "profile")
+
+
 def load_registry(explicit: str | Path | None = None) -> Registry:
     path = registry_path(explicit)
     try:
@@ -125,6 +129,7 @@ def load_registry(explicit: str | Path | None = None) -> Registry:
         raise UserError(yaml_problem(path, exc)) from None
     if not isinstance(data, dict) or not isinstance(data.get("pairs"), dict) or not data["pairs"]:
         raise UserError(f"{path}: expected a mapping with a non-empty 'pairs' section")
+    _known_keys(data, FILE_KEYS, str(path))
     pairs = {name: _parse_pair(path, str(name), body) for name, body in data["pairs"].items()}
     default = str(data.get("default") or next(iter(pairs)))
     if default not in pairs:
@@ -137,6 +142,7 @@ def _parse_pair(path: Path, name: str, body) -> PairSpec:
     base = path.resolve().parent  # through the symlink: where the file and its drafters really are
     if not isinstance(body, dict) or "target" not in body or "draft" not in body:
         raise UserError(f"{where} needs 'target' and 'draft'")
+    _known_keys(body, PAIR_KEYS, where)
     dtype = body.get("dtype", "float32")
     scenarios = body.get("scenarios") or {}
     if not isinstance(scenarios, dict):
@@ -149,7 +155,7 @@ def _parse_pair(path: Path, name: str, body) -> PairSpec:
         k=_k(body.get("k", 4), where),
         scenarios={str(s): _k(v, f"{where} scenario {s!r}") for s, v in scenarios.items()},
         description=str(body.get("description", "")),
-        pad_blocks=bool(body.get("pad_blocks", False)),
+        pad_blocks=_flag(body, "pad_blocks", where),
         adaptive=_flag(body, "adaptive", where),
         profile=base / str(body["profile"]) if body.get("profile") else None,
         alternates=_alternates(body.get("drafters"), drafter, dtype, where, base),
@@ -221,8 +227,15 @@ def _flag(body: dict, key: str, where: str) -> bool:
     return value
 
 
+def _known_keys(mapping: dict, known: tuple[str, ...], where: str) -> None:
+    """A misspelt key would otherwise be ignored without a word, and its setting silently lost."""
+    unknown = sorted(str(key) for key in mapping if key not in known)
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; the keys are {', '.join(known)}")
+
+
 def _k(value, where: str) -> int:
-    if not isinstance(value, int) or not 0 <= value <= MAX_K:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_K:  # YAML's true is an int
         raise UserError(f"{where}: K must be an integer from 0 to {MAX_K}, got {value!r}")
     return value
 
