@@ -26,7 +26,7 @@ class Prompt:
 def parse_lines(lines: Iterable[str], origin: str = "stdin") -> Iterator[Prompt]:
     """Prompts one at a time, so a long-running pipe is served as it arrives."""
     count = 0
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(_text(lines, origin), start=1):
         line = line.rstrip("\r\n")
         if not line.strip():
             continue
@@ -37,6 +37,26 @@ def parse_lines(lines: Iterable[str], origin: str = "stdin") -> Iterator[Prompt]
             yield Prompt(count, line)
     if count == 0:
         raise UserError(f"no prompts in {origin}")
+
+
+def _text(lines: Iterable[str], origin: str) -> Iterator[str]:
+    """The lines as they come. Bytes that are not UTF-8 end the input with one error line, not a
+    traceback (the prompts before them have been served): a file read strictly fails as it decodes a
+    block, and the shell's stdin arrives with them escaped as lone surrogates."""
+    iterator, number = iter(lines), 0
+    while True:
+        try:
+            line = next(iterator)
+        except StopIteration:
+            return
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{origin} is not UTF-8 text ({exc.reason}); save it as UTF-8") from None
+        number += 1
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(f"{origin}: line {number} is not UTF-8 text; save it as UTF-8") from None
+        yield line
 
 
 def read_file(path: str | Path) -> list[Prompt]:

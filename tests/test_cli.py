@@ -1,6 +1,7 @@
 """`specdec generate` and `specdec models` through typer's CliRunner, on a tiny pair on disk."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -102,6 +103,26 @@ def test_bad_input_is_one_line_and_exit_code_2(models, args, stdin, message):
     assert message in " ".join(result.stderr.split())
     assert "Traceback" not in result.output
     assert result.stderr.startswith("specdec: error:")
+
+
+def test_bytes_that_are_not_utf8_are_one_line_after_the_prompts_before_them(models, tmp_path):
+    """The shell's stdin (UTF-8 mode) carries them as lone surrogates, a file read strictly fails as it
+    decodes; either was a traceback (tokenizers' TypeError, UnicodeDecodeError)."""
+    done = subprocess.run([sys.executable, "-m", "specdec_cli", "generate", "--models", models, "--json",
+                           "--max-new-tokens", "2"], input=b"ok\ncaf\xe9\n", capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONUTF8": "1"})
+    assert done.returncode == 2, done.stderr
+    assert [json.loads(line)["prompt"] for line in done.stdout.decode().splitlines()] == ["ok"]
+    assert done.stderr.decode().splitlines()[-1] == "specdec: error: stdin: line 2 is not UTF-8 text; save it as UTF-8"
+    (tmp_path / "prompts.txt").write_bytes(b"ok\ncaf\xe9\n")
+    (tmp_path / "models.yaml").write_bytes(b"pairs:\n  caf\xe9: {}\n")
+    for args, message in [(["bench", "--models", models, "--prompts", str(tmp_path / "prompts.txt")],
+                           f"{tmp_path / 'prompts.txt'} is not UTF-8 text (invalid continuation byte)"),
+                          (["models", "--models", str(tmp_path / "models.yaml")],
+                           f"{tmp_path / 'models.yaml'} is not UTF-8 text (invalid continuation byte at byte 12)")]:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert " ".join(result.stderr.split()) == f"specdec: error: {message}; save it as UTF-8"
 
 
 def test_missing_models_file(tmp_path):

@@ -124,9 +124,11 @@ PAIR_KEYS = ("description", "target", "draft", "drafters", "dtype", "k", "scenar
 def load_registry(explicit: str | Path | None = None) -> Registry:
     path = registry_path(explicit)
     try:
-        data = YAML(typ="safe").load(path.read_text())
+        data = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
     except YAMLError as exc:
         raise UserError(yaml_problem(path, exc)) from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
     if not isinstance(data, dict) or not isinstance(data.get("pairs"), dict) or not data["pairs"]:
         raise UserError(f"{path}: expected a mapping with a non-empty 'pairs' section")
     _known_keys(data, FILE_KEYS, str(path))
