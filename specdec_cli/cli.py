@@ -46,6 +46,10 @@ class SpecdecGroup(TyperGroup):
             code = 130
         except BrokenPipeError:
             code = _quiet_after_broken_pipe()
+        except StdoutFailed as exc:
+            error_line(f"could not write to stdout: {exc}")
+            code = 2
+            _stdout_to_devnull()
         code = code if isinstance(code, int) else 0
         if standalone_mode:
             sys.exit(code)
@@ -85,11 +89,48 @@ def _quiet_after_broken_pipe() -> int:
     """`specdec ... | head -c 10`: the reader left, which is its right; no traceback, no error, exit 0.
 
     stdout is pointed at /dev/null so that the interpreter's last flush cannot fail again."""
+    _stdout_to_devnull()
+    return 0
+
+
+def _stdout_to_devnull() -> None:
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # not a real file (a test runner's buffer)
         pass
-    return 0
+
+
+class StdoutFailed(Exception):
+    """A write to stdout failed (a full disk, a file too large): not an OSError, so that no handler
+    of a file's OSError below takes it for its own file."""
+
+
+class _GuardedStdout:
+    """sys.stdout, with its failed writes told apart from every other OSError; a reader that left
+    (a broken pipe) stays a BrokenPipeError, which ends the command quietly."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        return self._guarded(self._stream.write, text)
+
+    def flush(self):
+        return self._guarded(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    @staticmethod
+    def _guarded(call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise
+            raise StdoutFailed(exc.strerror or str(exc)) from None
 
 
 app = typer.Typer(
@@ -145,6 +186,7 @@ def main() -> None:
     close their own files. The look at the machine is opened first (one reading, nothing waited for), so
     that typer's building and parsing fill the sample of a command that computes (runtime/threads.py)."""
     threads.begin_look()
+    sys.stdout = _GuardedStdout(sys.stdout)
     try:
         app()
         code = 0

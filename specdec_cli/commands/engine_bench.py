@@ -264,6 +264,8 @@ def plot_curve(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ..measure.plot import save_figure
+
     figure, (gain_axes, latency_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
     for mode, by_level in result["modes"].items():
         levels = [int(lv) for lv in by_level]
@@ -278,6 +280,4 @@ def plot_curve(result: dict, path: Path) -> None:
         axes.grid(alpha=0.3)
         axes.legend(fontsize=7)
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)

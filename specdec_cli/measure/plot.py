@@ -5,8 +5,10 @@ matplotlib is imported here only, with a file-only backend, so that nothing else
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+from ..atomic import write_atomically
 from .calibration import ScenarioResult
 
 
@@ -35,6 +37,15 @@ def plot_calibration(scenarios: dict[str, ScenarioResult], path: Path, title: st
         axes.legend(fontsize=7)
     figure.suptitle(f"specdec calibrate-k · {title}")
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)
+
+
+def save_figure(figure, path: Path) -> None:
+    """Render ``figure`` in the format its name's suffix says (PNG without one) and write it through
+    the one atomic writer: savefig on the path itself would write into a FIFO or a device."""
+    import matplotlib.pyplot as plt
+
+    image = io.BytesIO()
+    figure.savefig(image, format=Path(path).suffix.lstrip(".") or "png", dpi=110)
     plt.close(figure)
+    write_atomically(path, image.getvalue())

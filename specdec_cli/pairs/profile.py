@@ -6,7 +6,8 @@ pair's ``profile:`` key (relative to its models.yaml), else ``$SPECDEC_PROFILE``
 ``$XDG_CONFIG_HOME/specdec/profile.yaml`` (``~/.config/specdec/profile.yaml``). Writing replaces
 only one pair's section (one per pair and target dtype: ``NAME`` at float32, ``NAME@int4`` etc.,
 since a compressed target changes verify costs and acceptance; round-trip YAML keeps comments and the other pairs) and goes through a
-temporary file and a rename, so an interrupted write never leaves a damaged profile.
+temporary file and a rename, so an interrupted write never leaves a damaged profile, under a lock, so
+two calibrations writing one file at once both keep their sections (atomic.updating).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.comments import CommentedMap
 
-from ..atomic import write_atomically
+from ..atomic import updating, write_atomically
 from ..errors import UserError
 from ..limits import MAX_K
 from .registry import PairSpec, yaml_problem
@@ -247,27 +248,27 @@ def _plain(value):
 
 
 def write_profile(path: Path, profile: PairProfile) -> None:
-    """Put ``profile`` into the file at ``path``, replacing only that pair's section.
+    """Put ``profile`` into the file at ``path``, replacing only that pair's section, under the
+    file's lock: two calibrations writing one profile at once both keep their sections.
 
     Refuses (UserError) to touch a file it cannot parse rather than overwrite it.
     """
     yaml = YAML(typ="rt")
     yaml.default_flow_style = False
     yaml.width = 4096  # keep each verify_cost mapping on one line
-    data = _load(path) if path.is_file() else None
-    if data is None:
-        data = CommentedMap()
-        data.yaml_set_start_comment(HEADER)
-    if isinstance(data, dict) and data.get("pairs") is None:
-        data["pairs"] = CommentedMap()
-    if not isinstance(data, dict) or not isinstance(data["pairs"], dict):
-        raise UserError(f"{path}: not a specdec profile; refusing to overwrite it")
-    data["pairs"][profile.pair] = _section(profile)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = io.StringIO()
-    yaml.dump(data, text)
-    write_atomically(path, text.getvalue())
-
+    with updating(path) as target:
+        data = _load(target) if target.is_file() else None
+        if data is None:
+            data = CommentedMap()
+            data.yaml_set_start_comment(HEADER)
+        if isinstance(data, dict) and data.get("pairs") is None:
+            data["pairs"] = CommentedMap()
+        if not isinstance(data, dict) or not isinstance(data["pairs"], dict):
+            raise UserError(f"{path}: not a specdec profile; refusing to overwrite it")
+        data["pairs"][profile.pair] = _section(profile)
+        text = io.StringIO()
+        yaml.dump(data, text)
+        write_atomically(target, text.getvalue())
 
 
 def _section(profile: PairProfile) -> CommentedMap:
