@@ -34,6 +34,26 @@ def test_default_pair_speculative_output_equals_plain_decoding(dtype):
     assert "def " in outputs["4"]["text"]  # real text, not noise
     assert outputs["4"]["stats"]["accepted"] > 0  # prompt lookup does pay on code
     assert outputs["4"]["stats"]["rounds"] < outputs["0"]["stats"]["rounds"]
+    assert outputs["4"]["stats"]["computed_by"] == outputs["0"]["stats"]["computed_by"] == computed_by(dtype)
+
+
+def computed_by(dtype: str) -> dict:
+    """What the default pair's target runs on here: specdec's kernels for int4 (unless told to use
+    torch's) with prompts on dense copies, torch's for float32."""
+    import os
+
+    import torch
+
+    from specdec_cli.runtime import dense_prefill, native_kernels
+
+    torch_kernels = f"torch-{torch.backends.cpu.get_cpu_capability().lower()}"
+    if dtype == "float32":
+        return {"kernels": torch_kernels, "prefill": "as decoding", "threads": torch.get_num_threads()}
+    native = not os.environ.get("SPECDEC_TORCH_KERNELS") and native_kernels.cpu_path()
+    prefill = dense_prefill.dense_dtype()
+    return {"kernels": f"specdec-{native_kernels.cpu_path()}" if native else torch_kernels,
+            "prefill": str(prefill).removeprefix("torch.") if prefill is not None else "as decoding",
+            "threads": torch.get_num_threads()}
 
 
 UNSEEN = Path(__file__).resolve().parents[1] / "benchmarks" / "unseen-prompts.jsonl"

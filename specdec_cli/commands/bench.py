@@ -145,14 +145,14 @@ def bench_command(
         console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("benchmarking", total=len(items) * len(chosen) * samples)
-        runtime, result = loop_bench.bench_pair(spec, chosen, items, max_new_tokens, sampling, seed,
-                                                watcher.profile if watcher else None, samples,
+        runtime, result = loop_bench.bench_pair(spec, chosen, items, max_new_tokens, sampling, seed, watcher, samples,
                                                 lambda: progress.advance(task))
     result["manifest"] = {
         **invocation("bench"),
         "pair": spec.name,
         "dtype": spec.target.dtype,
         "target": manifest.model_entry(runtime.target),
+        "computed_by": runtime.target.computed_by(),
         "draft": _drafter_entry(runtime, spec.drafter.kind),
         "drafters": {kind: _drafter_entry(runtime, kind) for kind in dict.fromkeys(m.drafter_kind for m in chosen) if kind},
         "libraries": manifest.libraries(),

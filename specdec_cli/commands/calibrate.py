@@ -140,7 +140,7 @@ def calibrate_k(
                         temperature=temperature, threads=thread_policy.policy(threads))
         if trees:
             settings["tree"] = tree_setting(measured, trees, {**scenarios, "overall": overall})
-        pair_profile = to_profile(spec, scenarios, overall, settings)
+        pair_profile = to_profile(spec, scenarios, overall, settings, runtime.target.computed_by())
         if write_output("--profile", destination, lambda: write_profile(destination, pair_profile)):
             written = str(destination)
         else:
@@ -151,6 +151,7 @@ def calibrate_k(
         failed |= not write_output("--plot", plot, lambda: plot_calibration(scenarios, plot, spec.name))
     if json_out:
         result = _as_json(spec.name, runtime.drafter.name, ks, scenarios, overall, written, rule)
+        result["computed_by"] = runtime.target.computed_by()
         if trees:
             result["trees"] = {name: [{key: _round(value) for key, value in vars(f).items()} for f in figures]
                                for name, figures in trees.items()}

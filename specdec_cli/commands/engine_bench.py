@@ -128,11 +128,12 @@ def own_loop(spec, items, encoded, count, max_new_tokens, modes_text, progress) 
     prompts = [p for p in items if str(p.id) in wanted]
     watcher = open_profile(None, spec, warn=warning_line) if any(m.kind in loop_bench.AUTO_KINDS for m in chosen) else None
     progress(f"specdec's own loop ({', '.join(map(str, chosen))}, {spec.target.dtype}) on {len(prompts)} prompts, one at a time")
-    _, report = loop_bench.bench_pair(spec, chosen, prompts, max_new_tokens, sampling_params(0.0, 0, 1.0),
-                                      profile=watcher.profile if watcher else None)
+    runtime, report = loop_bench.bench_pair(spec, chosen, prompts, max_new_tokens, sampling_params(0.0, 0, 1.0),
+                                            watcher=watcher)
     keep = ("tokens_per_s", "speedup_vs_plain", "acceptance_rate", "mean_accepted_length", "completion_length",
             "identical_to_plain", "wall_s", "ttft_s", "p50_token_latency_s", "p90_token_latency_s")
-    return {"concurrency": 1, "dtype": spec.target.dtype, "prompts": len(prompts), "modes": {
+    return {"concurrency": 1, "dtype": spec.target.dtype, "computed_by": runtime.target.computed_by(),
+            "prompts": len(prompts), "modes": {
         mode: {k: figures.get(k) for k in keep} for mode, figures in report["modes"].items()}}
 
 

@@ -110,6 +110,9 @@ def generate(
     with console.status(f"loading {spec.name}…") if live else nullcontext():
         # -k 0 loads no drafter; decoding needs no transformers model class (pairs/loading.py)
         runtime = load_pair(spec, drafting=fixed_k != 0, lean=True)
+    computed_by = runtime.target.computed_by()
+    if watcher:
+        watcher.expect(computed_by)
     controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
     if isinstance(tree, int):
         runtime.drafter = runtime.tree_drafter()
@@ -123,6 +126,7 @@ def generate(
             result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule, tree)
             if view is not None and _stdout_is_a_file():
                 view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
+            result["stats"]["computed_by"] = computed_by
             if controller is not None:  # which profile seeded auto (None: the pair's K)
                 result["stats"]["profile"] = str(watcher.path) if watcher.profile else None
             if result["stats"]["fallback_forwards"] and not warned:  # once a run: a slowdown nothing else shows

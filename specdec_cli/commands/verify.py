@@ -151,6 +151,7 @@ def verify_equivalence(
         raise typer.Exit(130) from None
     equivalent, verdict = decide(greedy, sampled, strict, rule)
     result = dict(pair=spec.name, drafter=runtime.drafter.name, tree=tree is not None, dtype=runtime.target.precision,
+                  computed_by=runtime.target.computed_by(),
                   prompts=len(encoded), strict=strict, lossless=rule.lossless, accept=str(rule), equivalent=equivalent, verdict=verdict,
                   wall_s=round(time.perf_counter() - started, 3), **greedy.as_dict(),
                   sampling=sampled.as_dict() if sampled else None)

@@ -268,9 +268,10 @@ def _mean_verify(tally: Tally | None) -> float:
     return tally.verify_s / tally.rounds if tally and tally.rounds else 0.0
 
 
-def to_profile(pair: PairSpec, scenarios: dict[str, ScenarioResult], overall: ScenarioResult, settings: dict) -> PairProfile:
+def to_profile(pair: PairSpec, scenarios: dict[str, ScenarioResult], overall: ScenarioResult, settings: dict,
+               computed_by: dict | None = None) -> PairProfile:
     """What `--write` keeps of a calibration: per scenario the K to start from and the estimates
-    the adaptive controller starts with, plus when, with what models and which library versions."""
+    the adaptive controller starts with, plus when, with what models, kernels and library versions."""
     versions = {"target": source_version(pair.target.source)}
     if pair.drafter.model:
         versions["draft"] = source_version(pair.drafter.model.source)
@@ -286,6 +287,7 @@ def to_profile(pair: PairSpec, scenarios: dict[str, ScenarioResult], overall: Sc
         versions=versions,
         settings=settings,
         drafter=drafter_identity(pair),
+        computed_by=computed_by or {},
     )
 
 

@@ -34,7 +34,7 @@ from ..decoding.kv import input_device
 from ..decoding.loaded_pair import LoadedPair, composed, load_pair
 from ..errors import UserError
 from ..limits import MAX_K
-from ..pairs.profile import PairProfile
+from ..pairs.profile import PairProfile, ProfileWatcher
 from ..pairs.tokenization import encode_prompt
 from ..pairs.registry import HEAD, MODEL, NGRAM
 from ..prompts import Prompt
@@ -330,12 +330,15 @@ def predicted_from_rounds(samples: list[Sample], plain: list[Sample]) -> float:
 
 
 def bench_pair(spec, modes: list[Mode], prompts: list[Prompt], max_new_tokens: int, sampling: SamplingParams,
-               seed: int = 0, profile: PairProfile | None = None, samples: int = 1,
+               seed: int = 0, watcher: ProfileWatcher | None = None, samples: int = 1,
                progress=None) -> tuple[LoadedPair, dict]:
     """The pair ``spec`` loaded, ``modes`` run on ``prompts`` (``run``) and ``report``ed: what
-    `specdec bench` and an engine bench's own-loop reference both do. The runtime, for a manifest."""
+    `specdec bench` and an engine bench's own-loop reference both do. ``watcher``: the profile that
+    seeds `auto`, used only if measured on the kernels the target loaded with. The runtime, for a manifest."""
     runtime = load_pair(spec)
-    bench = Bench(runtime, max_new_tokens, sampling, seed, profile, samples)
+    if watcher is not None:
+        watcher.expect(runtime.target.computed_by())
+    bench = Bench(runtime, max_new_tokens, sampling, seed, watcher.profile if watcher else None, samples)
     measured = run(bench, modes, prompts, lambda p: encode_prompt(runtime.tokenizer, p.text), progress)
     return runtime, report(measured, samples, seed)
 

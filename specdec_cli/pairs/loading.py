@@ -24,6 +24,7 @@ import torch
 from ..errors import UserError
 from ..notices import log
 from ..runtime import dense_prefill, native_kernels, prepared_file
+from ..runtime.computed_by import computed_by
 from ..runtime.lean_forward import use_lean_forward
 from ..runtime.lean_model import LeanCausalLM, lean_config, lean_generation_config
 from ..runtime.quantize import QUANTISED, quantise_model
@@ -55,6 +56,10 @@ class LoadedModel:
     source: ModelSource
     files: Path | None  # the directory the weights were read from, when local
     precision: str = ""  # the dtype it was asked for
+
+    def computed_by(self) -> dict:
+        """Its kernels, their CPU path, its prompts' precision and the threads now (runtime/computed_by.py)."""
+        return computed_by(self.model)
 
 
 def load(spec: ModelSpec, lean: bool = False) -> LoadedModel:

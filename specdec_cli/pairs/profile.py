@@ -78,6 +78,7 @@ class PairProfile:
     settings: dict[str, object] = field(default_factory=dict)
     drafter: dict[str, object] = field(default_factory=dict)  # drafter_identity() of the drafter measured
     dtype: str = "float32"  # the target's precision: verify costs and acceptance change with it
+    computed_by: dict[str, object] = field(default_factory=dict)  # the target's kernels (runtime/computed_by.py)
 
     def for_scenario(self, scenario: str | None) -> ScenarioProfile | None:
         """The scenario's section; prompts without one use `default`, unknown scenarios `overall`."""
@@ -87,8 +88,9 @@ class PairProfile:
         """True when calibrated with the target and the very drafter the pair now runs."""
         return self.mismatch(pair) is None
 
-    def mismatch(self, pair: PairSpec) -> str | None:
-        """Why this profile does not fit the pair (one clause), or None when it does."""
+    def mismatch(self, pair: PairSpec, computed_by: dict | None = None) -> str | None:
+        """Why this profile does not fit the pair (one clause), or None when it does; ``computed_by``:
+        the loaded target's kernels, which must be those the profile was measured on."""
         if self.target != str(pair.target.source):
             return f"calibrated with other models: target {self.target!r} then, {str(pair.target.source)!r} now"
         if self.dtype != pair.target.dtype:
@@ -99,7 +101,24 @@ class PairProfile:
         if not same_drafter(self.drafter, mine):
             return (f"calibrated with another drafter: {describe_drafter(self.drafter)!r} then, "
                     f"{describe_drafter(mine)!r} now")
+        other = kernels_mismatch(self.computed_by, computed_by or {})
+        if other:
+            return f"{other}; recalibrate with `specdec calibrate-k --write`"
         return None
+
+
+KERNEL_KEYS = ("kernels", "prefill")  # what must agree for a profile's acceptance and timings to hold
+
+
+def kernels_mismatch(recorded: dict, now: dict) -> str | None:
+    """Why figures measured under ``recorded`` kernels do not hold under ``now``'s (one clause), or
+    None. The outputs themselves differ between specdec's kernels and torch's (docs/precision.md), so
+    acceptance and verify costs do too. A record without these keys (an older profile) or a run not
+    yet loaded (``now`` empty) is not compared."""
+    for key in KERNEL_KEYS:
+        if key in recorded and key in now and recorded[key] != now[key]:
+            return f"measured with {key} {recorded[key]}, this run has {now[key]}"
+    return None
 
 
 def k_values(text: str) -> list[int]:
@@ -209,6 +228,7 @@ def _pair(path: Path, name: str, body) -> PairProfile:
         versions={str(k): str(v) for k, v in (body.get("versions") or {}).items()},
         settings={str(k): _plain(v) for k, v in (body.get("settings") or {}).items()},
         drafter=_plain(body.get("drafter")) if isinstance(body.get("drafter"), dict) else {},
+        computed_by=_plain(body.get("computed_by")) if isinstance(body.get("computed_by"), dict) else {},
     )
 
 
@@ -276,6 +296,8 @@ def _section(profile: PairProfile) -> CommentedMap:
     body["drafter"] = CommentedMap(profile.drafter)
     body["versions"] = CommentedMap(profile.versions)
     body["settings"] = CommentedMap(profile.settings)
+    if profile.computed_by:
+        body["computed_by"] = CommentedMap(profile.computed_by)
     body["scenarios"] = CommentedMap((name, _scenario_map(s)) for name, s in profile.scenarios.items())
     if profile.overall is not None:
         body["overall"] = _scenario_map(profile.overall)
@@ -305,7 +327,17 @@ class ProfileWatcher:
         self.path, self.pair, self.warn = path, pair, warn
         self.stamp: tuple | None = None
         self.profile: PairProfile | None = None
+        self.computed_by: dict = {}  # the loaded target's kernels, once ``expect`` says
         self.changed()
+
+    def expect(self, computed_by: dict) -> None:
+        """The loaded target's kernels (known only once the pair is loaded, after the profile was
+        read): the profile in use, and any reloaded later, must have been measured on them."""
+        self.computed_by = computed_by
+        why = self.profile.mismatch(self.pair, computed_by) if self.profile is not None else None
+        if why:
+            self.warn(f"{self.path}: ignoring the profile of {self.pair.name!r}: {why}")
+            self.profile = None
 
     def changed(self) -> bool:
         """Reload if the file changed; True when the profile in use is now a different one."""
@@ -320,7 +352,7 @@ class ProfileWatcher:
                 raise
             self.warn(f"{exc}; keeping the profile read before")
             return False
-        why = profile.mismatch(self.pair) if profile is not None else None
+        why = profile.mismatch(self.pair, self.computed_by) if profile is not None else None
         if why:
             self.warn(f"{self.path}: ignoring the profile of {self.pair.name!r}: {why}")
             profile = None

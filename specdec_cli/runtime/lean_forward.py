@@ -199,6 +199,7 @@ class LeanLlama(LeanDecoder):
         self.layers = [layer_weights(layer, config.intermediate_size) for layer in model.model.layers[: config.num_hidden_layers]]
         self.prompt_layers = None if dense is None else [lean_layer(w, d) for w, d in zip(self.layers, dense)]
         self.dense_from = None if dense is None else DENSE_FROM[dense[0][0].dtype]
+        self.prompt_dtype = None if dense is None else dense[0][0].dtype  # computed_by.py reports it
         self.norm, self.norm_eps = model.model.norm.weight, model.model.norm.variance_epsilon
         self.head = kernel(model.lm_head)
         self.rotary = model.model.rotary_emb

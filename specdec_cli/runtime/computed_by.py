@@ -1,0 +1,38 @@
+"""What computed a target's tokens: which kernels, on which CPU path, which precision its prompts ran
+in, on how many threads.
+
+Greedy output itself depends on these (docs/precision.md: specdec's int4 kernels and torch's agree on
+5 of 20 prompts), so every result names them, and a calibration profile measured on other kernels is
+not used as if it were this run's (profile.kernels_mismatch).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import native_kernels
+from .lean_forward import LeanLlama
+from .quantize import Q8Linear
+
+
+def computed_by(model) -> dict:
+    """``{"kernels": "specdec-avx2" | "torch-avx512" | …, "prefill": "bfloat16" | …, "threads": N}``."""
+    return {"kernels": kernels(model), "prefill": prefill(model), "threads": torch.get_num_threads()}
+
+
+def kernels(model) -> str:
+    """specdec's library and its CPU path where any linear runs on it, else torch's and the CPU
+    capability torch dispatches to (``ATEN_CPU_CAPABILITY`` changes it, and its results)."""
+    if any(isinstance(module, Q8Linear) for module in model.modules()):
+        return f"specdec-{native_kernels.cpu_path()}"
+    return f"torch-{torch.backends.cpu.get_cpu_capability().lower()}"
+
+
+def prefill(model) -> str:
+    """The dtype a prompt's forward multiplies in: the lean forward's dense copies (dense_prefill.py),
+    else the same weights and kernels as decoding ("as decoding")."""
+    lean = getattr(model.forward, "__self__", None)
+    if isinstance(lean, LeanLlama) and lean.prompt_dtype is not None:
+        return str(lean.prompt_dtype).removeprefix("torch.")
+    return "as decoding"
+
