@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from specdec_cli.decoding import blocks
 from specdec_cli.pairs.cache_dir import cache_root
 from specdec_cli.runtime import native_kernels
 
@@ -172,3 +173,48 @@ def test_a_truncated_library_is_built_again_and_its_ops_give_the_same_result(lib
         "with): compiled it again")]
     assert json.loads(library.with_suffix(".sha256").read_text()) == record_of(library.read_bytes())
 
+
+SANE = {1: 0.018, 2: 0.020, 3: 0.023}
+MEASURED = {1: 0.017, 2: 0.021, 3: 0.022}
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"[1, 2]", "list, not a mapping of block lengths to seconds"),
+    (b"null", "NoneType, not a mapping of block lengths to seconds"),
+    (b'"fast"', "str, not a mapping of block lengths to seconds"),
+    (b"{}", "dict, not a mapping of block lengths to seconds"),
+    (b'{"1": null}', "a cost of null, not a positive number of seconds"),
+    (b'{"1": "0.01"}', 'a cost of "0.01", not a positive number of seconds'),
+    (b'{"1": true}', "a cost of true, not a positive number of seconds"),
+    (b'{"1": [0.01]}', "a cost of [0.01], not a positive number of seconds"),
+    (b'{"1": NaN}', "a cost of NaN, not a positive number of seconds"),
+    (b'{"1": Infinity}', "a cost of Infinity, not a positive number of seconds"),
+    (b'{"1": 0.018, "2": -0.02}', "a cost of -0.02, not a positive number of seconds"),
+    (b'{"1": 0}', "a cost of 0, not a positive number of seconds"),
+    (b'{"2": 0.02, "3": 0.023}', "its block lengths are not 1 to 2"),
+    (b'{"1": 0.018, "3": 0.023}', "its block lengths are not 1 to 2"),
+    (b'{"1": 0.018, "01": 0.02}', "its block lengths are not 1 to 2"),
+    (b'{"1": 0.018, "2": 0.02', "not JSON"),
+    (b"\x89PNG\r\n\x00\xff", "not JSON"),
+])
+def test_a_block_cost_file_that_is_not_what_specdec_wrote_is_measured_again_with_one_warning(target, tmp_path,
+                                                                                            monkeypatch, caplog,
+                                                                                            content, why):
+    monkeypatch.setattr(blocks, "time_blocks", lambda model: SANE)
+    assert blocks.cached_costs(target, "tiny", tmp_path) == SANE
+    [path] = tmp_path.glob("block-costs-*.json")
+    path.write_bytes(content)
+    monkeypatch.setattr(blocks, "time_blocks", lambda model: MEASURED)
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        assert blocks.cached_costs(target, "tiny", tmp_path) == MEASURED
+    assert warnings(caplog) == [f"the block costs in {path} are unusable ({why}): measuring them again"]
+    assert json.loads(path.read_text()) == {str(n): s for n, s in MEASURED.items()}
+
+
+def test_a_block_cost_file_as_specdec_wrote_it_is_read_back_without_a_word(target, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(blocks, "time_blocks", lambda model: SANE)
+    blocks.cached_costs(target, "tiny", tmp_path)
+    monkeypatch.setattr(blocks, "time_blocks", lambda model: pytest.fail("measured again"))
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        assert blocks.cached_costs(target, "tiny", tmp_path) == SANE
+    assert caplog.records == []
