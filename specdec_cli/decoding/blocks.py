@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from ..notices import log
 from ..pairs.cache_dir import transformers_version
 from ..pairs.manifest import cpu_name
 from .kv import crop_cache, input_device, reserved_cache
@@ -126,6 +128,24 @@ def forward_code() -> str:
     return digest.hexdigest()[:16]
 
 
+def read_costs(path: Path) -> dict[int, float]:
+    """The costs in a block-cost file, exactly as ``cached_costs`` writes them: lengths 1..n, each a
+    positive, finite number of seconds. specdec owns the file, so anything else in it is a
+    ``ValueError`` saying what (measured again), never a traceback on every run."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("not JSON") from None
+    if not isinstance(saved, dict) or not saved:
+        raise ValueError(f"{type(saved).__name__}, not a mapping of block lengths to seconds")
+    if set(saved) != {str(n) for n in range(1, len(saved) + 1)}:
+        raise ValueError(f"its block lengths are not 1 to {len(saved)}")
+    for seconds in saved.values():
+        if type(seconds) not in (int, float) or not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"a cost of {json.dumps(seconds)}, not a positive number of seconds")
+    return {int(n): float(s) for n, s in saved.items()}
+
+
 def cached_costs(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, float]:
     """Seconds of a block of each length for this model on this machine (see cached_plan); {} off a CPU."""
     if input_device(model).type != "cpu":
@@ -135,10 +155,14 @@ def cached_costs(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, 
                     str(torch.get_num_threads()), cpu_name(), forward_code()])
     path = cache_dir / f"block-costs-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     try:
-        costs = {int(n): float(s) for n, s in json.loads(path.read_text()).items()}
-        if disturbed(costs):  # kept by an earlier version, which saved whatever it measured
-            raise ValueError(path)
-    except (OSError, ValueError):
+        costs = read_costs(path)
+    except FileNotFoundError:
+        costs = {}
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        log.warning(f"the block costs in {path} are unusable ({reason}): measuring them again")
+        costs = {}
+    if not costs or disturbed(costs):  # disturbed: kept by an earlier version, which saved whatever it measured
         for _ in range(MEASURE_TRIES):
             costs = time_blocks(model)
             if not disturbed(costs):

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from ..notices import log
+from . import kernel_checksum
 
 SOURCE_DIR = Path(__file__).with_name("native")  # library.cpp (the ops), q8_matmul.cpp, attention_rows.cpp and its body
 BLOCK = 32  # inputs per scale, activations and weights alike
@@ -97,8 +98,9 @@ def cpu_path() -> str:
 
 
 def load(cache: Path) -> str:
-    """Load the library from the specdec cache ``cache`` (building it there first when missing) and
-    return its CPU path; ``Unavailable`` when it cannot run here."""
+    """Load the library from the specdec cache ``cache`` (building it there first when missing, or
+    again when it is not what was built: dlopen on a truncated file dies of SIGBUS) and return its
+    CPU path; ``Unavailable`` when it cannot run here."""
     if os.environ.get("SPECDEC_TORCH_KERNELS"):
         raise Unavailable("SPECDEC_TORCH_KERNELS is set")
     if loaded():
@@ -107,14 +109,30 @@ def load(cache: Path) -> str:
     if not path_name:
         raise Unavailable(f"the CPU path {torch.backends.cpu.get_cpu_capability()} has no AVX2")
     path = library_path(cache)
-    if not path.exists():
-        log.info("compiling specdec's int8 matmul kernel (once, ~10 s)")
-        build(path)
+    damage = kernel_checksum.damage(path) if path.exists() else None
+    if damage or not path.exists():
+        compiled(path, damage)
     try:
         torch.ops.load_library(str(path))
     except (OSError, RuntimeError) as exc:
         raise Unavailable(f"{path} does not load: {exc}") from None
     return path_name
+
+
+def compiled(path: Path, damage: str | None) -> None:
+    """Build the library at ``path``, then its checksum record. A ``damage``d library (kernel_checksum)
+    is built again with one warning; where it cannot be, ``Unavailable`` carries both reasons, so
+    the user reads one line either way."""
+    log.info(f"compiling specdec's int8 matmul kernel {'again' if damage else 'once'} (~10 s)")
+    try:
+        build(path)
+        kernel_checksum.write(path)
+    except (Unavailable, OSError) as exc:  # OSError: a cache that cannot be written
+        if damage:
+            raise Unavailable(f"{path} is damaged ({damage}) and cannot be compiled again: {exc}") from None
+        raise Unavailable(str(exc)) from None
+    if damage:
+        log.warning(f"specdec's kernel library {path} was damaged ({damage}): compiled it again")
 
 
 _told: list[str] = []
