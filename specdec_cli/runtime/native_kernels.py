@@ -109,8 +109,9 @@ def load(cache: Path) -> str:
     if not path_name:
         raise Unavailable(f"the CPU path {torch.backends.cpu.get_cpu_capability()} has no AVX2")
     path = library_path(cache)
-    damage = kernel_checksum.damage(path) if path.exists() else None
-    if damage or not path.exists():
+    if not path.exists() or not kernel_checksum.record_path(path).exists():  # never built, or before records
+        compiled(path, None)
+    elif damage := kernel_checksum.damage(path):
         compiled(path, damage)
     try:
         torch.ops.load_library(str(path))
