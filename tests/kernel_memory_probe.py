@@ -5,8 +5,11 @@ kills this process (test_kernel_memory.py reads the exit status).
     python kernel_memory_probe.py guard KIND OUT IN    # each kernel tensor ends at an inaccessible page
     python kernel_memory_probe.py touch                # the guard page itself: must die by SIGSEGV
     python kernel_memory_probe.py prepared KIND HIDDEN # a tiny target prepared, then mapped back and run
-    python kernel_memory_probe.py batch CASE...        # several in one process: CASE is guard:KIND:OUT:IN
-                                                       # or prepared:KIND:HIDDEN, each followed by "ok CASE"
+    python kernel_memory_probe.py native BITS OUT IN   # specdec's own matmul on guarded tensors
+    python kernel_memory_probe.py attend ROWS KEYS DIM # specdec's own attention on guarded tensors
+    python kernel_memory_probe.py batch CASE...        # several in one process: CASE is guard:KIND:OUT:IN,
+                                                       # prepared:KIND:HIDDEN, native:BITS:OUT:IN or
+                                                       # attend:ROWS:KEYS:DIM, each followed by "ok CASE"
 
 Prints ``ok`` when everything ran.
 """
@@ -97,8 +100,46 @@ def prepared(kind: str, hidden: int) -> None:
         assert not misaligned, f"mapped from {path.name} at addresses no kernel is promised: {misaligned[:3]}"
 
 
+def native(bits: int, out_features: int, in_features: int) -> None:
+    """specdec's own matmul (runtime/native_kernels.py) with its codes, scales, offsets and input each
+    against a guard page, at every block length up to 8 rows: the same bits as from the heap."""
+    from specdec_cli.pairs.cache_dir import cache_root
+    from specdec_cli.runtime import native_kernels
+
+    native_kernels.load(cache_root())
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 2**bits, (out_features, in_features), generator=g)
+    scale = torch.rand(out_features, in_features // 32, generator=g) * 0.02 + 0.001
+    packed = native_kernels.pack(codes, scale, -scale * 2 ** (bits - 1), bits)
+    placed = [guarded(t) for t in packed]
+    for rows in range(1, 9):
+        x = torch.randn(rows, in_features, generator=g)
+        got = native_kernels.bound().matmul(guarded(x), *placed, bits)
+        assert torch.equal(got, native_kernels.bound().matmul(x, *packed, bits))
+
+
+def attend(rows: int, keys: int, dim: int) -> None:
+    """specdec's attention op with queries, keys, values, counts and index each against a guard page,
+    causal and through an index: the same bits as from the heap."""
+    from specdec_cli.pairs.cache_dir import cache_root
+    from specdec_cli.runtime import native_kernels
+
+    native_kernels.load(cache_root())
+    g = torch.Generator().manual_seed(0)
+    q, key, value = (torch.randn(*shape, generator=g) for shape in ((rows, 4, dim), (2, keys, dim), (2, keys, dim)))
+    counts = torch.arange(keys - rows + 1, keys + 1)
+    index = torch.stack([torch.randperm(keys, generator=g) for _ in range(rows)])
+    for chosen in (None, index):
+        want = native_kernels.bound().attend_rows(q, key, value, counts, chosen, dim**-0.5)
+        got = native_kernels.bound().attend_rows(guarded(q), guarded(key), guarded(value), guarded(counts),
+                                                 None if chosen is None else guarded(chosen), dim**-0.5)
+        assert torch.equal(got, want)
+
+
 PROBES = {"guard": lambda kind, out, inner: guard(kind, int(out), int(inner)), "touch": touch,
-          "prepared": lambda kind, hidden: prepared(kind, int(hidden))}
+          "prepared": lambda kind, hidden: prepared(kind, int(hidden)),
+          "native": lambda bits, out, inner: native(int(bits), int(out), int(inner)),
+          "attend": lambda rows, keys, dim: attend(int(rows), int(keys), int(dim))}
 
 
 if __name__ == "__main__":

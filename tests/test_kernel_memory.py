@@ -40,6 +40,8 @@ GUARDED = [
     ("int4", 98, 32), ("int4", 65, 576), ("int4", 200, 64),
 ]
 MAPPED = [("int8", 32), ("int8", 40), ("int4", 32)]
+NATIVE = [(4, 40, 96), (8, 40, 96), (4, 65, 576), (8, 7, 32)]  # specdec's matmul: bits, outputs, inputs
+ATTEND = [(1, 5, 48), (3, 17, 64), (4, 33, 128), (2, 9, 24)]  # specdec's attention: rows, keys, head dim
 
 
 def case(name: str, *values) -> str:
@@ -49,7 +51,8 @@ def case(name: str, *values) -> str:
 @pytest.fixture(scope="module")
 def batch() -> set[str]:
     """The cases that printed their ``ok`` in one process running them all."""
-    cases = [case("guard", *g) for g in GUARDED] + [case("prepared", *m) for m in MAPPED]
+    cases = ([case("guard", *g) for g in GUARDED] + [case("prepared", *m) for m in MAPPED]
+             + [case("native", *n) for n in NATIVE] + [case("attend", *a) for a in ATTEND])
     result = probe("batch", *cases)
     return {line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("ok ")}
 
@@ -67,3 +70,13 @@ def test_no_kernel_reads_past_its_weight(batch, kind, out_features, in_features)
 @pytest.mark.parametrize("kind, hidden", MAPPED)
 def test_a_target_mapped_from_its_prepared_file_runs_and_scores_as_built(batch, kind, hidden):
     assert_case_ran(batch, "prepared", kind, hidden)
+
+
+@pytest.mark.parametrize("bits, out_features, in_features", NATIVE)
+def test_specdecs_matmul_reads_no_byte_past_its_tensors(batch, bits, out_features, in_features):
+    assert_case_ran(batch, "native", bits, out_features, in_features)
+
+
+@pytest.mark.parametrize("rows, keys, dim", ATTEND)
+def test_specdecs_attention_reads_no_byte_past_its_tensors(batch, rows, keys, dim):
+    assert_case_ran(batch, "attend", rows, keys, dim)

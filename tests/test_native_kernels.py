@@ -177,10 +177,14 @@ def test_the_kernels_weights_are_the_gguf_blocks_exactly():
 
 
 def test_a_compiler_that_fails_is_named_with_its_last_words(tmp_path, monkeypatch):
-    monkeypatch.setenv("CXX", "/bin/false")
-    with pytest.raises(native_kernels.Unavailable, match="compiling specdec's kernels failed"):
-        native_kernels.build(tmp_path / "k.so")
-    assert not list(tmp_path.iterdir())  # no half-written library left
+    compiler = tmp_path / "bin" / "cxx"  # GCC-compatible by its macros, failing on the sources
+    compiler.parent.mkdir()
+    compiler.write_text('#!/bin/sh\ncase "$*" in *-dM*) echo "#define __GNUC__ 13";; *) echo "error: boom" >&2; exit 1;; esac\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    with pytest.raises(native_kernels.Unavailable, match=f"compiling specdec's kernels failed \\({compiler}\\): error: boom"):
+        native_kernels.build(tmp_path / "out" / "k.so")
+    assert not list((tmp_path / "out").iterdir())  # no half-written library left
 
 
 def test_without_the_kernel_the_target_says_so_once_and_runs_torchs(monkeypatch, caplog):

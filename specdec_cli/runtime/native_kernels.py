@@ -36,10 +36,11 @@ import torch
 from ..notices import log
 from . import kernel_checksum
 
-SOURCE_DIR = Path(__file__).with_name("native")  # library.cpp (the ops), q8_matmul.cpp, attention_rows.cpp and its body
+SOURCE_DIR = Path(__file__).with_name("native")  # library.cpp (the ops), q8_matmul.cpp, attention_rows.cpp and its body, cpu_features.h
 BLOCK = 32  # inputs per scale, activations and weights alike
 TILE = 16  # outputs per weight tile
-FLAGS = ["-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-w"]
+FLAGS = ["-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-Wall"]
+COMPILE_SECONDS = 600  # a compile takes ~10-30 s here; past this something is wrong, and torch's kernels run
 DIRECTORY_VAR = "SPECDEC_KERNELS"
 
 
@@ -49,7 +50,7 @@ class Unavailable(RuntimeError):
 
 def sources() -> list[Path]:
     """The files the library is built from (a change to any makes another library)."""
-    return sorted(p for p in SOURCE_DIR.glob("*") if p.suffix in (".cpp", ".inc"))
+    return sorted(p for p in SOURCE_DIR.glob("*") if p.suffix in (".cpp", ".inc", ".h"))
 
 
 def library_path(cache: Path) -> Path:
@@ -65,20 +66,15 @@ def library_path(cache: Path) -> Path:
 
 def build(path: Path) -> Path:
     """Compile the library into ``path`` (atomically); ``Unavailable`` with the compiler's last words."""
-    root = Path(torch.__file__).parent  # torch's headers and libraries, where cpp_extension finds them
-    include_paths, library_paths = [root / "include", root / "include/torch/csrc/api/include"], [root / "lib"]
-
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if not compiler:
-        raise Unavailable("no C++ compiler found (apt-get install g++, or set CXX)")
+    compiler, quirks = find_compiler()
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(handle)
-    units = [str(p) for p in sources() if p.suffix == ".cpp"]
-    command = [compiler, *FLAGS, *(f"-I{p}" for p in include_paths), *units,
-               *(f"-L{p}" for p in library_paths), "-lc10", "-ltorch_cpu", "-o", staging]
     try:
-        done = subprocess.run(command, capture_output=True, text=True)
+        try:
+            done = subprocess.run(command(compiler, quirks, staging), capture_output=True, text=True, timeout=COMPILE_SECONDS)
+        except subprocess.TimeoutExpired:
+            raise Unavailable(f"compiling specdec's kernels ({compiler}) took more than {COMPILE_SECONDS} s") from None
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise Unavailable(f"compiling specdec's kernels failed ({compiler}): {last}")
@@ -86,6 +82,38 @@ def build(path: Path) -> Path:
     finally:
         Path(staging).unlink(missing_ok=True)
     return path
+
+
+def command(compiler: str, quirks: list[str], output: str) -> list[str]:
+    """The compile line: torch's headers as system headers and its C++ ABI, as torch.utils.cpp_extension
+    gives them (importing cpp_extension itself costs more than a start may spend)."""
+    root = Path(torch.__file__).parent
+    includes = [root / "include", root / "include/torch/csrc/api/include"]
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    units = [str(p) for p in sources() if p.suffix == ".cpp"]
+    return [compiler, *FLAGS, *quirks, abi, *(f"-isystem{p}" for p in includes), *units,
+            f"-L{root / 'lib'}", "-lc10", "-ltorch_cpu", "-o", output]
+
+
+def find_compiler() -> tuple[str, list[str]]:
+    """``$CXX``, else g++, else c++, and the flags its version needs; ``Unavailable`` for none, or for
+    one that is not GCC-compatible (the sources use GCC's target attributes and pragmas)."""
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        raise Unavailable("no C++ compiler found (apt-get install g++, or set CXX)")
+    try:
+        done = subprocess.run([compiler, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Unavailable(f"the C++ compiler {compiler} does not run: {exc}") from None
+    macros = dict(line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.startswith("#define ") and line.count(" ") >= 2)
+    if done.returncode != 0 or "__GNUC__" not in macros:
+        raise Unavailable(f"{compiler} is not a GCC-compatible C++ compiler (the kernels use GCC's target attributes): "
+                          "set CXX to g++ or clang++")
+    if "__clang__" not in macros and macros["__GNUC__"].strip() in ("10", "11", "12"):
+        # GCC 12's intrinsics headers warn about their own self-initialised "undefined" vectors
+        # once inlined (GCC bug 105593, fixed in 13); our code has no other such warning.
+        return compiler, ["-Wno-uninitialized", "-Wno-maybe-uninitialized"]
+    return compiler, []
 
 
 @cache

@@ -18,6 +18,8 @@
 #include <optional>
 #include <vector>
 
+#include "cpu_features.h"
+
 namespace {
 
 #pragma GCC push_options
@@ -218,6 +220,7 @@ void attend_shared_wide(const float* const* qs, float* const* outs, const int64_
 // keys index[r, 0..counts[r]) when index is given, else keys 0..counts[r]. Returns [rows, heads, dim].
 at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value, const at::Tensor& counts,
                        const std::optional<at::Tensor>& index, double scale, bool avx512) {
+  require_cpu(avx512);
   TORCH_CHECK(q.dim() == 3 && key.dim() == 3 && value.dim() == 3, "q, key, value: 3 dimensions");
   TORCH_CHECK(q.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat && value.scalar_type() == at::kFloat,
               "float32 only");
@@ -240,6 +243,15 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& key, const at::Ten
                 index->size(1) >= widest && index->stride(1) == 1, "index: int64 [rows, >= counts]");
     chosen = index->data_ptr<int64_t>();
     index_stride = index->stride(0);
+    for (int64_t r = 0; r < rows; ++r) {  // a key outside the cache would be read from past its end
+      const int64_t* seen = chosen + r * index_stride;
+      int64_t low = 0, high = 0;
+      for (int64_t j = 0; j < count[r]; ++j) {
+        low = std::min(low, seen[j]);
+        high = std::max(high, seen[j]);
+      }
+      TORCH_CHECK(low >= 0 && high < keys, "index: row ", r, " names key ", low < 0 ? low : high, " of ", keys);
+    }
   } else {
     causal.resize(widest);
     for (int64_t j = 0; j < widest; ++j) causal[j] = j;

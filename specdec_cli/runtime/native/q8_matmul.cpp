@@ -25,7 +25,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
+
+#include "cpu_features.h"
 
 namespace {
 
@@ -69,13 +72,26 @@ float block_amax_avx512(const float* v) {
   return _mm512_reduce_max_ps(both);
 }
 
-// Row by row, block by block: a row gets the same codes alone or in a block of rows.
+// Whether a block holds only finite values: v * 0 is NaN for a NaN or an infinity, else 0.
+bool finite_block(const float* v) {
+  float probe = 0.f;
+  for (int64_t i = 0; i < BLOCK; ++i) probe += v[i] * 0.f;
+  return probe == 0.f;
+}
+
+// Row by row, block by block: a row gets the same codes alone or in a block of rows. A block with a
+// NaN or an infinity gets no codes (converting them to integers is undefined behaviour) and a NaN
+// scale, so its row's outputs are NaN, as a float matmul's would be.
 Quantised quantise_rows(const float* x, int64_t rows, int64_t k, bool avx512) {
   const int64_t blocks = k / BLOCK;
   Quantised q{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks)};
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
       const float* v = x + r * k + b * BLOCK;
+      if (!finite_block(v)) {  // the codes stay 0
+        q.scale[r * blocks + b] = q.offset[r * blocks + b] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
       float amax = 0.f;
       if (avx512) {
         amax = block_amax_avx512(v);
@@ -238,6 +254,7 @@ void tiles(bool avx512, const uint8_t* w, const float* dw, const float* mw, cons
 // x [rows, K] float32; codes [N / 16, K / 32, 256 or 512] uint8; scale, offset [N / 16, K / 32, 16] float32.
 at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset,
                      int64_t bits, bool avx512) {
+  require_cpu(avx512);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 [rows, K]");
   TORCH_CHECK(bits == 4 || bits == 8, "bits: 4 or 8");
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 3 && codes.is_contiguous(), "codes: uint8 [tiles, blocks, bytes]");
