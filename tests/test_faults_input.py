@@ -1,0 +1,135 @@
+"""Inputs read defensively: a server that is not an engine, a damaged draft head, models.yaml's nested
+mappings and a calibration profile of the wrong shape are each one line on stderr and exit code 2,
+never a traceback."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from contextlib import contextmanager
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli.cli import app
+
+runner = CliRunner()
+
+
+def one_line(result) -> str:
+    """The error line, its wrapping undone (rich wraps at the test terminal's width)."""
+    return " ".join(result.stderr.split())
+
+
+# --- a server that is not an engine -----------------------------------------------------------------
+
+PROMETHEUS = "vllm:num_requests_running 0\n"
+MODELS = json.dumps({"data": [{"id": "m"}]})
+HTML = "<!DOCTYPE html>\n<html><head><title>It works</title></head><body>nginx</body></html>\n"
+
+
+class _Pages(http.server.BaseHTTPRequestHandler):
+    """Answers with the server's ``pages`` (path → body, 'POST path' for a POST); 404 for the rest."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.answer(self.server.pages.get(f"POST {self.path}"))
+
+    def do_GET(self):
+        self.answer(self.server.pages.get(self.path))
+
+    def answer(self, body: str | None) -> None:
+        if body is None:
+            self.send_error(404)
+            return
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html" if body.lstrip().startswith("<") else "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):  # quiet in the test's output
+        pass
+
+
+@contextmanager
+def foreign_server(pages: dict[str, str]):
+    """A web server that is no engine, in this process, on a free loopback port; stopped on leaving."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
+    server.pages = pages
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize("pages, problem", [
+    ({"/v1/models": HTML}, "/v1/models answered HTML, not an engine's JSON"),
+    ({"/v1/models": "[1, 2]"}, "/v1/models answered a JSON list, not an engine's model list (an object with 'data')"),
+    ({"/v1/models": '{"data": [{"name": "m"}]}'}, "/v1/models answered a model list without model ids"),
+    ({"/v1/models": '{"data": "m"}'}, "/v1/models answered a model list without model ids"),
+    ({"/v1/models": MODELS, "/metrics": HTML}, "/metrics answered HTML, not an engine's Prometheus metrics"),
+    ({"/v1/models": MODELS, "/metrics": "hello world\n"},
+     "/metrics answered text that is not Prometheus metrics (could not convert string to float: 'world')"),
+    ({"/v1/models": MODELS, "/metrics": '{"running": 0}'},
+     "/metrics answered JSON, not an engine's Prometheus metrics"),
+    ({"/v1/models": MODELS, "/metrics": 'vllm:time_to_first_token_seconds_bucket{le="soon"} 1\n'},
+     "/metrics answered text that is not Prometheus metrics (bucket bound le='soon' is not a number)"),
+    ({"/v1/models": MODELS, "/metrics": 'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="x"} 1\n'},
+     "/metrics answered text that is not Prometheus metrics (position='x' is not a whole number)"),
+    ({"/v1/models": MODELS, "/metrics": "vllm:num_requests_running +Inf\n"},
+     "/metrics answered text that is not Prometheus metrics (vllm:num_requests_running is inf)"),
+])
+def test_watch_on_a_server_that_is_not_an_engine_is_one_line(pages, problem):
+    with foreign_server(pages) as url:
+        result = runner.invoke(app, ["watch", url, "--once", "--interval", "0.01"])
+    assert result.exit_code == 2, result.output
+    assert one_line(result) == f"specdec: error: {url}{problem}"
+
+
+def test_watch_on_an_engine_page_reads_it():
+    """The check refuses only what is not an engine's: a real page of metrics still reads."""
+    with foreign_server({"/v1/models": MODELS, "/metrics": PROMETHEUS}) as url:
+        result = runner.invoke(app, ["watch", url, "--once", "--json", "--interval", "0.01"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["url"] == url
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("http://[::1", "not a URL (Invalid IPv6 URL)"),
+    ("http://127.0.0.1:http", "not a URL (Port could not be cast to integer value as 'http')"),
+    ("http://127.0.0.1:99999", "not a URL (Port out of range 0-65535)"),
+    ("http://", "not a URL (no host)"),
+])
+def test_a_url_that_is_not_one_is_one_line(url, problem):
+    result = runner.invoke(app, ["watch", url, "--once"])
+    assert result.exit_code == 2, result.output
+    assert one_line(result) == f"specdec: error: {url}: {problem}; give one such as http://127.0.0.1:8000"
+
+
+def test_engine_bench_against_a_server_that_is_not_an_engine_is_one_line(pair_dir, tmp_path):
+    """The check is the client's: `bench --server` (and `verify-equivalence --server`) get it too."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\n")
+    with foreign_server({"/v1/models": HTML}) as url:
+        result = runner.invoke(app, ["bench", "--models", str(pair_dir / "models.yaml"), "--pair", "tiny-ngram",
+                                     "--prompts", str(prompts), "--server", url])
+    assert result.exit_code == 2, result.output
+    assert one_line(result) == f"specdec: error: {url}/v1/models answered HTML, not an engine's JSON"
+
+
+def test_a_streamed_chunk_that_is_not_an_engines_is_a_failure_kind_not_a_traceback():
+    """complete() classifies the server's faults (bench counts them per kind); a chunk of the wrong
+    shape was an AttributeError out of the request's thread."""
+    from specdec_cli.serving.client import Endpoint, complete
+
+    with foreign_server({"POST /v1/completions": "data: [1, 2]\n\n"}) as url:
+        result = complete(Endpoint(url, model="m"), [5, 6], 4)
+    assert result.error == "malformed"
+    assert result.detail == f"{url}/v1/completions streamed a chunk that is not an engine's ('list' object has no attribute 'get')"
