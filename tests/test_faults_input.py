@@ -133,3 +133,85 @@ def test_a_streamed_chunk_that_is_not_an_engines_is_a_failure_kind_not_a_traceba
         result = complete(Endpoint(url, model="m"), [5, 6], 4)
     assert result.error == "malformed"
     assert result.detail == f"{url}/v1/completions streamed a chunk that is not an engine's ('list' object has no attribute 'get')"
+
+
+# --- a damaged draft head ---------------------------------------------------------------------------
+
+RETRAIN = "train it again or point at another head"
+
+
+@pytest.fixture
+def head(pair_dir, tmp_path):
+    """A copy of the tiny pair's head, to damage."""
+    import shutil
+
+    return shutil.copytree(pair_dir / "head", tmp_path / "head")
+
+
+def generate_with(pair_dir, head):
+    return runner.invoke(app, ["generate", "--models", str(pair_dir / "models.yaml"), "--pair", "tiny-ngram",
+                               "--draft", str(head), "--max-new-tokens", "4", "hello"])
+
+
+def export_head(pair_dir, head, tmp_path):
+    return runner.invoke(app, ["export-head", str(head), "--out", str(tmp_path / "out"), "--target", str(pair_dir / "target")])
+
+
+def test_the_head_runs_before_it_is_damaged(pair_dir, head):
+    result = generate_with(pair_dir, head)
+    assert result.exit_code == 0, result.output
+
+
+def damage_weights(head, how: str) -> None:
+    weights = head / "head.safetensors"
+    if how == "cut":
+        weights.write_bytes(weights.read_bytes()[:-100])
+    else:  # a whole file, but not this head's tensors
+        import torch
+        from safetensors.torch import save_file
+
+        save_file({"fc.weight": torch.zeros(2, 2)}, weights)
+
+
+@pytest.mark.parametrize("how, problem", [
+    ("cut", "cut short or damaged (Error while deserializing header: incomplete metadata, file not fully covered)"),
+    ("other", "does not hold the head its specdec-draft.json describes (Missing key(s) in state_dict: \"fc.bias\""),
+])
+@pytest.mark.parametrize("command", [generate_with, export_head])
+def test_damaged_head_weights_are_one_line(pair_dir, head, tmp_path, command, how, problem):
+    damage_weights(head, how)
+    result = command(pair_dir, head, tmp_path) if command is export_head else command(pair_dir, head)
+    assert result.exit_code == 2, result.output
+    line = one_line(result)
+    assert line.startswith(f"specdec: error: {head / 'head.safetensors'}: {problem}") and line.endswith(f"; {RETRAIN}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('{"kind": "head", ', "not valid JSON (Expecting property name enclosed in double quotes)"),
+    ('["head"]', "a JSON list, not an object"),
+    (b'{"kind": "h\xe9ad"}', "not UTF-8 text"),
+])
+@pytest.mark.parametrize("command", [generate_with, export_head])
+def test_head_metadata_that_is_no_json_object_is_one_line(pair_dir, head, tmp_path, command, text, problem):
+    meta = head / "specdec-draft.json"
+    meta.write_bytes(text if isinstance(text, bytes) else text.encode())
+    result = command(pair_dir, head, tmp_path) if command is export_head else command(pair_dir, head)
+    assert result.exit_code == 2, result.output
+    assert one_line(result) == f"specdec: error: {meta}: {problem}; {RETRAIN}"
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"layer": "big"}, "'layer' must be a mapping (the head's layer shape), got 'big'"),
+    ({"target": ["t"]}, "'target' must be a mapping with 'source' and 'fingerprint', got ['t']"),
+    ({"feature_layers": [-1, "top"]}, "'feature_layers' must be a list of whole numbers, got [-1, 'top']"),
+    ({"top_vocab": {"a": 1}}, "'top_vocab' must be a list of token ids or null, got {'a': 1}"),
+    ({"format": "2"}, "'format' must be a whole number, got '2'"),
+])
+@pytest.mark.parametrize("command", [generate_with, export_head])
+def test_head_metadata_of_the_wrong_shape_is_one_line(pair_dir, head, tmp_path, command, change, problem):
+    meta = head / "specdec-draft.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), **change}))
+    result = command(pair_dir, head, tmp_path) if command is export_head else command(pair_dir, head)
+    assert result.exit_code == 2, result.output
+    assert one_line(result) == f"specdec: error: {meta}: {problem}; {RETRAIN}"

@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from ..errors import UserError
+from ..errors import UserError, json_type
 
 REQUEST_TIMEOUT_S = 120.0  # a whole request, and the longest silence between two chunks
 
@@ -63,7 +63,7 @@ def url_problem(url: str) -> str | None:
     address), or None."""
     try:
         parsed = urlparse(url)
-        parsed.port  # a port that is no number, or out of range, raises here
+        _ = parsed.port  # a port that is no number, or out of range, raises here
     except ValueError as exc:
         return str(exc)
     return None if parsed.hostname else "no host"
@@ -101,11 +101,6 @@ def body_kind(text: str) -> str:
     except ValueError:
         return "text"
     return "JSON"
-
-
-def json_type(value) -> str:
-    """JSON's name for a parsed value's type."""
-    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
 @dataclass
