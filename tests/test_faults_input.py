@@ -215,3 +215,62 @@ def test_head_metadata_of_the_wrong_shape_is_one_line(pair_dir, head, tmp_path, 
     result = command(pair_dir, head, tmp_path) if command is export_head else command(pair_dir, head)
     assert result.exit_code == 2, result.output
     assert one_line(result) == f"specdec: error: {meta}: {problem}; {RETRAIN}"
+
+
+# --- models.yaml's nested mappings ------------------------------------------------------------------
+
+TARGET = "    target: ./t\n"
+
+
+@pytest.mark.parametrize("pair, message", [
+    ("    target: {source: ./t, dtyp: int4}\n    draft: ngram\n",
+     "pair 'p' target: unknown key 'dtyp'; the keys are source, dtype, device_map"),
+    ("    target: {source: [./t]}\n    draft: ngram\n", "pair 'p' target: 'source' must be a string, got ['./t']"),
+    ("    target: {source: ./t, device_map: [cpu]}\n    draft: ngram\n",
+     "pair 'p' target: 'device_map' must be a device or a mapping of modules to devices, got ['cpu']"),
+    ("    target: {source: ./t, device_map: {model: [0]}}\n    draft: ngram\n",
+     "pair 'p' target: 'device_map' must be a device or a mapping of modules to devices, got {'model': [0]}"),
+    (TARGET + "    draft: {kind: ngram, max_ngram: three}\n",
+     "pair 'p' draft: 'max_ngram' must be a whole number from 1, got 'three'"),
+    (TARGET + "    draft: {kind: ngram, min_ngram: 4, max_ngram: 2}\n",
+     "pair 'p' draft: 'min_ngram' (4) must not exceed 'max_ngram' (2)"),
+    (TARGET + "    draft: {kind: ngram, max_ngrm: 2}\n",
+     "pair 'p' draft: unknown key 'max_ngrm'; the keys are kind, max_ngram, min_ngram"),
+    (TARGET + "    draft: {kind: head, source: ./h, lookup: true, sorce: x}\n",
+     "pair 'p' draft: unknown key 'sorce'; the keys are kind, source, lookup"),
+    (TARGET + "    draft: {source: ./d, device: cpu}\n",
+     "pair 'p' draft: unknown key 'device'; the keys are kind, source, dtype, device_map, lookup"),
+    (TARGET + "    draft: {kind: medusa, source: ./d}\n",
+     "pair 'p' draft: 'kind' must be one of model, ngram, head, got 'medusa'"),
+    (TARGET + "    draft: [./d]\n", "pair 'p' draft: expected a source string or a mapping with 'source'"),
+    (TARGET + "    draft: ngram\n    drafters: {model: {source: ./d, device_map: [0]}}\n",
+     "pair 'p' drafters.model: 'device_map' must be a device or a mapping of modules to devices, got [0]"),
+    (TARGET + "    draft: ngram\n    drafters: {ngram: {kind: ngram, lookup: true}}\n",
+     "pair 'p' drafters.ngram: unknown key 'lookup'; the keys are kind, max_ngram, min_ngram"),
+    (TARGET + "    draft: ngram\n    scenarios: {code: '5'}\n",
+     "pair 'p' scenario 'code': K must be an integer from 0 to {MAX_K}, got '5'"),
+    (TARGET + "    draft: ngram\n    scenarios: [code]\n", "pair 'p': 'scenarios' must map scenario names to K"),
+    (TARGET + "    draft: ngram\n    profile: [p.yaml]\n", "pair 'p': 'profile' must be a file name, got ['p.yaml']"),
+    (TARGET + "    draft: ngram\n    description: {a: b}\n", "pair 'p': 'description' must be a string, got {'a': 'b'}"),
+])
+def test_nested_keys_of_the_wrong_name_or_type_are_one_line(tmp_path, pair, message):
+    from specdec_cli.limits import MAX_K
+
+    models = tmp_path / "models.yaml"
+    models.write_text(f"pairs:\n  p:\n{pair}")
+    result = runner.invoke(app, ["models", "--models", str(models)])
+    assert result.exit_code == 2, result.output
+    assert one_line(result) == f"specdec: error: {models}: " + message.replace("{MAX_K}", str(MAX_K))
+
+
+def test_the_nested_mappings_that_are_right_still_read(tmp_path):
+    from specdec_cli.pairs.registry import load_registry
+
+    models = tmp_path / "models.yaml"
+    models.write_text("pairs:\n  p:\n    target: {source: ./t, dtype: bfloat16, device_map: {model: 0, lm_head: cpu}}\n"
+                      "    draft: {kind: ngram, min_ngram: 2, max_ngram: 4}\n"
+                      "    drafters: {model: {kind: model, source: ./d, device_map: cpu, lookup: true}}\n")
+    pair = load_registry(models).pair("p")
+    assert pair.target.device_map == {"model": 0, "lm_head": "cpu"} and pair.target.dtype == "bfloat16"
+    assert (pair.drafter.min_ngram, pair.drafter.max_ngram) == (2, 4)
+    assert pair.alternates["model"].lookup and pair.alternates["model"].model.device_map == "cpu"
