@@ -8,6 +8,7 @@ import http.server
 import json
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -274,3 +275,92 @@ def test_the_nested_mappings_that_are_right_still_read(tmp_path):
     assert pair.target.device_map == {"model": 0, "lm_head": "cpu"} and pair.target.dtype == "bfloat16"
     assert (pair.drafter.min_ngram, pair.drafter.max_ngram) == (2, 4)
     assert pair.alternates["model"].lookup and pair.alternates["model"].model.device_map == "cpu"
+
+
+# --- a calibration profile of the wrong shape -------------------------------------------------------
+
+
+def profile_with(tmp_path: Path, pair_dir: Path, change) -> str:
+    """A profile as `calibrate-k --write` writes it for the tiny pair, then ``change``d by hand."""
+    from ruamel.yaml import YAML
+
+    from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, write_profile
+
+    path = tmp_path / "profile.yaml"
+    section = ScenarioProfile(k=2, verdict="speculate", best_k=2, speedup=1.5, alpha=0.8, c=0.1, verify_cost={2: 1.2})
+    write_profile(path, PairProfile(pair="tiny", calibrated="2026-01-01T00:00:00", target=str(pair_dir / "target"),
+                                    draft="ngram", scenarios={"default": section}, overall=section,
+                                    versions={"torch": "2.13"}, settings={"k": "0..4"}, drafter={"kind": "ngram"}))
+    yaml = YAML(typ="rt")
+    data = yaml.load(path.read_text())
+    change(data["pairs"]["tiny"])
+    with path.open("w") as out:
+        yaml.dump(data, out)
+    return str(path)
+
+
+def generate_auto(pair_dir, profile):
+    return runner.invoke(app, ["generate", "--models", str(pair_dir / "models.yaml"), "--profile", profile, "-k", "auto",
+                               "--max-new-tokens", "2", "x"])
+
+
+def set_key(key, value, section="default"):
+    def change(pair):
+        target = pair if section is None else pair["scenarios"][section] if section != "overall" else pair["overall"]
+        if value is KeyError:
+            del target[key]
+        else:
+            target[key] = value
+    return change
+
+
+@pytest.mark.parametrize("change, where, problem", [
+    (set_key("k", "three"), "scenario 'default'", "'k' must be a whole number from 0 to {MAX_K}, got 'three'"),
+    (set_key("k", "3"), "scenario 'default'", "'k' must be a whole number from 0 to {MAX_K}, got '3'"),
+    (set_key("k", -1), "scenario 'default'", "'k' must be a whole number from 0 to {MAX_K}, got -1"),
+    (set_key("k", 2.5), "scenario 'default'", "'k' must be a whole number from 0 to {MAX_K}, got 2.5"),
+    (set_key("best_k", True, "overall"), "overall", "'best_k' must be a whole number from 0 to {MAX_K}, got True"),
+    (set_key("k", KeyError), "scenario 'default'", "'k' is missing; recalibrate with `specdec calibrate-k --write`"),
+    (set_key("alpha", KeyError), "scenario 'default'", "'alpha' is missing; recalibrate with `specdec calibrate-k --write`"),
+    (set_key("alpha", 1.5), "scenario 'default'", "'alpha' must be a number from 0 to 1, got 1.5"),
+    (set_key("alpha", "high"), "scenario 'default'", "'alpha' must be a number from 0 to 1, got 'high'"),
+    (set_key("c", -0.5), "scenario 'default'", "'c' must be a number of at least 0, got -0.5"),
+    (set_key("verdict", "maybe"), "scenario 'default'", "'verdict' must be one of speculate, off, got 'maybe'"),
+    (set_key("verify_cost", [1.2]), "scenario 'default'", "'verify_cost' must map each K to a positive number, got [1.2]"),
+    (set_key("verify_cost", {"two": 1.2}), "scenario 'default'",
+     "'verify_cost' must map each K to a positive number, got {'two': 1.2}"),
+    (set_key("versions", ["torch"], None), "", "'versions' must be a mapping, got ['torch']"),
+    (set_key("settings", "k 0..4", None), "", "'settings' must be a mapping, got 'k 0..4'"),
+    (set_key("drafter", "ngram", None), "", "'drafter' must be a mapping, got 'ngram'"),
+    (set_key("computed_by", ["torch"], None), "", "'computed_by' must be a mapping, got ['torch']"),
+    (set_key("target", ["t"], None), "", "'target' must be a string, got ['t']"),
+    (set_key("scenarios", KeyError, None), "", "needs a 'scenarios' mapping"),
+])
+def test_a_profile_of_the_wrong_shape_is_one_line_naming_file_and_key(pair_dir, tmp_path, change, where, problem):
+    """A malformed profile stops the run with exit 2, as an unreadable one does (profile.py); a stale
+    but well-formed one is ignored with a warning (test_ux.py)."""
+    from specdec_cli.limits import MAX_K
+
+    profile = profile_with(tmp_path, pair_dir, change)
+    result = generate_auto(pair_dir, profile)
+    assert result.exit_code == 2, result.output
+    where = f"{profile}: profile of pair 'tiny'" + (f" {where}" if where else "")
+    separator = " " if problem.startswith("needs") else ": "
+    assert one_line(result) == f"specdec: error: {where}{separator}{problem.replace('{MAX_K}', str(MAX_K))}"
+
+
+def test_a_profile_that_is_a_list_is_one_line(pair_dir, tmp_path):
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("- tiny\n- k: 3\n")
+    result = generate_auto(pair_dir, str(profile))
+    assert result.exit_code == 2, result.output
+    assert one_line(result) == f"specdec: error: {profile}: not a specdec profile (expected a mapping with a 'pairs' section)"
+
+
+def test_a_well_formed_profile_still_reads(pair_dir, tmp_path):
+    from specdec_cli.pairs.profile import read_profiles
+
+    profile = profile_with(tmp_path, pair_dir, lambda pair: None)
+    assert generate_auto(pair_dir, profile).exit_code == 0
+    read = read_profiles(Path(profile))["tiny"]
+    assert (read.scenarios["default"].k, read.overall.verify_cost, read.drafter) == (2, {2: 1.2}, {"kind": "ngram"})
