@@ -16,3 +16,8 @@ def read_json(path: Path, option: str):
         raise UserError(f"{option} {path}: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{option} {path}: not JSON ({exc})") from None
+
+
+def json_type(value) -> str:
+    """JSON's name for a parsed value's type, for a message saying what came instead of an object."""
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")

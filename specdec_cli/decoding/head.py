@@ -26,23 +26,23 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from ..errors import UserError
 from ..limits import MAX_K
 from ..runtime.lean_forward import LeanDecoder, layer_supported, layer_weights
-from ..pairs.meta import META_FILE, read_meta, write_meta
+from ..pairs.meta import META_FILE, read_meta, write_meta  # noqa: F401 (read_meta: the tests' way in)
 from ..runtime.quantize import QUANTISED, native_linear, output_weight, quantise_model, quantised_weight
 from ..runtime.reserved_cache import appends
 from ..runtime.rowwise_attention import ROWWISE_UP_TO, on_native_kernels, visible_keys
 from .drafters import Draft, Drafter, autoregress, common_prefix
+from .head_files import WEIGHTS_FILE, build_head, read_head
 from .head_layer import default_rotary, layer_config, layer_skeleton
 from .control.gate import DraftGate
 from .kv import crop_cache, reserved_cache
 from .tree import TreeShape, best_nodes, path_to
 
-WEIGHTS_FILE = "head.safetensors"
 FORMAT = 2  # meta "format": 1 (absent) = the last hidden state only; 2 adds "feature_layers"
 TOP_ONLY = (-1,)
 
@@ -169,14 +169,6 @@ def save_head(directory: str | Path, head: DraftHead, meta: dict) -> None:
     write_meta(directory, {**meta, "kind": "head", "format": FORMAT, "feature_layers": list(head.feature_layers)})
 
 
-def read_head(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """A saved head's metadata and weights, refused unless the directory holds one (train-draft --kind head)."""
-    meta = read_meta(directory)
-    if meta is None or meta.get("kind") != "head" or not (directory / WEIGHTS_FILE).is_file():
-        raise UserError(f"{directory} is not a draft head (no {META_FILE} of kind 'head' with {WEIGHTS_FILE})")
-    return meta, load_file(directory / WEIGHTS_FILE)
-
-
 def check_target(meta: dict, directory, target: PreTrainedModel, source) -> None:
     """Refuse a head trained for another target: its features would mean nothing to it."""
     mine = target_identity(target, source)
@@ -197,8 +189,7 @@ def load_head(directory: str | Path, target: PreTrainedModel, source, precision:
     if meta.get("format", 1) > FORMAT:
         raise UserError(f"draft head {directory} has format {meta['format']}, newer than this specdec reads ({FORMAT}); upgrade specdec")
     quantised = precision in QUANTISED  # drafts with the lean forward: no transformers layer unless asked for
-    head = DraftHead(meta["layer"], tuple(meta.get("feature_layers", TOP_ONLY)), skeleton=quantised)
-    head.load_state_dict(state, assign=quantised)
+    head = build_head(meta, state, directory, skeleton=quantised)
     top = meta.get("top_vocab")
     return HeadDrafter(head, target, None if top is None else torch.tensor(top, dtype=torch.long), precision)
 

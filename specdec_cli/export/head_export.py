@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..decoding.head import TOP_ONLY, DraftHead, check_target, read_head
+from ..decoding.head import TOP_ONLY, DraftHead, check_target
+from ..decoding.head_files import build_head, read_head
 from ..errors import UserError
 from ..runtime.quantize import output_weight
 from .eagle3 import ENGINE_LAYERS, Stats, aux_layer_ids, eagle3_config, last_state_id, map_head, save_eagle3, vocab_maps
@@ -131,6 +132,7 @@ def export_head(directory: Path, out: Path, fmt: str, load_target, space: str = 
         raise UserError(f"unknown --engine {engine!r}; choose one of {', '.join(ENGINE_LAYERS)}")
     layer = ENGINE_LAYERS[engine]
     meta, spec = read_head(directory)
+    spec_head = build_head(meta, spec, directory).eval()  # a damaged head is refused before the target loads
     model, tokenizer = load_target(meta["target"]["source"])
     check_target(meta, directory, model, meta["target"]["source"])
     text = model.config.get_text_config()
@@ -147,8 +149,6 @@ def export_head(directory: Path, out: Path, fmt: str, load_target, space: str = 
     stats = measure_stats(spec, feature_layers, states, embed, last_state_id(text.num_hidden_layers, layer.last_output))
     allowed = d2t + torch.arange(d2t.numel())
     eagle = map_head(spec, feature_layers, config, final_norm, output_weight(model)[allowed].detach().float(), d2t, t2d, stats, space)
-    spec_head = DraftHead(meta["layer"], feature_layers).eval()
-    spec_head.load_state_dict(spec)
     kept, mapped, positions = agreement(model, spec_head, eagle, feature_layers, aux_ids, states, embed)
     provenance = {"from": str(directory), "engine": engine, "target": meta["target"], "feature_layers": list(feature_layers),
                   "aux_layer_ids": aux_ids, "stats": stats.__dict__, "map": f"approximate (specdec_cli/export/eagle3.py), h in the {space!r} space",

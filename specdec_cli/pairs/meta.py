@@ -9,19 +9,35 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, json_type
 
 META_FILE = "specdec-draft.json"  # written next to every trained drafter, both kinds
+MODEL_CONFIG = "config.json"  # a draft model's (transformers'); a head has none
 
 
 def read_meta(directory: str | Path) -> dict | None:
+    """The drafter's metadata, None where there is none; a file that is no JSON object is one line
+    naming it (a write cut short, a hand edit), not a traceback wherever it is first read."""
     path = Path(directory) / META_FILE
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise damaged(path, exc.strerror or str(exc)) from None
+    except UnicodeDecodeError:
+        raise damaged(path, "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc.msg})") from None
+        raise damaged(path, f"not valid JSON ({exc.msg})") from None
+    if not isinstance(meta, dict):
+        raise damaged(path, f"a JSON {json_type(meta)}, not an object")
+    return meta
+
+
+def damaged(path: Path, problem: str) -> UserError:
+    """A trained drafter's file that cannot be used as it is: training again writes it anew."""
+    kind = "draft model" if (Path(path).parent / MODEL_CONFIG).is_file() else "head"
+    return UserError(f"{path}: {problem}; train it again or point at another {kind}")
 
 
 def write_meta(directory: str | Path, meta: dict) -> None:

@@ -23,7 +23,7 @@ from ruamel.yaml.comments import CommentedMap
 
 from ..atomic import updating, write_atomically
 from ..errors import UserError
-from ..limits import MAX_K
+from . import profile_fields as fields
 from .registry import PairSpec, yaml_problem
 
 HEADER = (
@@ -219,41 +219,33 @@ def _pair(path: Path, name: str, body) -> PairProfile:
     overall = _scenario(f"{where} overall", body["overall"]) if body.get("overall") is not None else None
     return PairProfile(
         pair=name,
-        calibrated=str(body.get("calibrated", "")),
-        target=str(body.get("target", "")),
-        draft=str(body.get("draft", "")),
-        dtype=str(body.get("dtype", "float32")),
+        calibrated=str(body.get("calibrated", "")),  # YAML may read an unquoted date as a timestamp
+        target=fields.string(body, "target", where),
+        draft=fields.string(body, "draft", where),
+        dtype=fields.string(body, "dtype", where, "float32"),
         scenarios=scenarios,
         overall=overall,
-        versions={str(k): str(v) for k, v in (body.get("versions") or {}).items()},
-        settings={str(k): _plain(v) for k, v in (body.get("settings") or {}).items()},
-        drafter=_plain(body.get("drafter")) if isinstance(body.get("drafter"), dict) else {},
-        computed_by=_plain(body.get("computed_by")) if isinstance(body.get("computed_by"), dict) else {},
+        versions={str(k): str(v) for k, v in fields.mapping(body, "versions", where).items()},
+        settings={str(k): _plain(v) for k, v in fields.mapping(body, "settings", where).items()},
+        drafter=_plain(fields.mapping(body, "drafter", where)),
+        computed_by=_plain(fields.mapping(body, "computed_by", where)),
     )
 
 
 def _scenario(where: str, body) -> ScenarioProfile:
+    """Every field of its type and range, or one line naming it: a K is never truncated or taken from a string."""
     if not isinstance(body, dict):
         raise UserError(f"{where}: expected a mapping with k, alpha, c, verify_cost")
-    try:
-        section = ScenarioProfile(
-            k=int(body["k"]),
-            verdict=str(body.get("verdict", "speculate" if int(body["k"]) else "off")),
-            best_k=int(body.get("best_k", body["k"])),
-            speedup=float(body.get("speedup", 1.0)),
-            alpha=float(body["alpha"]),
-            c=float(body.get("c", 0.0)),
-            verify_cost={int(k): float(v) for k, v in (body.get("verify_cost") or {}).items()},
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{where}: missing or malformed field ({exc})") from None
-    if not 0 <= section.k <= MAX_K or not 0 <= section.best_k <= MAX_K:
-        raise UserError(f"{where}: K must be from 0 to {MAX_K}")
-    if not 0.0 <= section.alpha <= 1.0 or section.c < 0 or any(v <= 0 for v in section.verify_cost.values()):
-        raise UserError(f"{where}: alpha must be in [0, 1], c at least 0 and verify costs positive")
-    if section.verdict not in VERDICTS:
-        raise UserError(f"{where}: verdict must be one of {', '.join(VERDICTS)}")
-    return section
+    k = fields.k_field(body, "k", where)
+    return ScenarioProfile(
+        k=k,
+        verdict=fields.choice(body, "verdict", where, VERDICTS, "speculate" if k else "off"),
+        best_k=fields.k_field(body, "best_k", where, k),
+        speedup=fields.number(body, "speedup", where, 1.0),
+        alpha=fields.number(body, "alpha", where, high=1.0),
+        c=fields.number(body, "c", where, 0.0),
+        verify_cost=fields.costs(body, where),
+    )
 
 
 def _plain(value):

@@ -21,7 +21,7 @@ from pathlib import Path
 from ruamel.yaml import YAML, YAMLError
 
 from ..errors import UserError
-from ..limits import MAX_K
+from .entries import device_map, flag, k_value, known_keys, text, whole_number
 from .meta import read_meta
 from .sources import ModelSource, resolve_path
 
@@ -119,6 +119,9 @@ def yaml_problem(path: Path, exc: Exception) -> str:
 
 FILE_KEYS = ("default", "pairs")
 PAIR_KEYS = ("description", "target", "draft", "drafters", "dtype", "k", "scenarios", "adaptive", "pad_blocks", "profile")
+MODEL_KEYS = ("source", "dtype", "device_map")  # a target's mapping
+DRAFT_KEYS = {NGRAM: ("kind", "max_ngram", "min_ngram"), HEAD: ("kind", "source", "lookup"),
+              MODEL: ("kind", *MODEL_KEYS, "lookup")}  # a draft's mapping, by its kind
 
 
 def load_registry(explicit: str | Path | None = None) -> Registry:
@@ -131,7 +134,7 @@ def load_registry(explicit: str | Path | None = None) -> Registry:
         raise UserError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
     if not isinstance(data, dict) or not isinstance(data.get("pairs"), dict) or not data["pairs"]:
         raise UserError(f"{path}: expected a mapping with a non-empty 'pairs' section")
-    _known_keys(data, FILE_KEYS, str(path))
+    known_keys(data, FILE_KEYS, str(path))
     pairs = {name: _parse_pair(path, str(name), body) for name, body in data["pairs"].items()}
     default = str(data.get("default") or next(iter(pairs)))
     if default not in pairs:
@@ -144,7 +147,7 @@ def _parse_pair(path: Path, name: str, body) -> PairSpec:
     base = path.resolve().parent  # through the symlink: where the file and its drafters really are
     if not isinstance(body, dict) or "target" not in body or "draft" not in body:
         raise UserError(f"{where} needs 'target' and 'draft'")
-    _known_keys(body, PAIR_KEYS, where)
+    known_keys(body, PAIR_KEYS, where)
     dtype = body.get("dtype", "float32")
     scenarios = body.get("scenarios") or {}
     if not isinstance(scenarios, dict):
@@ -154,12 +157,12 @@ def _parse_pair(path: Path, name: str, body) -> PairSpec:
         name=name,
         target=parse_model(body["target"], dtype, where + " target", base),
         drafter=drafter,
-        k=_k(body.get("k", 4), where),
-        scenarios={str(s): _k(v, f"{where} scenario {s!r}") for s, v in scenarios.items()},
-        description=str(body.get("description", "")),
-        pad_blocks=_flag(body, "pad_blocks", where),
-        adaptive=_flag(body, "adaptive", where),
-        profile=base / str(body["profile"]) if body.get("profile") else None,
+        k=k_value(body.get("k", 4), where),
+        scenarios={str(s): k_value(v, f"{where} scenario {s!r}") for s, v in scenarios.items()},
+        description=text(body, "description", where, default=""),
+        pad_blocks=flag(body, "pad_blocks", where),
+        adaptive=flag(body, "adaptive", where),
+        profile=base / text(body, "profile", where, what="a file name") if body.get("profile") else None,
         alternates=_alternates(body.get("drafters"), drafter, dtype, where, base),
     )
     return pair
@@ -192,54 +195,50 @@ def parse_model(value, dtype: str = "float32", where: str = "model", base: Path 
         value = {"source": value}
     if not isinstance(value, dict) or "source" not in value:
         raise UserError(f"{where}: expected a source string or a mapping with 'source'")
+    known_keys(value, MODEL_KEYS, where)
     dtype = str(value.get("dtype", dtype))
     if dtype not in DTYPES:
         raise UserError(f"{where}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    return ModelSpec(ModelSource.parse(str(value["source"]), base), dtype, value.get("device_map", "auto"))
+    return ModelSpec(ModelSource.parse(text(value, "source", where), base), dtype, device_map(value, where))
 
 
 def parse_drafter(value, dtype: str = "float32", where: str = "draft", base: Path | None = None) -> DrafterSpec:
     """``ngram``, ``{kind: ngram, ...}``, ``{kind: head, source: DIR}``, a head directory, or a model."""
-    if isinstance(value, dict) and "lookup" in value and value.get("kind") != NGRAM:
-        rest = {key: v for key, v in value.items() if key != "lookup"}
-        return replace(parse_drafter(rest.get("source") if set(rest) == {"source"} else rest, dtype, where, base),
-                       lookup=_flag(value, "lookup", where))
+    if isinstance(value, dict):
+        return _drafter_mapping(value, dtype, where, base)
     if value == NGRAM:
         return DrafterSpec()
-    if isinstance(value, dict) and value.get("kind") == NGRAM:
-        return DrafterSpec(max_ngram=int(value.get("max_ngram", 3)), min_ngram=int(value.get("min_ngram", 1)))
-    if isinstance(value, dict) and value.get("kind") == HEAD:
-        if not isinstance(value.get("source"), str):
-            raise UserError(f"{where}: a head needs 'source', the directory `specdec train-draft --kind head` wrote")
-        return DrafterSpec(head=resolve_path(value["source"], base))
     if isinstance(value, str) and _is_head(resolve_path(value, base)):
         return DrafterSpec(head=resolve_path(value, base))
     return DrafterSpec(model=parse_model(value, dtype, where, base))
 
 
+def _drafter_mapping(value: dict, dtype: str, where: str, base: Path | None) -> DrafterSpec:
+    """A drafter's mapping, its keys those of its kind (a model's when it names none). ``lookup``
+    puts prompt lookup first; a bare ``{source: ...}`` may name a head directory, as a string does."""
+    kind = value.get("kind", MODEL)
+    if kind not in DRAFTER_KINDS:
+        raise UserError(f"{where}: 'kind' must be one of {', '.join(DRAFTER_KINDS)}, got {kind!r}")
+    known_keys(value, DRAFT_KEYS[kind], where)
+    lookup = flag(value, "lookup", where)
+    if kind == NGRAM:
+        low, high = whole_number(value, "min_ngram", where, 1), whole_number(value, "max_ngram", where, 3)
+        if low > high:
+            raise UserError(f"{where}: 'min_ngram' ({low}) must not exceed 'max_ngram' ({high})")
+        return DrafterSpec(max_ngram=high, min_ngram=low)
+    if kind == HEAD:
+        if not isinstance(value.get("source"), str):
+            raise UserError(f"{where}: a head needs 'source', the directory `specdec train-draft --kind head` wrote")
+        return DrafterSpec(head=resolve_path(value["source"], base), lookup=lookup)
+    rest = {key: v for key, v in value.items() if key not in ("kind", "lookup")}
+    if "kind" not in value and set(rest) == {"source"} and isinstance(rest["source"], str):
+        return replace(parse_drafter(rest["source"], dtype, where, base), lookup=lookup)
+    return DrafterSpec(model=parse_model(rest, dtype, where, base), lookup=lookup)
+
+
 def _is_head(path: Path) -> bool:
     """A directory written by `train-draft --kind head`: its metadata file says so."""
     return path.is_dir() and (read_meta(path) or {}).get("kind") == HEAD
-
-
-def _flag(body: dict, key: str, where: str) -> bool:
-    value = body.get(key, False)
-    if not isinstance(value, bool):
-        raise UserError(f"{where}: '{key}' is true or false, got {value!r}")
-    return value
-
-
-def _known_keys(mapping: dict, known: tuple[str, ...], where: str) -> None:
-    """A misspelt key would otherwise be ignored without a word, and its setting silently lost."""
-    unknown = sorted(str(key) for key in mapping if key not in known)
-    if unknown:
-        raise UserError(f"{where}: unknown key {unknown[0]!r}; the keys are {', '.join(known)}")
-
-
-def _k(value, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_K:  # YAML's true is an int
-        raise UserError(f"{where}: K must be an integer from 0 to {MAX_K}, got {value!r}")
-    return value
 
 
 MISSING = {

@@ -15,11 +15,19 @@ import urllib.request
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+from ..errors import UserError, json_type
+
 REQUEST_TIMEOUT_S = 120.0  # a whole request, and the longest silence between two chunks
 
 
 class ServerDown(Exception):
     """Nothing answers at the endpoint (refused, reset, timed out)."""
+
+
+class NotAnEngine(UserError):
+    """Something answers at the endpoint, but not as a serving engine does (a web page, another API):
+    one line naming the address and what came instead, for every command that asks (watch, bench and
+    verify against a server), not a traceback from deep in the parsing."""
 
 
 @dataclass(frozen=True)
@@ -40,8 +48,25 @@ class Endpoint:
         return headers
 
     def models(self) -> list[str]:
-        body = json.loads(get(self, "/v1/models", timeout=10.0))
-        return [entry["id"] for entry in body.get("data", [])]
+        where = f"{self.url}/v1/models"
+        body = get_json(self, "/v1/models", timeout=10.0)
+        if not isinstance(body, dict):
+            raise NotAnEngine(f"{where} answered a JSON {json_type(body)}, not an engine's model list (an object with 'data')")
+        entries = body.get("data", [])
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("id"), str) for e in entries):
+            raise NotAnEngine(f"{where} answered a model list without model ids")
+        return [entry["id"] for entry in entries]
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an endpoint's (urllib would raise mid-request, or read it as another
+    address), or None."""
+    try:
+        parsed = urlparse(url)
+        _ = parsed.port  # a port that is no number, or out of range, raises here
+    except ValueError as exc:
+        return str(exc)
+    return None if parsed.hostname else "no host"
 
 
 def get(endpoint: Endpoint, path: str, timeout: float = 10.0) -> str:
@@ -55,10 +80,33 @@ def get(endpoint: Endpoint, path: str, timeout: float = 10.0) -> str:
         raise ServerDown(_why(exc)) from None
 
 
+def get_json(endpoint: Endpoint, path: str, timeout: float = 10.0):
+    """A JSON answer; anything else (a web page, plain text) is NotAnEngine, naming what came instead."""
+    text = get(endpoint, path, timeout)
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise NotAnEngine(f"{endpoint.url}{path} answered {body_kind(text)}, not an engine's JSON") from None
+
+
+def body_kind(text: str) -> str:
+    """What a page that is not the expected one looks like, in a word or two."""
+    head = text.lstrip()
+    if not head:
+        return "an empty page"
+    if head.startswith("<"):
+        return "HTML"
+    try:
+        json.loads(text)
+    except ValueError:
+        return "text"
+    return "JSON"
+
+
 @dataclass
 class Completion:
     """One request's outcome and timing; ``error`` is a failure kind (timeout, connection, http-500,
-    incomplete) or None."""
+    incomplete, malformed: a chunk that is not an engine's) or None."""
 
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -104,7 +152,13 @@ def complete(endpoint: Endpoint, prompt_ids: list[int], max_tokens: int, *, logp
                 if data == "[DONE]":
                     break
                 now = time.perf_counter()
-                if dialect.take(result, json.loads(data)):
+                try:
+                    carried = dialect.take(result, json.loads(data))
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:  # not an engine's chunk
+                    result.error = "malformed"
+                    result.detail = f"{endpoint.url}{dialect.path} streamed a chunk that is not an engine's ({_why(exc)})"
+                    return result
+                if carried:
                     if result.ttft_s is None:
                         result.ttft_s = now - started
                     else:

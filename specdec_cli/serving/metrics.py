@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .client import Endpoint, get
+from .client import Endpoint, NotAnEngine, body_kind, get
 
 # vLLM (v1) names; the _total suffix is how its counters are exported.
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -69,6 +69,8 @@ def _cumulative(name: str) -> bool:
 
 
 def parse(text: str) -> Snapshot:
+    """ValueError, in words, for a page that is not Prometheus text or whose labels specdec reads as
+    numbers are not numbers (they would fail later, mid-figures)."""
     snapshot = Snapshot()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -76,6 +78,7 @@ def parse(text: str) -> Snapshot:
                 continue
             key = sample.labels.get("position") or sample.labels.get("le") or ""
             name = LLAMA_CPP.get(sample.name, sample.name)
+            _check_sample(name, key, sample.value)
             if sample.name.startswith("llamacpp:"):
                 snapshot.engine = "llama.cpp"
             if name.endswith("_created"):  # a timestamp, not a count
@@ -84,8 +87,33 @@ def parse(text: str) -> Snapshot:
     return snapshot
 
 
+def _check_sample(name: str, key: str, value: float) -> None:
+    """A per-position counter's position is a whole number, a bucket's bound a number, an engine's value finite."""
+    if name == ACCEPTED_PER_POS and key and not key.isdigit():
+        raise ValueError(f"position={key!r} is not a whole number")
+    if name.endswith("_bucket"):
+        try:
+            float(key)
+        except ValueError:
+            raise ValueError(f"bucket bound le={key!r} is not a number") from None
+    if math.isinf(value) and name.startswith(("vllm:", "sglang:")):  # the figures count them as whole numbers
+        raise ValueError(f"{name} is {value}")
+
+
 def scrape(endpoint: Endpoint, timeout: float = 10.0) -> Snapshot:
-    return parse(get(endpoint, "/metrics", timeout=timeout))
+    """The page as a Snapshot; a page that is not an engine's metrics is NotAnEngine (one line, exit 2)."""
+    text = get(endpoint, "/metrics", timeout=timeout)
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise NotAnEngine(not_metrics(f"{endpoint.url}/metrics", text, exc)) from None
+
+
+def not_metrics(where: str, text: str, exc: ValueError) -> str:
+    kind = body_kind(text)
+    if kind != "text":
+        return f"{where} answered {kind}, not an engine's Prometheus metrics"
+    return f"{where} answered text that is not Prometheus metrics ({str(exc)[:120]})"
 
 
 def itl_histogram(snapshot: Snapshot) -> str:

@@ -24,7 +24,7 @@ from typing import Callable
 
 from ..errors import UserError
 from . import environment
-from .client import Endpoint, ServerDown, get
+from .client import Endpoint, ServerDown, get, url_problem
 
 START_TIMEOUT_S = 300.0  # a cold start here takes ~20-25 s; a CUDA host's first compile, minutes
 STOP_GRACE_S = 10.0
@@ -272,6 +272,9 @@ def attach(url: str, api_key_var: str = "SPECDEC_API_KEY") -> Endpoint:
     """An already running OpenAI-compatible server; its API key, if any, comes from the environment."""
     if not url.startswith(("http://", "https://")):
         raise UserError(f"--server {url!r}: give a URL such as http://127.0.0.1:8000")
+    problem = url_problem(url)
+    if problem:
+        raise UserError(f"{url}: not a URL ({problem}); give one such as http://127.0.0.1:8000")
     endpoint = Endpoint(url.rstrip("/").removesuffix("/v1"), api_key=os.environ.get(api_key_var) or None)
     try:
         names = endpoint.models()
