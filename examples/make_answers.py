@@ -259,10 +259,11 @@ def target_tokenizer():
 
 
 def _converted_dir(pair) -> Path:
-    from specdec_cli.pairs.loading import _converted, _resolve
+    from specdec_cli.pairs.conversion import converted
+    from specdec_cli.pairs.loading import _resolve
 
     directory, gguf = _resolve(pair.target.source)
-    return Path(_converted(pair.target.source, directory, gguf)) if gguf else Path(directory)
+    return Path(converted(pair.target.source, directory, gguf, weights=False)) if gguf else Path(directory)
 
 
 def stage_answers(minutes: float) -> None:

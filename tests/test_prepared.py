@@ -11,12 +11,13 @@ import torch
 from prepared_support import forwards, spec, tied_target
 from transformers import DynamicCache
 
-from specdec_cli.pairs import loading
+from specdec_cli.pairs import conversion, loading
 from specdec_cli.pairs.cache_dir import cache_root
 from specdec_cli.pairs.registry import PACKAGED_REGISTRY, ModelSpec, load_registry
 from specdec_cli.pairs.sources import ModelSource
 from specdec_cli.runtime import native_kernels, prepared_file
 from specdec_cli.runtime.lean_forward import LeanLlama
+from specdec_cli.runtime.sampled_digest import tensor_digest
 
 pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
 
@@ -118,7 +119,7 @@ def test_the_default_pairs_mapped_int4_target_equals_a_fresh_build_bit_for_bit()
     loading.load(target)  # prepares the file if it is not there yet
     mapped = loading.load(target).model
     directory, gguf_file = loading._resolve(target.source)
-    converted = loading._converted(target.source, directory, gguf_file)
+    converted = conversion.converted(target.source, directory, gguf_file)
     from transformers import AutoModelForCausalLM
 
     from specdec_cli.runtime import dense_prefill
@@ -144,6 +145,8 @@ def test_a_file_whose_tensor_the_kernels_could_not_read_where_it_lies_is_refused
                path)
     with pytest.raises(prepared_file.Unusable, match="w is not aligned to 64 bytes"):
         prepared_file.read(path, "k")
-    torch.save({"format": prepared_file.FORMAT, "key": "k", "layout": "{}", "tensors": {"w": torch.zeros(63, dtype=torch.int8)}}, path)
+    tensors = {"w": torch.zeros(63, dtype=torch.int8)}
+    torch.save({"format": prepared_file.FORMAT, "key": "k", "layout": "{}", "tensors": tensors,
+                "digest": tensor_digest(tensors, "{}")}, path)
     tensors, layout = prepared_file.read(path, "k")
     assert tensors["w"].data_ptr() % prepared_file.ALIGNMENT == 0 and layout == {}

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..notices import log
-from ..pairs.cache_dir import transformers_version
+from ..pairs.cache_dir import transformers_version, unwritable
 from ..pairs.manifest import cpu_name
 from .kv import crop_cache, input_device, reserved_cache
 from .tree import Tree
@@ -172,7 +172,7 @@ def cached_costs(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, 
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(costs))
-        except OSError:
-            pass  # a read-only cache only costs the measurement next time
+        except OSError as exc:  # read-only, full, another user's: measured again at the next start
+            log.warning(f"the block costs are not kept, so they are measured again at every start: {unwritable(path, exc)}")
     return costs
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import UserError
-from ..pairs.cache_dir import cache_root
+from ..pairs.cache_dir import open_cache
 from ..pairs.loading import LoadedModel, load
 from ..pairs.meta import read_meta
 from ..pairs.profile import PairProfile
@@ -105,7 +105,7 @@ def load_pair(pair: PairSpec, drafting: bool = True, lean: bool = False) -> Load
         drafter, draft = _drafter(pair.drafter, target)
         runtime = LoadedPair(pair, target, composed(drafter, pair.drafter.lookup), draft, _by_kind={pair.drafter.kind: (drafter, draft)})
     if pair.pad_blocks:
-        runtime.block_costs = cached_costs(target.model, f"{target.source} {pair.target.dtype}", cache_root())
+        runtime.block_costs = cached_costs(target.model, f"{target.source} {pair.target.dtype}", open_cache())
         runtime.block_plan = plan(runtime.block_costs)
     return runtime
 
@@ -117,8 +117,7 @@ def _drafter(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedMod
         return load_head(spec.head, target.model, target.source, target.precision), None
     if spec.model is None:
         return NgramDrafter(spec.max_ngram, spec.min_ngram), None
-    draft = load(spec.model)
-    check_compatible(target.tokenizer, draft.tokenizer)
+    draft = load(spec.model, accept=lambda tokenizer: check_compatible(target.tokenizer, tokenizer))  # before it is prepared
     vocab = target.model.config.get_text_config().vocab_size
     top = (read_meta(draft.files) or {}).get("top_vocab") if draft.files else None  # a trained draft's output layer
     allowed = None if top is None else torch.tensor(top, dtype=torch.long)

@@ -9,12 +9,10 @@ large for one device can be spread or offloaded while the same code runs on a CP
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import shutil
-import tempfile
-from contextlib import redirect_stderr
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,8 +27,8 @@ from ..runtime.lean_forward import use_lean_forward
 from ..runtime.lean_model import LeanCausalLM, lean_config, lean_generation_config
 from ..runtime.quantize import QUANTISED, quantise_model
 from ..runtime.rowwise_attention import use_rowwise_attention
-from . import superseded
-from .cache_dir import cache_root, transformers_version
+from . import conversion, superseded
+from .cache_dir import open_cache, transformers_version, unwritable
 from .lean_tokenizer import LeanTokenizer, NotLean
 from .registry import ModelSpec
 from .sources import ModelSource
@@ -62,23 +60,34 @@ class LoadedModel:
         return computed_by(self.model)
 
 
-def load(spec: ModelSpec, lean: bool = False) -> LoadedModel:
+def load(spec: ModelSpec, lean: bool = False, accept: Callable | None = None) -> LoadedModel:
     """``lean``: a prepared int8/int4 Llama target may come without transformers (runtime/lean_model.py,
-    ``target_tokenizer``), for a command that only decodes: a call its lean forward does not run is refused."""
-    directory, gguf_file = _resolve(spec.source)
-    original = Path(directory) / gguf_file if gguf_file and spec.source.kind != "hub" else None
-    if gguf_file:
-        directory, gguf_file = _converted(spec.source, directory, gguf_file), None
+    ``target_tokenizer``), for a command that only decodes: a call its lean forward does not run is refused.
+    ``accept``: called with the tokenizer before the model is built, to refuse it (a draft whose ids
+    differ from the target's) before its int4 copy is prepared into the cache."""
+    source_directory, gguf_file = _resolve(spec.source)
+    original = Path(source_directory) / gguf_file if gguf_file and spec.source.kind != "hub" else None
+    quantised = spec.dtype in QUANTISED
+    directory = source_directory
+    if gguf_file:  # a warm start maps a prepared target: the conversion's weights are checked where read
+        directory = conversion.converted(spec.source, source_directory, gguf_file, weights=not quantised)
     elif spec.source.local_path() is not None:
         _check_files(Path(directory))
-    quantised = spec.dtype in QUANTISED
     try:
+        tokenizer = load_tokenizer(directory) if accept else None
+        if accept:
+            accept(tokenizer)
         if quantised:
-            model = quantised_target(spec, directory, original, lean)
+            try:
+                model = quantised_target(spec, directory, original, lean)
+            except conversion.Damaged:  # its weights, read to prepare the target: converted again (one warning)
+                directory = conversion.converted(spec.source, source_directory, gguf_file, weights=True)
+                model = quantised_target(spec, directory, original, lean)
         else:
             model = quiet_transformers().AutoModelForCausalLM.from_pretrained(directory, dtype=_dtype(spec.dtype),
                                                                               device_map=spec.device_map)
-        tokenizer = target_tokenizer(directory, isinstance(model, LeanCausalLM))
+        if tokenizer is None:
+            tokenizer = target_tokenizer(directory, isinstance(model, LeanCausalLM))
     except (OSError, ValueError) as exc:
         raise UserError(f"could not load {spec.source}: {_first_line(exc)}") from None
     files = Path(directory) if spec.source.kind != "hub" else None
@@ -91,7 +100,7 @@ def transformers_directory(source: ModelSource) -> Path:
     server on a CPU): a GGUF source's converted cache directory (made once), else its own directory."""
     directory, gguf_file = _resolve(source)
     if gguf_file:
-        return Path(_converted(source, directory, gguf_file))
+        return Path(conversion.converted(source, directory, gguf_file))
     if source.local_path() is None:
         raise UserError(f"{source} is a hub id; give a local model directory or a .gguf file")
     _check_files(Path(directory))
@@ -143,7 +152,7 @@ def quantised_target(spec: ModelSpec, directory: str, gguf_path: Path | None,
     Llama comes as runtime/lean_model.py's skeleton, without transformers' model."""
     lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
     dense_dtype = dense_prefill.dense_dtype() if lean else None
-    native = native_kernels.available(cache_root())
+    native = native_kernels.available(open_cache())
     key = _prepared_key(spec, directory, gguf_path, dense_dtype, native)
     path = _prepared_path(key, Path(directory).name) if key else None
     if path is not None and path.is_file():
@@ -158,20 +167,29 @@ def quantised_target(spec: ModelSpec, directory: str, gguf_path: Path | None,
             return _finish(prepared_file.assemble(_skeleton(directory), tensors, layout), dense, lean)
         except prepared_file.Unusable as exc:
             log.warning(f"the prepared target is unusable ({_first_line(exc)}); preparing it again")
+    conversion.check(directory, weights=True)  # a GGUF's conversion, read now: Damaged when it does not match
     transformers = quiet_transformers()
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
     if path is not None and sum(p.numel() for p in model.parameters()) >= SLOW_TO_PREPARE:
         log.info(f"preparing the {spec.dtype} target once (later runs map it from {path})")
     model, dense = _quantised(model, spec.dtype, gguf_path, dense_dtype, native)
     if path is not None:
-        try:
-            prepared_file.save(path, model, dense, key)
-            for stale in prepared_file.files(path.parent, f"{path.name.rsplit('-', 1)[0]}-"):
-                if stale != path:  # the same source, dtype and copies under older code: never read again
-                    stale.unlink(missing_ok=True)
-        except OSError:
-            pass  # a read-only cache only costs the preparation next time
+        _keep(path, model, dense, key)
     return _finish(model, dense, lean)
+
+
+def _keep(path: Path, model, dense, key: str) -> None:
+    """Save the prepared target and remove its stale copies; where the cache cannot take it (read-only,
+    full, another user's), the target runs from memory and one warning says what that costs."""
+    try:
+        prepared_file.save(path, model, dense, key)
+    except OSError as exc:
+        log.warning(f"the prepared target is not kept, so it is prepared again at every start: {unwritable(path, exc)}")
+        return
+    for stale in prepared_file.files(path.parent, f"{path.name.rsplit('-', 1)[0]}-"):
+        if stale != path:  # the same source, dtype and copies under older code: never read again
+            with suppress(OSError):  # another user's, in a shared cache: theirs to remove
+                stale.unlink(missing_ok=True)
 
 
 def _prepared_path(key: str, name: str) -> Path:
@@ -179,7 +197,7 @@ def _prepared_path(key: str, name: str) -> Path:
     that a file written under older code for the same source is found and removed."""
     source = key.rsplit("|", 2)[0]  # the code digest and the library version are the key's last fields
     name = superseded.prepared_name(name)
-    return cache_root() / f"prepared-{name}-{_short(source)}-{_short(key)}{prepared_file.SUFFIX}"
+    return open_cache() / f"prepared-{name}-{_short(source)}-{_short(key)}{prepared_file.SUFFIX}"
 
 
 def _short(text: str) -> str:
@@ -289,59 +307,6 @@ def _check_files(directory: Path) -> None:
         ggufs = sorted(path.name for path in directory.glob("*.gguf"))
         hint = f"; it holds {ggufs[0]}: give that file instead" if ggufs else ""
         raise UserError(f"{directory} is not a model directory: missing {', '.join(missing)}{hint}")
-
-
-def _converted(source: ModelSource, directory: str, gguf_file: str) -> str:
-    """A transformers directory converted from the GGUF, made once and reused."""
-    target = cache_root() / _cache_key(source, directory, gguf_file)
-    if (target / "config.json").is_file():
-        return str(target)
-    log.info(f"converting {gguf_file} once (later runs read {target})")
-    quiet_transformers()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        with redirect_stderr(io.StringIO()):  # the GGUF reader draws its own progress bar
-            tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
-            model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"could not load GGUF {source}: {_first_line(exc)}") from None
-    # A GGUF-loaded model refuses save_pretrained while it remembers its quantizer; the weights
-    # are already de-quantised, so forgetting it is exact.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        superseded.mark(staging, _gguf_identity(source, directory, gguf_file))
-        os.replace(staging, target)  # atomic: a half-written conversion is never found
-    except OSError:
-        if not (target / "config.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    removed = superseded.remove_superseded(target.parent, target, _gguf_identity(source, directory, gguf_file))
-    if removed:
-        log.info(f"removed {len(removed)} conversion(s) of an earlier copy of {gguf_file} and their prepared targets")
-    return str(target)
-
-
-def _gguf_identity(source: ModelSource, directory: str, gguf_file: str) -> str:
-    """Which GGUF file a conversion is of, whatever copy of it (superseded.py)."""
-    return f"{source.location}#{gguf_file}" if source.kind == "hub" else str(Path(directory).resolve() / gguf_file)
-
-
-def _cache_key(source: ModelSource, directory: str, gguf_file: str) -> str:
-    if source.kind == "hub":
-        identity = f"{source.location}#{gguf_file}"
-    else:
-        stat = (Path(directory) / gguf_file).stat()
-        identity = f"{Path(directory).resolve() / gguf_file}:{stat.st_size}:{stat.st_mtime_ns}"
-    digest = hashlib.sha256(f"{identity}|transformers {transformers_version()}".encode()).hexdigest()[:12]
-    return f"{Path(gguf_file).stem}-{digest}"
 
 
 def _dtype(name: str):

@@ -26,7 +26,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -34,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..notices import log
-from . import kernel_checksum
+from . import kernel_checksum, staging
 
 SOURCE_DIR = Path(__file__).with_name("native")  # library.cpp (the ops), q8_matmul.cpp, attention_rows.cpp and its body, cpu_features.h
 BLOCK = 32  # inputs per scale, activations and weights alike
@@ -67,20 +66,23 @@ def library_path(cache: Path) -> Path:
 def build(path: Path) -> Path:
     """Compile the library into ``path`` (atomically); ``Unavailable`` with the compiler's last words."""
     compiler, quirks = find_compiler()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(handle)
     try:
-        try:
-            done = subprocess.run(command(compiler, quirks, staging), capture_output=True, text=True, timeout=COMPILE_SECONDS)
-        except subprocess.TimeoutExpired:
-            raise Unavailable(f"compiling specdec's kernels ({compiler}) took more than {COMPILE_SECONDS} s") from None
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise Unavailable(f"compiling specdec's kernels failed ({compiler}): {last}")
-        os.replace(staging, path)
-    finally:
-        Path(staging).unlink(missing_ok=True)
+        with staging.staging(path.parent) as scratch:  # removed by a later run if this one is killed
+            output = scratch / path.name
+            try:
+                done = subprocess.run(command(compiler, quirks, str(output)), capture_output=True, text=True,
+                                      timeout=COMPILE_SECONDS)
+            except subprocess.TimeoutExpired:
+                raise Unavailable(f"compiling specdec's kernels ({compiler}) took more than {COMPILE_SECONDS} s") from None
+            except OSError as exc:  # the compiler itself, not the cache
+                raise Unavailable(f"compiling specdec's kernels failed ({compiler}): {exc.strerror or exc}") from None
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+                raise Unavailable(f"compiling specdec's kernels failed ({compiler}): {last}")
+            os.replace(output, path)
+    except OSError as exc:  # a read-only cache, or another user's
+        raise Unavailable(f"cannot write {exc.filename or path.parent} ({exc.strerror or exc}): set SPECDEC_CACHE "
+                          "to a directory you can write") from None
     return path
 
 

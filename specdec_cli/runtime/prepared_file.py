@@ -18,8 +18,10 @@ give it is rebuilt, never handed to a kernel.
 The file's metadata holds the key it was written under (the caller's source fingerprint, dtype and
 ``code_digest``) and the layout (which module is which kernel, which siblings share a projection,
 which tensors are tied); a file that does not parse, has another key, or lacks a tensor the layout
-names raises ``Unusable``, and the caller rebuilds it. The data bytes are not checksummed: hashing
-~0.6 GB would cost more than the restore it guards.
+names raises ``Unusable``, and the caller rebuilds it. So does one whose tensors do not match the
+digest written with them (sampled_digest.py: the layout, every tensor's name, dtype and shape, and
+1 KiB of every mebibyte of their bytes): hashing all ~0.6 GB would cost more than the restore it guards,
+and any damaged run of a mebibyte or more is caught.
 """
 
 from __future__ import annotations
@@ -28,17 +30,18 @@ import hashlib
 import json
 import os
 import pickle
-import tempfile
 import zipfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from . import staging
 from .fused_projections import SIBLINGS, SharedProjection, install
 from .quantize import Int4Linear, Int8Linear, Q8Linear, int8_columns
+from .sampled_digest import tensor_digest
 
-FORMAT = "3"
+FORMAT = "4"  # 4: the saved tensors carry their sampled digest
 DENSE = "dense"  # tensor name prefix of the prompt copies: dense.LAYER.INDEX
 SUFFIX = ".pt"
 ALIGNMENT = 64  # bytes: what torch.save gives every tensor, more than any CPU kernel here asks
@@ -71,16 +74,14 @@ def save(path: Path, model: nn.Module, dense: list[tuple[torch.Tensor, ...]] | N
             tensors[f"{DENSE}.{layer}.{index}"] = weight
     layout["dense"] = [len(weights) for weights in dense] if dense is not None else None
     tensors = {name: tensor.detach().contiguous() for name, tensor in tensors.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(handle)
-    try:
-        torch.save({"format": FORMAT, "key": key, "layout": json.dumps(layout), "tensors": tensors}, staging)
-        os.replace(staging, path)
-    except RuntimeError as exc:  # a full disk, for one: torch's zip writer raises it
-        raise OSError(f"{path}: {exc}") from None
-    finally:
-        Path(staging).unlink(missing_ok=True)
+    index = json.dumps(layout)
+    saved = {"format": FORMAT, "key": key, "layout": index, "tensors": tensors, "digest": tensor_digest(tensors, index)}
+    with staging.staging(path.parent) as directory:
+        try:
+            torch.save(saved, directory / path.name)
+        except RuntimeError as exc:  # a full disk, for one: torch's zip writer raises it
+            raise OSError(f"{path}: {exc}") from None
+        os.replace(directory / path.name, path)
 
 
 def files(directory: Path, prefix: str) -> list[Path]:
@@ -105,6 +106,8 @@ def read(path: Path, key: str) -> tuple[dict[str, torch.Tensor], dict]:
     misaligned = [name for name, tensor in tensors.items() if tensor.data_ptr() % ALIGNMENT]
     if misaligned:
         raise Unusable(f"{path}: {misaligned[0]} is not aligned to {ALIGNMENT} bytes")
+    if saved.get("digest") != tensor_digest(tensors, saved["layout"]):
+        raise Unusable(f"{path}: its tensors do not match the digest saved with them (the file is damaged)")
     return tensors, layout
 
 
