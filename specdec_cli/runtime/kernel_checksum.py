@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
+
+from . import staging
 
 
 def record_path(library: Path) -> Path:
@@ -30,13 +31,9 @@ def write(library: Path) -> None:
     """Record ``library`` as it is now, atomically and after it: a build killed before this leaves a
     library without a valid record, which is built again."""
     record = record_path(library)
-    handle, staging = tempfile.mkstemp(dir=record.parent, prefix=f".{record.name}.")
-    try:
-        with os.fdopen(handle, "w") as file:
-            json.dump(measured(library), file)
-        os.replace(staging, record)
-    finally:
-        Path(staging).unlink(missing_ok=True)
+    with staging.staging(record.parent) as directory:  # removed by a later run if this one is killed
+        (directory / record.name).write_text(json.dumps(measured(library)))
+        os.replace(directory / record.name, record)
 
 
 def damage(library: Path) -> str | None:
