@@ -64,7 +64,10 @@ def _locked(directory: Path) -> tuple[Path, int]:
     while True:
         path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=directory))
         handle = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks: a sweep cannot take it either, so it is never removed
+            pass
         if _same(path, handle):
             return path, handle
         os.close(handle)
