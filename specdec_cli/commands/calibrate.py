@@ -21,7 +21,7 @@ from ..decoding.rules import check_tree_rule
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import k_values, profile_path, read_profiles, write_profile
-from ..prompts import read_file
+from ..prompts import check_fit, read_file
 from .common import (
     WRITE_FAILED,
     AcceptOption,
@@ -128,6 +128,7 @@ def calibrate_k(
     if budgets:
         tree_engine = SpeculativeEngine(runtime.target.model, runtime.tree_drafter(), runtime.eos_token_ids, runtime.block_plan)
     encoded = [(item.scenario or DEFAULT_SCENARIO, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
+    check_fit(items, [ids for _, ids in encoded], runtime.engine.context_length)
     with _progress(console, len(ks) + len(budgets)) as report:
         measured = sweep(runtime.engine, encoded, ks, max_new_tokens, sampling, seed, report, rule, budgets, tree_engine)
     scenarios, overall = summarise_all(measured)

@@ -8,7 +8,7 @@ import os
 import stat
 import sys
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Annotated, Iterable, Optional
+from typing import TYPE_CHECKING, Annotated, Iterable, Iterator, Optional
 
 import typer
 
@@ -17,7 +17,7 @@ from ..decoding.rules import check_tree_rule
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
-from ..prompts import Prompt, parse_lines
+from ..prompts import Prompt, named, parse_lines
 from .common import (
     AcceptOption,
     DrafterOption,
@@ -49,6 +49,7 @@ from .common import (
 
 if TYPE_CHECKING:
     from ..decoding.control.controller import AdaptiveController
+    from ..decoding.engine import RoundEvent, SpeculativeEngine
     from ..decoding.loaded_pair import LoadedPair
     from .live import LiveView
 
@@ -101,6 +102,7 @@ def generate(
         check_tree_drafter(spec)
 
     thread_policy.apply(threads)  # before torch loads
+    from ..decoding.events import CONTEXT
     from ..decoding.loaded_pair import load_pair
 
     sampling = sampling_params(temperature, top_k, top_p)
@@ -133,6 +135,8 @@ def generate(
                 print(json.dumps(result, ensure_ascii=False), flush=True)
             else:  # always, terminal or not: copy, tee and script get the clean answer
                 print(result["text"], flush=True)
+                if result["stats"]["stop"] == CONTEXT:  # --json says it in the stats
+                    warning_line(context_cut(item, result["stats"]["new_tokens"], runtime.engine.context_length))
             if view is not None:
                 view.show_summary()
             finished += 1
@@ -162,7 +166,7 @@ def _run_one(runtime: LoadedPair, item: Prompt, fixed_k, max_new_tokens, samplin
     stats = RunStats("auto" if adaptive else k, str(rule), tree=tree)
     emitted: list[int] = []
     view = None
-    events = runtime.engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, rule=rule)
+    events = _events(runtime.engine, item, ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, rule=rule)
     if console is None:
         for event in events:
             stats.add(event)
@@ -187,6 +191,17 @@ def _run_one(runtime: LoadedPair, item: Prompt, fixed_k, max_new_tokens, samplin
     if item.scenario is not None:
         result["scenario"] = item.scenario
     return result, view
+
+
+def _events(engine: SpeculativeEngine, item: Prompt, ids: list[int], **settings) -> Iterator[RoundEvent]:
+    """The engine's rounds for ``item``; a prompt the context cannot hold is named, with its line."""
+    with named(item):
+        yield from engine.generate(ids, **settings)
+
+
+def context_cut(item: Prompt, tokens: int, context: int) -> str:
+    """Text mode's word that an answer ends because the target's context is full, not by its own end."""
+    return f"{item.label}: the answer stopped after {tokens} tokens, at the end of the target's {context}-token context"
 
 
 def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:

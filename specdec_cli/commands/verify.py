@@ -25,7 +25,7 @@ from ..runtime import threads as thread_policy
 from ..atomic import check_writable, write_atomically
 from ..errors import UserError
 from ..limits import MAX_K, NEAR_TIE_TOLERANCE, SAMPLING_PROMPTS, SAMPLING_TOKENS
-from ..prompts import read_file
+from ..prompts import check_fit, read_file
 from .engine_verify import engine_verify
 from .common import (
     ConcurrencyOption,
@@ -138,6 +138,7 @@ def verify_equivalence(
     if tree is not None:
         runtime.drafter = runtime.tree_drafter()
     encoded = [(item.id, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
+    check_fit(items, [ids for _, ids in encoded], runtime.engine.context_length)
     tolerance = tolerance or _tolerance(runtime)
 
     started = time.perf_counter()
