@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..runtime import threads as thread_policy
+from . import interrupt
 from ..atomic import check_writable
 from ..decoding.control.speedup import SPECULATE
 from ..decoding.rules import check_tree_rule
@@ -122,8 +123,10 @@ def calibrate_k(
     ks = parse_ks(k)
     sampling = sampling_params(temperature, 0, 1.0)
     console = stderr_console()
+    interrupt.now("loading the pair")
     with console.status(f"loading {spec.name}…") if console.is_terminal else nullcontext():
         runtime = load_pair(spec)
+    interrupt.now("measuring", "nothing was written: the profile and the tables come at the end")
     tree_engine = None
     if budgets:
         tree_engine = SpeculativeEngine(runtime.target.model, runtime.tree_drafter(), runtime.eos_token_ids, runtime.block_plan)

@@ -14,6 +14,7 @@ import typer
 
 from ..runtime import threads as thread_policy
 from ..decoding.rules import check_tree_rule
+from . import interrupt
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
@@ -109,6 +110,7 @@ def generate(
     console = stderr_console()
     watcher = _profile_watcher(spec, fixed_k, profile, console)
     live = not json_lines and console.is_terminal
+    interrupt.now("loading the pair")
     with console.status(f"loading {spec.name}…") if live else nullcontext():
         # -k 0 loads no drafter; decoding needs no transformers model class (pairs/loading.py)
         runtime = load_pair(spec, drafting=fixed_k != 0, lean=True)
@@ -117,32 +119,31 @@ def generate(
         runtime.drafter = runtime.tree_drafter()
 
     finished, warned = 0, False
-    try:
-        for item in prompts:
-            if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
-                controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
-            k_for_item = controller.schedule(item.scenario) if controller else fixed_k
-            result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule, tree)
-            if view is not None and _stdout_is_a_file():
-                view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
-            if controller is not None:  # which profile seeded auto (None: the pair's K)
-                result["stats"]["profile"] = str(watcher.path) if watcher.profile else None
-            if result["stats"]["fallback_forwards"] and not warned:  # once a run: a slowdown nothing else shows
-                warning_line(f"prompt {item.id}: {result['stats']['fallback_forwards']} target forward(s) ran transformers' "
-                             "forward instead of the lean int8/int4 one (slower); fallback_forwards counts them")
-                warned = True
-            if json_lines:
-                print(json.dumps(result, ensure_ascii=False), flush=True)
-            else:  # always, terminal or not: copy, tee and script get the clean answer
-                print(result["text"], flush=True)
-                if result["stats"]["stop"] == CONTEXT:  # --json says it in the stats
-                    warning_line(context_cut(item, result["stats"]["new_tokens"], runtime.engine.context_length))
-            if view is not None:
-                view.show_summary()
-            finished += 1
-    except KeyboardInterrupt:
-        console.print(f"specdec: interrupted after {finished} finished prompt(s)")
-        raise typer.Exit(130) from None
+    interrupt.now("reading the prompts")
+    for item in prompts:
+        interrupt.now(f"answering {item.label}", interrupt.answered(finished))
+        if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
+            controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
+        k_for_item = controller.schedule(item.scenario) if controller else fixed_k
+        result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule, tree)
+        if view is not None and _stdout_is_a_file():
+            view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
+        if controller is not None:  # which profile seeded auto (None: the pair's K)
+            result["stats"]["profile"] = str(watcher.path) if watcher.profile else None
+        if result["stats"]["fallback_forwards"] and not warned:  # once a run: a slowdown nothing else shows
+            warning_line(f"prompt {item.id}: {result['stats']['fallback_forwards']} target forward(s) ran transformers' "
+                         "forward instead of the lean int8/int4 one (slower); fallback_forwards counts them")
+            warned = True
+        finished += 1  # said before it is printed: a reader that has the result is told it was written
+        interrupt.now("reading the next prompt", interrupt.answered(finished))
+        if json_lines:
+            print(json.dumps(result, ensure_ascii=False), flush=True)
+        else:  # always, terminal or not: copy, tee and script get the clean answer
+            print(result["text"], flush=True)
+            if result["stats"]["stop"] == CONTEXT:  # --json says it in the stats
+                warning_line(context_cut(item, result["stats"]["new_tokens"], runtime.engine.context_length))
+        if view is not None:
+            view.show_summary()
 
 
 def _stdout_is_a_file() -> bool:
