@@ -7,32 +7,48 @@ import errno
 import os
 import sys
 
-import typer
-from typer._click import exceptions as click_errors  # typer 0.29 carries its own click
-from typer.core import TyperArgument, TyperGroup
+from .commands import interrupt
 
-from .commands.bench import bench_command
-from .commands.calibrate import calibrate_k
-from .commands.export import export
-from .commands.export_head import export_head_command
-from .commands.common import error_line, warning_line
-from .commands.generate import generate
-from .commands.models import models
-from .commands.train_draft import train_draft
-from .commands.verify import verify_equivalence
-from .commands.watch import watch
-from . import notices
-from .runtime import threads
+
+def _interrupted() -> int:
+    """Ctrl-C, wherever it came: one line saying what was kept (commands/interrupt.py), and exit code 130."""
+    print(f"specdec: {interrupt.line()}", file=sys.stderr, flush=True)
+    return 130
+
+
+try:  # Ctrl-C while the commands' modules load ends as it does anywhere else, not in a traceback
+    import typer
+    from typer._click import exceptions as click_errors  # typer 0.29 carries its own click
+    from typer.core import TyperArgument, TyperGroup
+
+    from .commands.bench import bench_command
+    from .commands.calibrate import calibrate_k
+    from .commands.export import export
+    from .commands.export_head import export_head_command
+    from .commands.common import error_line, warning_line
+    from .commands.generate import generate
+    from .commands.models import models
+    from .commands.train_draft import train_draft
+    from .commands.verify import verify_equivalence
+    from .commands.watch import watch
+    from . import notices
+    from .runtime import threads
+except KeyboardInterrupt:
+    raise SystemExit(_interrupted()) from None
 
 
 class SpecdecGroup(TyperGroup):
     """Every way out of a command through one door: usage errors as one `specdec: error:` line with
-    exit 2, a reader that closed the pipe as a quiet exit 0, whatever the command was."""
+    exit 2, a reader that closed the pipe as a quiet exit 0, Ctrl-C as one line saying what the command
+    kept (commands/interrupt.py) with exit 130, whatever the command was."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        interrupt.begin()
         try:
             code = super().main(args, prog_name or "specdec", complete_var, standalone_mode=False, **extra)
             _flush_stdout()
+        except KeyboardInterrupt:
+            code = _interrupted()
         except click_errors.NoArgsIsHelpError as exc:
             print(exc.ctx.get_help() if exc.ctx else "")
             code = 0
@@ -65,6 +81,8 @@ class SpecdecGroup(TyperGroup):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:  # caught here, as typer's own handler turns it into exit 130 without a word
+            raise typer.Exit(_interrupted()) from None
         except OSError as exc:
             # Caught here because click's own handler turns a broken pipe into exit code 1.
             if isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE:
@@ -185,13 +203,15 @@ def main() -> None:
     the answer is out. The atexit hooks (stopping servers among them) still run first; the commands
     close their own files. The look at the machine is opened first (one reading, nothing waited for), so
     that typer's building and parsing fill the sample of a command that computes (runtime/threads.py)."""
-    threads.begin_look()
     sys.stdout = _GuardedStdout(sys.stdout)
     try:
+        threads.begin_look()
         app()
         code = 0
     except SystemExit as exit:
         code = exit.code
+    except KeyboardInterrupt:  # before the group's door opens (typer building the command) or after it shut
+        code = _interrupted()
     if "torch" not in sys.modules:
         sys.exit(code)
     if not isinstance(code, int):

@@ -8,6 +8,17 @@ class UserError(Exception):
     pass
 
 
+class PromptTooLong(UserError):
+    """A prompt the target's context cannot hold; the command line adds which prompt, and where it is
+    (prompts.named)."""
+
+    @classmethod
+    def check(cls, tokens: int, context: int | None) -> None:
+        """A prompt of ``tokens`` leaves the context (None: unbounded) room for one new token, or this error."""
+        if context and tokens >= context:
+            raise cls(f"the prompt is {tokens} tokens; the target's context holds {context}")
+
+
 def read_json(path: Path, option: str):
     """A JSON file the user named with ``option``: unreadable or not JSON is one UserError line."""
     try:

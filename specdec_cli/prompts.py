@@ -8,11 +8,12 @@ task whose output can be checked (measure/tasks.py).
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
-from .errors import UserError
+from .errors import PromptTooLong, UserError
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,12 @@ class Prompt:
     text: str
     scenario: str | None = None
     answer: str | None = None
+    where: str | None = None  # its line, "stdin line 4", where it came from a file or a pipe
+
+    @property
+    def label(self) -> str:
+        """How messages name it: "prompt 3 (stdin line 4)", or "prompt 1" for the command line's."""
+        return f"prompt {self.id}" + (f" ({self.where})" if self.where else "")
 
 
 def parse_lines(lines: Iterable[str], origin: str = "stdin") -> Iterator[Prompt]:
@@ -34,7 +41,7 @@ def parse_lines(lines: Iterable[str], origin: str = "stdin") -> Iterator[Prompt]
         if line.lstrip().startswith("{"):
             yield _from_json(line, number, origin, count)
         else:
-            yield Prompt(count, line)
+            yield Prompt(count, line, where=f"{origin} line {number}")
     if count == 0:
         raise UserError(f"no prompts in {origin}")
 
@@ -67,6 +74,23 @@ def read_file(path: str | Path) -> list[Prompt]:
         return list(parse_lines(handle, str(path)))
 
 
+@contextmanager
+def named(prompt: Prompt) -> Iterator[None]:
+    """An error about one prompt, raised inside, names it and its line: `prompt 3 (stdin line 4): ...`."""
+    try:
+        yield
+    except PromptTooLong as exc:
+        raise UserError(f"{prompt.label}: {exc}") from None
+
+
+def check_fit(prompts: Sequence[Prompt], encoded: Sequence[Sequence[int]], context: int | None) -> None:
+    """Every prompt fits the target's context, checked before any is run: a bench or a sweep that
+    met a long prompt in the middle would lose what it had measured."""
+    for prompt, ids in zip(prompts, encoded):
+        with named(prompt):
+            PromptTooLong.check(len(ids), context)
+
+
 def _from_json(line: str, number: int, origin: str, count: int) -> Prompt:
     try:
         record = json.loads(line)
@@ -76,4 +100,4 @@ def _from_json(line: str, number: int, origin: str, count: int) -> Prompt:
         raise UserError(f"{origin} line {number}: a JSON prompt line needs a non-empty string field 'prompt'")
     scenario, answer = record.get("scenario"), record.get("answer")
     return Prompt(record.get("id", count), record["prompt"], None if scenario is None else str(scenario),
-                  None if answer is None else str(answer))
+                  None if answer is None else str(answer), f"{origin} line {number}")

@@ -37,7 +37,7 @@ def test_json_output_has_the_documented_schema(models):
     assert len(record["token_ids"]) == record["stats"]["new_tokens"] <= 12
     assert set(record["stats"]) == {
         "k", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds",
-        "new_tokens", "wall_s", "ttft_s", "tokens_per_s", "draft_s", "verify_s", "fallback_forwards", "lossless", "accept",
+        "new_tokens", "stop", "wall_s", "ttft_s", "tokens_per_s", "draft_s", "verify_s", "fallback_forwards", "lossless", "accept",
         "computed_by",
     }
     assert 0 < record["stats"]["ttft_s"] <= record["stats"]["wall_s"]

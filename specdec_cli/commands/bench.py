@@ -12,6 +12,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from ..runtime import threads as thread_policy
+from . import interrupt
 from ..atomic import check_writable, write_atomically
 from ..pairs.profile import open_profile
 from ..pairs.registry import HEAD, MODEL, NGRAM, PairSpec
@@ -143,6 +144,7 @@ def bench_command(
     if any(m.kind in loop_bench.AUTO_KINDS for m in chosen):
         watcher = open_profile(profile, spec, warn=warning_line)
         console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
+    interrupt.now("benchmarking", "nothing was written: the tables and --markdown come at the end")
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("benchmarking", total=len(items) * len(chosen) * samples)
         runtime, result = loop_bench.bench_pair(spec, chosen, items, max_new_tokens, sampling, seed, watcher, samples,

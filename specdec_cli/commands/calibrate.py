@@ -15,13 +15,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..runtime import threads as thread_policy
+from . import interrupt
 from ..atomic import check_writable
 from ..decoding.control.speedup import SPECULATE
 from ..decoding.rules import check_tree_rule
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import k_values, profile_path, read_profiles, write_profile
-from ..prompts import read_file
+from ..prompts import check_fit, read_file
 from .common import (
     WRITE_FAILED,
     AcceptOption,
@@ -122,12 +123,15 @@ def calibrate_k(
     ks = parse_ks(k)
     sampling = sampling_params(temperature, 0, 1.0)
     console = stderr_console()
+    interrupt.now("loading the pair")
     with console.status(f"loading {spec.name}…") if console.is_terminal else nullcontext():
         runtime = load_pair(spec)
+    interrupt.now("measuring", "nothing was written: the profile and the tables come at the end")
     tree_engine = None
     if budgets:
         tree_engine = SpeculativeEngine(runtime.target.model, runtime.tree_drafter(), runtime.eos_token_ids, runtime.block_plan)
     encoded = [(item.scenario or DEFAULT_SCENARIO, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
+    check_fit(items, [ids for _, ids in encoded], runtime.engine.context_length)
     with _progress(console, len(ks) + len(budgets)) as report:
         measured = sweep(runtime.engine, encoded, ks, max_new_tokens, sampling, seed, report, rule, budgets, tree_engine)
     scenarios, overall = summarise_all(measured)

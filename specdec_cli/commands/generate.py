@@ -8,16 +8,17 @@ import os
 import stat
 import sys
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Annotated, Iterable, Optional
+from typing import TYPE_CHECKING, Annotated, Iterable, Iterator, Optional
 
 import typer
 
 from ..runtime import threads as thread_policy
 from ..decoding.rules import check_tree_rule
+from . import interrupt
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
-from ..prompts import Prompt, parse_lines
+from ..prompts import Prompt, named, parse_lines
 from .common import (
     AcceptOption,
     DrafterOption,
@@ -49,6 +50,7 @@ from .common import (
 
 if TYPE_CHECKING:
     from ..decoding.control.controller import AdaptiveController
+    from ..decoding.engine import RoundEvent, SpeculativeEngine
     from ..decoding.loaded_pair import LoadedPair
     from .live import LiveView
 
@@ -101,12 +103,14 @@ def generate(
         check_tree_drafter(spec)
 
     thread_policy.apply(threads)  # before torch loads
+    from ..decoding.events import CONTEXT
     from ..decoding.loaded_pair import load_pair
 
     sampling = sampling_params(temperature, top_k, top_p)
     console = stderr_console()
     watcher = _profile_watcher(spec, fixed_k, profile, console)
     live = not json_lines and console.is_terminal
+    interrupt.now("loading the pair")
     with console.status(f"loading {spec.name}…") if live else nullcontext():
         # -k 0 loads no drafter; decoding needs no transformers model class (pairs/loading.py)
         runtime = load_pair(spec, drafting=fixed_k != 0, lean=True)
@@ -118,31 +122,32 @@ def generate(
         runtime.drafter = runtime.tree_drafter()
 
     finished, warned = 0, False
-    try:
-        for item in prompts:
-            if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
-                controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
-            k_for_item = controller.schedule(item.scenario) if controller else fixed_k
-            result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule, tree)
-            if view is not None and _stdout_is_a_file():
-                view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
-            result["stats"]["computed_by"] = computed_by
-            if controller is not None:  # which profile seeded auto (None: the pair's K)
-                result["stats"]["profile"] = str(watcher.path) if watcher.profile else None
-            if result["stats"]["fallback_forwards"] and not warned:  # once a run: a slowdown nothing else shows
-                warning_line(f"prompt {item.id}: {result['stats']['fallback_forwards']} target forward(s) ran transformers' "
-                             "forward instead of the lean int8/int4 one (slower); fallback_forwards counts them")
-                warned = True
-            if json_lines:
-                print(json.dumps(result, ensure_ascii=False), flush=True)
-            else:  # always, terminal or not: copy, tee and script get the clean answer
-                print(result["text"], flush=True)
-            if view is not None:
-                view.show_summary()
-            finished += 1
-    except KeyboardInterrupt:
-        console.print(f"specdec: interrupted after {finished} finished prompt(s)")
-        raise typer.Exit(130) from None
+    interrupt.now("reading the prompts")
+    for item in prompts:
+        interrupt.now(f"answering {item.label}", interrupt.answered(finished))
+        if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
+            controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
+        k_for_item = controller.schedule(item.scenario) if controller else fixed_k
+        result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule, tree)
+        if view is not None and _stdout_is_a_file():
+            view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
+        result["stats"]["computed_by"] = computed_by
+        if controller is not None:  # which profile seeded auto (None: the pair's K)
+            result["stats"]["profile"] = str(watcher.path) if watcher.profile else None
+        if result["stats"]["fallback_forwards"] and not warned:  # once a run: a slowdown nothing else shows
+            warning_line(f"prompt {item.id}: {result['stats']['fallback_forwards']} target forward(s) ran transformers' "
+                         "forward instead of the lean int8/int4 one (slower); fallback_forwards counts them")
+            warned = True
+        finished += 1  # said before it is printed: a reader that has the result is told it was written
+        interrupt.now("reading the next prompt", interrupt.answered(finished))
+        if json_lines:
+            print(json.dumps(result, ensure_ascii=False), flush=True)
+        else:  # always, terminal or not: copy, tee and script get the clean answer
+            print(result["text"], flush=True)
+            if result["stats"]["stop"] == CONTEXT:  # --json says it in the stats
+                warning_line(context_cut(item, result["stats"]["new_tokens"], runtime.engine.context_length))
+        if view is not None:
+            view.show_summary()
 
 
 def _stdout_is_a_file() -> bool:
@@ -166,7 +171,7 @@ def _run_one(runtime: LoadedPair, item: Prompt, fixed_k, max_new_tokens, samplin
     stats = RunStats("auto" if adaptive else k, str(rule), tree=tree)
     emitted: list[int] = []
     view = None
-    events = runtime.engine.generate(ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, rule=rule)
+    events = _events(runtime.engine, item, ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, rule=rule)
     if console is None:
         for event in events:
             stats.add(event)
@@ -191,6 +196,17 @@ def _run_one(runtime: LoadedPair, item: Prompt, fixed_k, max_new_tokens, samplin
     if item.scenario is not None:
         result["scenario"] = item.scenario
     return result, view
+
+
+def _events(engine: SpeculativeEngine, item: Prompt, ids: list[int], **settings) -> Iterator[RoundEvent]:
+    """The engine's rounds for ``item``; a prompt the context cannot hold is named, with its line."""
+    with named(item):
+        yield from engine.generate(ids, **settings)
+
+
+def context_cut(item: Prompt, tokens: int, context: int) -> str:
+    """Text mode's word that an answer ends because the target's context is full, not by its own end."""
+    return f"{item.label}: the answer stopped after {tokens} tokens, at the end of the target's {context}-token context"
 
 
 def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:

@@ -20,6 +20,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from ..decoding.engine import RoundEvent
+from ..decoding.events import CONTEXT
 from ..measure.run_stats import RunStats
 from ..pairs.tokenization import Detokenizer
 
@@ -97,6 +98,8 @@ class LiveView:
         status = Text(f" K {self.k}  ", style="bold")
         status.append(f"acceptance {s.acceptance_rate:6.1%}", ACCEPTED)
         status.append(f"  {s.tokens_per_s:6.1f} tok/s  {s.mean_accepted_length:.2f} tok/round  {s.new_tokens} tokens")
+        if s.stop == CONTEXT:  # the answer is cut here, not ended
+            status.append("  context full", style="bold yellow")
         status.append("   accepted", ACCEPTED).append(" · ").append("rejected", REJECTED).append(" · ")
         status.append("target", TARGET)
         return status

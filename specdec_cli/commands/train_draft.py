@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from . import interrupt
 from ..runtime import threads as thread_policy
 from ..atomic import check_writable
 from .common import (
@@ -29,15 +30,21 @@ from .common import (
 
 
 class ProgressReporter:
-    """One rich task per phase; training shows its loss and held-out agreement."""
+    """One rich task per phase; training shows its loss and held-out agreement. ``checkpoint``: what
+    Ctrl-C keeps once training starts (the data is saved before it), or from the start with --resume."""
 
-    def __init__(self, progress: Progress):
+    def __init__(self, progress: Progress, checkpoint: Path | None = None, resume: bool = False):
         self.progress, self.task, self.total = progress, None, None
+        self.checkpoint, self.resume = checkpoint, resume
 
     def phase(self, description: str, total: int | None) -> None:
         if self.task is not None:  # the previous phase is over: show it full
             self.progress.update(self.task, total=self.total or 1, completed=self.total or 1)
         self.task, self.total = self.progress.add_task(description, total=total, loss="", agreement=""), total
+        kept = self.checkpoint is not None and (self.resume or description == "training")
+        doing = description if description in ("loading the target", "training") else f"making the data ({description})"
+        interrupt.now(doing, f"{self.checkpoint} keeps the data and the last saved training state: --resume "
+                             "continues it" if kept else interrupt.NOTHING)
 
     def advance(self, count: int = 1, loss: float | None = None, agreement: float | None = None) -> None:
         fields = {}
@@ -104,7 +111,7 @@ def train_draft(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                TextColumn("{task.fields[agreement]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
-        summary = draft_job.run(settings, ProgressReporter(progress))
+        summary = draft_job.run(settings, ProgressReporter(progress, out / "checkpoint", resume))
     if json_out:
         print(json.dumps(summary))
         return

@@ -22,10 +22,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ..runtime import threads as thread_policy
+from . import interrupt
 from ..atomic import check_writable, write_atomically
 from ..errors import UserError
 from ..limits import MAX_K, NEAR_TIE_TOLERANCE, SAMPLING_PROMPTS, SAMPLING_TOKENS
-from ..prompts import read_file
+from ..prompts import check_fit, read_file
 from .engine_verify import engine_verify
 from .common import (
     ConcurrencyOption,
@@ -134,21 +135,20 @@ def verify_equivalence(
     from ..measure.sampling_check import check_sampling
     from ..pairs.tokenization import encode_prompt
 
+    interrupt.now("loading the pair")
     runtime = load_pair(spec)
     if tree is not None:
         runtime.drafter = runtime.tree_drafter()
+    interrupt.now("verifying", "nothing was written: the verdict and --report come at the end")
     encoded = [(item.id, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
+    check_fit(items, [ids for _, ids in encoded], runtime.engine.context_length)
     tolerance = tolerance or _tolerance(runtime)
 
     started = time.perf_counter()
     steps = len(encoded) * len(ks) + (min(SAMPLING_PROMPTS, len(encoded)) * (len(ks) + 1) if draws else 0)
-    try:
-        with _progress(steps) as step:
-            greedy = check_greedy(runtime.engine, runtime.tokenizer, encoded, ks, max_new_tokens, tolerance, step, rule)
-            sampled = check_sampling(runtime.engine, encoded, ks, draws, temperature, seed, step, rule) if draws else None
-    except KeyboardInterrupt:
-        stderr_console().print("specdec: interrupted; nothing was verified to the end")
-        raise typer.Exit(130) from None
+    with _progress(steps) as step:
+        greedy = check_greedy(runtime.engine, runtime.tokenizer, encoded, ks, max_new_tokens, tolerance, step, rule)
+        sampled = check_sampling(runtime.engine, encoded, ks, draws, temperature, seed, step, rule) if draws else None
     equivalent, verdict = decide(greedy, sampled, strict, rule)
     result = dict(pair=spec.name, drafter=runtime.drafter.name, tree=tree is not None, dtype=runtime.target.precision,
                   computed_by=runtime.target.computed_by(),

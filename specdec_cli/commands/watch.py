@@ -3,6 +3,7 @@ place; `--once --json` for scripts. The figures are serving/watch_figures.py's; 
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -15,6 +16,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from . import interrupt
 from ..errors import UserError, read_json
 from .common import plain_console, resolve_pair, stderr_console, user_errors
 
@@ -37,7 +39,7 @@ def watch(
     acceptance left the profile's calibrated interval (traffic drifted: recalibrate, export again).
 
     vLLM's metric names, llama.cpp's (llama-server --metrics; it keeps no latency histograms) and
-    SGLang's are recognised. Exit codes: 0 done; 2 bad input or no server.
+    SGLang's are recognised. Exit codes: 0 done; 2 bad input or no server; 130 stopped by Ctrl-C.
     """
     from ..serving import metrics
     from ..serving.client import Endpoint, ServerDown
@@ -75,6 +77,7 @@ def watch(
                                                      calibrated.about, calibrated.notes)
         return after, shown
 
+    interrupt.now(f"watching {endpoint.url}", "no reading was shown")
     try:
         snapshot = metrics.scrape(endpoint)
         if once:
@@ -82,17 +85,22 @@ def watch(
             print(json.dumps(shown)) if json_out else plain_console().print(render(shown))
             return
         if json_out:
-            while True:
+            for count in itertools.count(1):
                 snapshot, shown = reading(snapshot)
+                interrupt.now(f"watching {endpoint.url}", _readings(count))
                 print(json.dumps(shown), flush=True)
         with Live(console=_console(), auto_refresh=False, transient=False) as live:
-            while True:
+            for count in itertools.count(1):
                 snapshot, shown = reading(snapshot)
+                interrupt.now(f"watching {endpoint.url}", _readings(count))
                 live.update(render(shown), refresh=True)
     except ServerDown as exc:
         raise UserError(f"the server at {endpoint.url} stopped answering: {exc}") from None
-    except KeyboardInterrupt:
-        return
+
+
+def _readings(count: int) -> str:
+    """What Ctrl-C keeps of a watch: the readings on the screen (the last one stays drawn)."""
+    return "1 reading was shown" if count == 1 else f"{count} readings were shown"
 
 
 def _console() -> Console:

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Iterator
 
 import torch
 
-from ..errors import UserError
+from ..errors import PromptTooLong, UserError
 from ..limits import MAX_K
 from ..runtime.lean_forward import fallback_forwards
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept, speculative_accept
 from .blocks import padded_chain, padded_tree
 from .drafters import Draft, Drafter, parts
-from .events import RoundEvent
+from .events import CONTEXT, EOS, MAX_NEW_TOKENS, RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
 from .rules import check_tree_rule
 from .schedule import AS_IS, FixedK, KSchedule
@@ -75,6 +75,7 @@ class SpeculativeEngine:
         caller that passes one must say so in its output."""
         schedule = FixedK(k) if isinstance(k, int) else k
         budget = self._budget(prompt_ids, max_new_tokens, schedule, rule)
+        limit = MAX_NEW_TOKENS if budget == max_new_tokens else CONTEXT  # what ends a run that no EOS ends
         device = input_device(self.target)
         generator = torch.Generator(device=device).manual_seed(seed)
         tokens = torch.tensor(prompt_ids, dtype=torch.long)
@@ -92,6 +93,8 @@ class SpeculativeEngine:
             now = fallback_forwards(self.target)
             event.fallback_forwards, fallbacks = now - fallbacks, now
             produced += len(event.emitted)
+            if event.finished and event.stop is None:
+                event.stop = limit
             tokens = torch.cat([tokens, torch.tensor(event.emitted, dtype=torch.long)])
             schedule.observe(event)
             yield event
@@ -132,6 +135,7 @@ class SpeculativeEngine:
             verify_s=verified_at - drafted_at,
             finished=finished or len(emitted) >= left,
             logits=logits[rows_kept].cpu() if record_logits else None,
+            stop=EOS if finished else None,  # a budget's reason is the run's: generate() adds it
         )
         if tree is not None:
             event.parents, event.path = tuple(draft.parents), rows[1:]
@@ -160,8 +164,7 @@ class SpeculativeEngine:
             raise UserError("the prompt is empty")
         if not self.context_length:
             return max_new_tokens
-        if len(prompt_ids) >= self.context_length:
-            raise UserError(f"the prompt is {len(prompt_ids)} tokens; the target's context holds {self.context_length}")
+        PromptTooLong.check(len(prompt_ids), self.context_length)
         return min(max_new_tokens, self.context_length - len(prompt_ids))
 
     def _draft(self, schedule: KSchedule, tokens, left: int, sampling, generator) -> tuple[int, Draft]:
@@ -232,7 +235,7 @@ class SpeculativeEngine:
             self.drafter.add_features(gather_features(out.hidden_states, self.feature_layers, rows))
 
     def _cut(self, emitted: list[int], room: int) -> tuple[list[int], bool]:
-        """Honour EOS and the token budget inside a block."""
+        """Honour EOS and the token budget inside a block; True: an EOS ended it."""
         for i, token in enumerate(emitted[:room]):
             if token in self.eos_token_ids:
                 return emitted[: i + 1], True

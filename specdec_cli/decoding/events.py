@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+# Why a run ended (RoundEvent.stop): the target wrote an end-of-sequence token, the answer reached
+# max_new_tokens, or the target's context is full before either: the answer is cut short.
+EOS, MAX_NEW_TOKENS, CONTEXT = "eos", "max_new_tokens", "context"
+
 
 @dataclass
 class RoundEvent:
@@ -38,6 +42,7 @@ class RoundEvent:
     parents: tuple[int, ...] | None = None
     turned_down: list[int] | None = None
     path: list[int] | None = None  # a tree round's kept nodes, as block indices (1 the first draft node)
+    stop: str | None = None  # the last round's: why the run ended (EOS, MAX_NEW_TOKENS or CONTEXT); None before
 
     @property
     def nodes(self) -> int:

@@ -37,7 +37,7 @@ from ..limits import MAX_K
 from ..pairs.profile import PairProfile, ProfileWatcher
 from ..pairs.tokenization import encode_prompt
 from ..pairs.registry import HEAD, MODEL, NGRAM
-from ..prompts import Prompt
+from ..prompts import Prompt, check_fit
 from ..serving.stats import percentile
 from . import lossy
 from .interleaved import run_interleaved
@@ -260,8 +260,9 @@ def run(bench: Bench, modes: list[Mode], prompts: list[Prompt], encode, progress
     """Every mode on every prompt (``bench.samples`` times, a trial each) by the one harness
     (interleaved.py): one warm-up pass excluded, the modes' order rotated per trial. With a lossy
     mode, engine outputs are scored (NLL, task answers) after their timed region."""
-    runners = {mode: bench.runner(mode) for mode in modes}
     encoded = [encode(p) for p in prompts]
+    check_fit(prompts, encoded, bench.runtime.engine.context_length)  # before a mode loads or runs
+    runners = {mode: bench.runner(mode) for mode in modes}
     scored = any(not mode.rule.lossless for mode in modes)
     samples: dict[Mode, list[Sample]] = {mode: [] for mode in modes}
 

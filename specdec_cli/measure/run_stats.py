@@ -59,11 +59,13 @@ class RunStats(RoundCounts):
     started: float = field(default_factory=time.perf_counter, repr=False)
     first: float | None = field(default=None, repr=False)  # when the first round (the prompt's forward before it) ended
     ended: float | None = field(default=None, repr=False)
+    stop: str | None = None  # why the run ended (events.py: eos, max_new_tokens, context); None: not ended
 
     def add(self, event: RoundEvent) -> None:
         if self.first is None:
             self.first = time.perf_counter()
         super().add(event)
+        self.stop = event.stop or self.stop
 
     def finish(self) -> "RunStats":
         self.ended = time.perf_counter()
@@ -113,5 +115,5 @@ class RunStats(RoundCounts):
         else:
             figures.pop("tree")
         order = ["k", *(["tree", "mean_nodes_verified"] if self.tree is not None else []), "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "rounds",
-                 "new_tokens", "wall_s", "ttft_s", "tokens_per_s", "draft_s", "verify_s", "fallback_forwards", "lossless", "accept"]
+                 "new_tokens", "stop", "wall_s", "ttft_s", "tokens_per_s", "draft_s", "verify_s", "fallback_forwards", "lossless", "accept"]
         return {key: figures[key] for key in order}
