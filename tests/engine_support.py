@@ -20,7 +20,7 @@ import pytest
 
 from specdec_cli.errors import UserError
 from specdec_cli.serving import environment
-from specdec_cli.serving.server import group_members, running_servers
+from specdec_cli.serving.server import group_members, log_directory, running_servers
 
 # Every module of real-server tests: slow, and on one pytest-xdist worker (the test run's vLLM servers
 # are that worker's, and the tests count the servers that run and the newest one specdec started).
@@ -99,15 +99,17 @@ def assert_killed_run(code: int, lines: list[str], out: str, groups: dict, kille
     return result
 
 
-def assert_port_refused(done: subprocess.CompletedProcess, said: str, in_log: str) -> None:
-    """A server that could not bind its port: exit 2, one error line that says ``said``, blames the
-    port and names a log that holds the engine's own words for it (``in_log``)."""
+def assert_port_refused(done: subprocess.CompletedProcess, label: str, port: int) -> None:
+    """A port the user chose that something listens on: exit 2 and one error line naming the port, said
+    before the engine was started (no log of it is written)."""
     assert done.returncode == 2, done.stderr
     errors = error_lines(done.stderr)
     assert len(errors) == 1 and "Traceback" not in done.stderr
-    assert said in errors[0] and "its port is in use" in errors[0]
-    log = Path(errors[0].rsplit("its log: ", 1)[1])
-    assert log.is_file() and in_log in log.read_text()
+    line = errors[0].removeprefix("specdec: error: ")
+    assert line.startswith(f"the server for {label} cannot start: port {port} of 127.0.0.1 is in use ("), line
+    assert line.endswith("); give another --port, or none for a free one")
+    logs = log_directory().glob(f"*-{port}.log") if log_directory().is_dir() else []
+    assert not list(logs), "the engine was started on a busy port"
 
 
 def llama_servers() -> list[int]:

@@ -199,11 +199,11 @@ def test_a_server_killed_mid_bench_keeps_the_levels_done_and_exits_3(prompts):
     assert_killed_run(code, lines, out, groups, "llama-ngram:4", "the llama.cpp server for llama-ngram:4 died")
 
 
-def test_a_busy_port_is_one_error_line_naming_the_log_and_exit_2(prompts):
+def test_a_busy_port_is_one_error_line_and_exit_2_before_a_server_starts(prompts):
     with busy_port() as port:
         done = specdec(*bench_args(prompts, "--modes", "llama-plain", "--concurrency", "1", "--port", str(port)),
                        timeout=TIMEOUT)
-    assert_port_refused(done, "the llama.cpp server for llama-plain exited with code", "couldn't bind HTTP server socket")
+    assert_port_refused(done, "llama-plain", port)
 
 
 def test_a_missing_server_is_one_line_that_says_how_to_build_it(prompts, monkeypatch):

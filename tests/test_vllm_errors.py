@@ -12,6 +12,8 @@ import pytest
 
 from engine_support import error_lines, write_prompts
 
+from specdec_cli.errors import UserError
+
 
 def run(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "specdec_cli", *args], capture_output=True, text=True, timeout=120,
@@ -81,3 +83,26 @@ def test_an_option_the_chosen_branch_does_not_use_is_refused(prompts, args, mess
     done = run(*args, "--prompts", prompts)
     assert done.returncode == 2
     assert error_lines(done.stderr) == [f"specdec: error: {message}"] and "Traceback" not in done.stderr
+
+
+def test_a_port_taken_after_the_check_is_still_told_from_the_engines_log(tmp_path):
+    """The race check_port cannot close: the engine's own words for a busy port, in vLLM's and
+    llama.cpp's wording, become the clue after 'exited with code'."""
+    from specdec_cli.serving.server import _reason
+
+    for words in ("OSError: [Errno 98] Address already in use", "couldn't bind HTTP server socket, hostname: 127.0.0.1"):
+        log = tmp_path / "server.log"
+        log.write_text(f"starting\n{words}\n")
+        assert _reason(log) == " (its port is in use)"
+
+
+def test_a_busy_port_the_user_chose_is_refused_before_the_engine_starts():
+    from specdec_cli.serving.server import check_port
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(UserError, match=f"the server for vllm-plain cannot start: port {port} of 127.0.0.1 is in use"):
+            check_port(port, "vllm-plain")
+    check_port(port, "vllm-plain")  # free again

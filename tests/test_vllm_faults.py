@@ -54,11 +54,11 @@ def test_a_config_file_servers_death_mid_bench_writes_the_levels_done_and_exits_
     assert "own_loop" not in result  # the own loop runs only after a bench that finished
 
 
-def test_busy_port_is_one_error_line_naming_the_log(tmp_path):
+def test_busy_port_is_one_error_line_before_a_server_starts(tmp_path):
     with busy_port() as port:
         done = subprocess.run(_bench(write_prompts(tmp_path), port, "--modes", "vllm-plain", "--concurrency", "1"),
                               capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
-    assert_port_refused(done, "the vLLM server for vllm-plain exited with code", "Address already in use")
+    assert_port_refused(done, "vllm-plain", port)
     assert servers_on_port(port) == []
 
 
