@@ -87,6 +87,22 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+@pytest.fixture
+def models(pair_dir) -> str:
+    """The tiny pair's models.yaml (``pair_dir``), as a command line names it."""
+    return str(pair_dir / "models.yaml")
+
+
+def one_line_error(result, code: int = 2) -> str:
+    """A CliRunner result that failed as a user's mistake should: exit ``code``, one `specdec: error:`
+    line on stderr and no traceback. The message, without its prefix."""
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specdec: error: "), result.stderr
+    return lines[0].removeprefix("specdec: error: ")
+
+
 @pytest.fixture(scope="session")
 def target():
     return tiny_llama(seed=1)

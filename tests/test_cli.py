@@ -14,11 +14,6 @@ from specdec_cli.cli import app
 runner = CliRunner()
 
 
-@pytest.fixture
-def models(pair_dir):
-    return str(pair_dir / "models.yaml")
-
-
 def invoke(models, *args, input=None):
     result = runner.invoke(app, ["generate", "--models", models, "--max-new-tokens", "12", *args], input=input)
     return result

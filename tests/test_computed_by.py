@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -16,11 +15,6 @@ from specdec_cli.pairs.registry import load_registry
 
 runner = CliRunner()
 TORCH = f"torch-{torch.backends.cpu.get_cpu_capability().lower()}"  # what the tiny float32 pair runs on
-
-
-@pytest.fixture
-def models(pair_dir):
-    return str(pair_dir / "models.yaml")
 
 
 def test_kernels_mismatch_compares_only_what_both_record():

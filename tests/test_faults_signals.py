@@ -40,11 +40,6 @@ main()
 """
 
 
-@pytest.fixture
-def models(pair_dir):
-    return str(pair_dir / "models.yaml")
-
-
 def start(command: list[str]) -> subprocess.Popen:
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from conftest import one_line_error
 from typer.testing import CliRunner
 
 from specdec_cli import atomic
@@ -22,19 +23,6 @@ from specdec_cli.pairs import profile as profile_module
 from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, read_profiles, write_profile
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def models(pair_dir):
-    return str(pair_dir / "models.yaml")
-
-
-def one_line_error(result, code: int = 2) -> str:
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("specdec: error: "), result.stderr
-    return lines[0].removeprefix("specdec: error: ")
 
 
 def section(pair: str) -> PairProfile:

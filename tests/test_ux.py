@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import char_tokenizer
+from conftest import char_tokenizer, one_line_error
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -22,19 +22,6 @@ from specdec_cli.decoding.engine import RoundEvent
 
 runner = CliRunner()
 ROOT = Path(specdec_cli.__file__).parents[1]  # this very copy of specdec_cli
-
-
-@pytest.fixture
-def models(pair_dir):
-    return str(pair_dir / "models.yaml")
-
-
-def one_line_error(result, code: int = 2) -> str:
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("specdec: error: "), result.stderr
-    return lines[0].removeprefix("specdec: error: ")
 
 
 # --- usage errors and broken pipes --------------------------------------------------------------
