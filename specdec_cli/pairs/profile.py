@@ -23,7 +23,7 @@ from ruamel.yaml.comments import CommentedMap
 
 from ..atomic import updating, write_atomically
 from ..errors import UserError
-from . import profile_fields as fields
+from . import fields
 from .registry import PairSpec, yaml_problem
 
 HEADER = (

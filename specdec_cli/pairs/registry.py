@@ -21,7 +21,7 @@ from pathlib import Path
 from ruamel.yaml import YAML, YAMLError
 
 from ..errors import UserError
-from .entries import device_map, flag, k_value, known_keys, text, whole_number
+from .fields import device_map, flag, k_value, known_keys, text, whole_number
 from .meta import read_meta
 from .sources import ModelSource, resolve_path
 
