@@ -40,7 +40,7 @@ def survive(k: int, alpha: float, rng: random.Random) -> int:
 
 def main_k(schedule: AdaptiveK) -> int:
     """The K a schedule plans for its main drafter when prompt lookup offers nothing."""
-    return schedule.plan(0, None, schedule.main, schedule.k_max)[0]
+    return schedule.plan({}, schedule.main, schedule.k_max)[0]
 
 
 def drive(schedule: AdaptiveK, alpha: float, rounds: int, rng: random.Random) -> list[int]:
@@ -122,7 +122,7 @@ def test_each_round_picks_lookups_match_the_learned_drafter_or_nothing_on_separa
     picks = []
     for i in range(300):
         offer = [0, 5, 2, 0, 7][i % 5]
-        k, source = schedule.plan(offer, "lookup" if offer else None, "head", 8)
+        k, source = schedule.plan({"lookup": offer} if offer else {}, "head", 8)
         alpha = 0.95 if source == "lookup" else 0.2
         schedule.observe(event(k, survive(k, alpha, rng), c=0.0 if source == "lookup" else 0.2, source=source or ""))
         picks.append((offer, k, source))
@@ -139,7 +139,7 @@ def test_the_learned_drafter_wins_where_lookups_matches_are_poor():
     schedule = AdaptiveK(Prior(3, 0.7, 0.05, COSTS), main="head")
     picks = []
     for _ in range(200):
-        k, source = schedule.plan(4, "lookup-1", "head", 8)
+        k, source = schedule.plan({"lookup-1": 4}, "head", 8)
         alpha = 0.1 if source == "lookup-1" else 0.85
         schedule.observe(event(k, survive(k, alpha, rng), c=0.0 if source == "lookup-1" else 0.05, source=source or ""))
         picks.append(source)
@@ -169,10 +169,10 @@ def test_a_one_token_lookup_match_starts_off_and_a_longer_one_on_beside_a_learne
     """Replayed on the target's answers a one-token match's first guess held 19 % of the time: below
     break-even, so it waits for a probe instead of costing the first rounds of every prompt."""
     schedule = AdaptiveK(Prior(3, 0.5, 0.2, {1: 1.22, 2: 1.34, 3: 1.57, 4: 2.17}), main="head")  # a CPU's
-    assert schedule.plan(3, "lookup-1", "head", 8) == (3, "head")
+    assert schedule.plan({"lookup-1": 3}, "head", 8) == (3, "head")
     assert not schedule.sources["lookup-1"].on and schedule.sources["lookup-1"].wait >= 4
-    assert schedule.sources["lookup-1"].acceptance.rates(2) == pytest.approx(Prior.lookup_rates("lookup-1")[:2])
-    schedule.plan(3, "lookup", "head", 8)
+    assert schedule.sources["lookup-1"].acceptance.rates(2) == pytest.approx(Prior.free_rates("lookup-1")[:2])
+    schedule.plan({"lookup": 3}, "head", 8)
     assert schedule.sources["lookup"].on
 
 

@@ -176,7 +176,8 @@ def test_piping_into_head_ends_without_a_traceback(models):
 
 
 @pytest.mark.parametrize("args, drafter", [((), "ngram"), (("--drafter", "model"), "model"),
-                                           (("--drafter", "head"), "head"), (("--drafter", "ngram"), "ngram")])
+                                           (("--drafter", "head"), "head"), (("--drafter", "ngram"), "ngram"),
+                                           (("--drafter", "recycle"), "recycle"), (("--drafter", "suffix"), "suffix")])
 def test_drafter_switches_to_the_pairs_alternate_of_that_kind(pair_dir, tmp_path, args, drafter):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("abcabcabc\n")

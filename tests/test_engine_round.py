@@ -85,7 +85,7 @@ def test_the_interfaces_declare_their_optional_parts_with_defaults():
         drafter.propose_tree(torch.tensor(PROMPT), TreeShape(4))
     schedule = FixedK(3)
     assert isinstance(schedule, KSchedule) and not schedule.reads_offer and not schedule.trees
-    assert schedule.gate("head", 3) is None and schedule.plan(2, "lookup", "head", 8) == (3, AS_IS)
+    assert schedule.gate("head", 3) is None and schedule.plan({"lookup": 2}, "head", 8) == (3, AS_IS)
 
 
 def test_a_schedule_that_reads_no_offer_plans_every_round_without_one(target, similar):
@@ -93,12 +93,12 @@ def test_a_schedule_that_reads_no_offer_plans_every_round_without_one(target, si
         def __init__(self):
             self.seen = []
 
-        def plan(self, offer, offer_source, learned, room):
-            self.seen.append((offer, offer_source, learned))
+        def plan(self, offers, learned, room):
+            self.seen.append((offers, learned))
             return 2, AS_IS
 
     schedule = AsIs()
     drafter = LookupFirst(ModelDrafter(similar, target.config.vocab_size))
     events = list(SpeculativeEngine(target, drafter, {1}).generate(
         PROMPT, k=schedule, max_new_tokens=12, sampling=SamplingParams()))
-    assert schedule.seen == [(0, None, "model")] * len(events) and all(e.k == 2 for e in events[:-1])
+    assert schedule.seen == [({}, "model")] * len(events) and all(e.k == 2 for e in events[:-1])

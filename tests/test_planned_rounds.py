@@ -24,7 +24,8 @@ class Scripted(KSchedule):
     def __init__(self, script):
         self.script, self.round, self.seen = list(script), 0, []
 
-    def plan(self, offer, offer_source, learned, room):
+    def plan(self, offers, learned, room):
+        offer_source, offer = next(iter(offers.items()), (None, 0))  # the first free drafter's
         what = self.script[self.round % len(self.script)]
         self.round += 1
         self.seen.append((offer, offer_source, learned))
@@ -101,7 +102,8 @@ def test_choosing_between_lookup_and_the_learned_drafter_keeps_the_targets_exact
     rng = random.Random(1)
 
     class Coin(Scripted):
-        def plan(self, offer, offer_source, learned, room):
+        def plan(self, offers, learned, room):
+            offer_source, offer = next(iter(offers.items()), (None, 0))  # the first free drafter's
             self.seen.append((offer, offer_source, learned))
             if offer and rng.random() < 0.5:
                 return min(2, offer), offer_source

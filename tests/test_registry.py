@@ -71,13 +71,13 @@ def test_sources_resolve_relative_paths_only(tmp_path):
 
 
 @pytest.mark.parametrize("drafters, message", [
-    ("{fast: ngram}", "pair 'p': unknown drafter kind 'fast' under 'drafters'; use model, ngram, head"),
+    ("{fast: ngram}", "pair 'p': unknown drafter kind 'fast' under 'drafters'; use model, ngram, head, recycle, suffix"),
     ("{head: ngram}", "pair 'p': drafters.head names a drafter of kind ngram (ngram (prompt lookup)), not head "
                       "(a head is a directory written by `specdec train-draft --kind head`)"),
     ("{ngram: ./d}", "pair 'p': drafters.ngram names a drafter of kind model ({real}/d), not ngram"),
     ("{model: {kind: head, source: h}}", "pair 'p': drafters.model names a drafter of kind head (head {real}/h), not model"),
     ("{model: ./a}", "pair 'p': drafters.model ({real}/a) differs from 'draft' ({real}/d); a pair has one drafter of each kind"),
-    ("[./d]", "pair 'p': 'drafters' must map drafter kinds (model, ngram, head) to drafters"),
+    ("[./d]", "pair 'p': 'drafters' must map drafter kinds (model, ngram, head, recycle, suffix) to drafters"),
 ])
 def test_bad_drafters_are_one_line_and_exit_code_2(tmp_path, drafters, message):
     link, real = linked_registry(tmp_path, f"    target: ./t\n    draft: ./d\n    drafters: {drafters}\n")
@@ -95,7 +95,7 @@ def test_drafter_and_draft_overrides(tmp_path):
     replaced = override(pair, draft="/elsewhere/draft")  # --draft: the default, and the model alternate
     assert replaced.drafter == replaced.alternates["model"] == DrafterSpec(model=ModelSpec(ModelSource("path", "/elsewhere/draft")))
     assert override(pair, draft="/elsewhere/draft", drafter="ngram").alternate("model") == replaced.drafter
-    with pytest.raises(UserError, match="^unknown drafter 'fast'; choose one of model, ngram, head$"):
+    with pytest.raises(UserError, match="^unknown drafter 'fast'; choose one of model, ngram, head, recycle, suffix$"):
         override(pair, drafter="fast")
 
 
@@ -140,3 +140,33 @@ def test_an_unknown_top_level_key_is_refused(tmp_path):
     (tmp_path / "models.yaml").write_text("defualt: p\npairs:\n  p:\n    target: ./t\n    draft: ngram\n")
     with pytest.raises(UserError, match="models.yaml: unknown key 'defualt'; the keys are default, pairs$"):
         load_registry(tmp_path / "models.yaml")
+
+
+def test_free_lists_the_free_drafters_auto_weighs_beside_the_pairs_own(tmp_path):
+    link, real = linked_registry(tmp_path, "    target: hf:o/t\n    draft: {kind: head, source: h, lookup: true, free: [recycle, suffix]}\n")
+    fake_head(real / "h")
+    pair = load_registry(link).pair("p")
+    assert pair.drafter == DrafterSpec(head=real / "h", lookup=True, beside=("recycle", "suffix"))
+    assert str(pair.drafter).endswith("after prompt lookup; recycle, suffix beside it under -k auto")
+    fake_head(tmp_path / "mine")  # --draft with a head of one's own keeps what stands beside the pair's
+    assert override(pair, draft=str(tmp_path / "mine")).drafter.beside == ("recycle", "suffix")
+    assert override(pair, drafter="suffix").drafter == DrafterSpec(free_kind="suffix")  # always there, alone
+    assert override(pair, draft="recycle").drafter.kind == "recycle"
+
+
+@pytest.mark.parametrize("free, message", [
+    ("[ngram]", "'free' lists 'ngram'; it may list recycle, suffix, each once"),
+    ("[recycle, recycle]", "'free' lists 'recycle'; it may list recycle, suffix, each once"),
+    ("recycle", "'free' must list drafter kinds, as in free: [recycle, suffix]"),
+])
+def test_a_bad_free_list_is_one_line(tmp_path, free, message):
+    link, real = linked_registry(tmp_path, f"    target: hf:o/t\n    draft: {{kind: ngram, free: {free}}}\n")
+    with pytest.raises(UserError) as raised:
+        load_registry(link)
+    assert str(raised.value) == f"{link}: pair 'p' draft: {message}"
+
+
+def test_a_free_drafter_may_not_stand_beside_itself(tmp_path):
+    link, _ = linked_registry(tmp_path, "    target: hf:o/t\n    draft: {kind: suffix, free: [recycle, suffix]}\n")
+    with pytest.raises(UserError, match="'free' lists 'suffix'; it may list recycle, each once$"):
+        load_registry(link)

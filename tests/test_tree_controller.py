@@ -96,7 +96,7 @@ def simulate(schedule: AdaptiveK, true_rate, cost, rounds: int, seed: int = 0) -
     the controller plans, the world answers with the round it would have seen. Returns what it chose."""
     rng, chosen = random.Random(seed), []
     for _ in range(rounds):
-        k, source = schedule.plan(0, None, "head", 8)
+        k, source = schedule.plan({}, "head", 8)
         if not k:
             schedule.observe(plain_event())
             chosen.append("off")
@@ -182,7 +182,8 @@ class Planned(KSchedule):
     def __init__(self, script):
         self.script, self.round = list(script), 0
 
-    def plan(self, offer, offer_source, learned, room):
+    def plan(self, offers, learned, room):
+        offer_source, offer = next(iter(offers.items()), (None, 0))  # the first free drafter's
         what = self.script[self.round % len(self.script)]
         self.round += 1
         if what == "offer" and offer:
@@ -224,7 +225,8 @@ def test_the_controllers_tree_rounds_keep_the_targets_exact_distribution():
     rng = random.Random(2)
 
     class Coin(Planned):
-        def plan(self, offer, offer_source, learned, room):
+        def plan(self, offers, learned, room):
+            offer_source, offer = next(iter(offers.items()), (None, 0))  # the first free drafter's
             return (min(2, room), learned) if rng.random() < 0.3 else (6, tree_source(learned))
 
     sampling, prompt = SamplingParams(1.0), SMALL_PROMPT

@@ -25,7 +25,7 @@ from ..limits import MAX_K
 from ..runtime.lean_forward import fallback_forwards
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept, speculative_accept
 from .blocks import padded_chain, padded_tree
-from .drafters import Draft, Drafter, parts
+from .drafters import Draft, Drafter, Verified, parts, top_ids
 from .events import CONTEXT, EOS, MAX_NEW_TOKENS, RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
 from .rules import check_tree_rule
@@ -54,7 +54,8 @@ class SpeculativeEngine:
         # Only a drafter that reads the target's features gets them (the hidden states it names in
         # feature_layers, by default the last one, post-norm): plain decoding and the other drafters pay nothing.
         self.wants_features = drafter is not None and drafter.uses_target_features
-        self._offer, self._learned = parts(drafter)
+        self._free, self._learned = parts(drafter)
+        self.successors_k = drafter.successors_k if drafter is not None else 0
         self.feature_layers = tuple(self._learned.feature_layers if self._learned is not None else (-1,))
         self._extra = {"output_hidden_states": list(self.feature_layers)} if self.wants_features else {}
         self.drafts_trees = drafter is not None and drafter.drafts_trees
@@ -83,27 +84,27 @@ class SpeculativeEngine:
             self.drafter.reset()
         fallbacks = fallback_forwards(self.target)  # the prompt's are the first event's
         cache, out = self.prompt_cache(tokens)
-        if out is not None:
-            self._hand_features(out, slice(0, len(prompt_ids) - 1))
+        if out is not None and self.drafter is not None:
+            self.drafter.observe(Verified(tokens, len(prompt_ids), features=self._features(out, slice(0, len(prompt_ids) - 1))))
 
         produced = 0
         while produced < budget:
-            event = self._round(schedule, cache, tokens, budget - produced, device, sampling, generator, rule,
-                                record_logits)
+            event, tokens = self._round(schedule, cache, tokens, len(prompt_ids), budget - produced, device, sampling,
+                                        generator, rule, record_logits)
             now = fallback_forwards(self.target)
             event.fallback_forwards, fallbacks = now - fallbacks, now
             produced += len(event.emitted)
             if event.finished and event.stop is None:
                 event.stop = limit
-            tokens = torch.cat([tokens, torch.tensor(event.emitted, dtype=torch.long)])
             schedule.observe(event)
             yield event
             if event.finished:
                 return
 
-    def _round(self, schedule: KSchedule, cache, tokens: torch.Tensor, left: int, device, sampling, generator,
-               rule: AcceptRule, record_logits: bool) -> RoundEvent:
-        """One round: draft (a chain or a tree), verify in one forward, accept, keep the accepted path."""
+    def _round(self, schedule: KSchedule, cache, tokens: torch.Tensor, prompt_length: int, left: int, device, sampling,
+               generator, rule: AcceptRule, record_logits: bool) -> tuple[RoundEvent, torch.Tensor]:
+        """One round: draft (a chain or a tree), verify in one forward, accept, keep the accepted path,
+        and show the drafters what the target said. Returns the round and the tokens after it."""
         started = time.perf_counter()
         want, draft = self._draft(schedule, tokens, left, sampling, generator)
         drafted_at = time.perf_counter()
@@ -116,11 +117,16 @@ class SpeculativeEngine:
         verified_at = time.perf_counter()
 
         kept = draft.tokens[: len(path)] if tree is None else block[path]
-        emitted, finished = self._cut(kept.tolist() + [token], left)
+        emitted, eos = self._cut(kept.tolist() + [token], left)
         rows = [0, *path][: len(emitted)]  # block positions that stay cached: the root and the kept nodes
         keep_rows(cache, cached, rows)
         rows_kept = slice(0, len(rows)) if rows[-1] == len(rows) - 1 else rows  # a prefix: sliced, not gathered
-        self._hand_features(out, rows_kept)
+        finished = eos or len(emitted) >= left
+        context = torch.cat([tokens, torch.tensor(emitted, dtype=torch.long)])
+        if self.drafter is not None:
+            successors = top_ids(logits.cpu(), self.successors_k) if self.successors_k else None
+            self.drafter.observe(Verified(context, prompt_length, block, successors, self._features(out, rows_kept),
+                                          finished))
         complete = len(emitted) == len(path) + 1  # neither EOS nor the budget cut the path short
         event = RoundEvent(
             source=draft.source if len(draft) or draft.confidence else "",
@@ -133,15 +139,15 @@ class SpeculativeEngine:
             emitted=emitted,
             draft_s=drafted_at - started,
             verify_s=verified_at - drafted_at,
-            finished=finished or len(emitted) >= left,
+            finished=finished,
             logits=logits[rows_kept].cpu() if record_logits else None,
-            stop=EOS if finished else None,  # a budget's reason is the run's: generate() adds it
+            stop=EOS if eos else None,  # a budget's reason is the run's: generate() adds it
         )
         if tree is not None:
             event.parents, event.path = tuple(draft.parents), rows[1:]
             event.turned_down = [int(tree.tokens[c]) for c in tree.children(rows[-1])] if complete else []
         event.other_s = time.perf_counter() - verified_at  # before observe: the schedule's work is its own
-        return event
+        return event, context
 
     @torch.inference_mode()
     def prompt_cache(self, tokens: torch.Tensor) -> tuple[ReservedCache | DynamicCache, object]:
@@ -168,20 +174,20 @@ class SpeculativeEngine:
         return min(max_new_tokens, self.context_length - len(prompt_ids))
 
     def _draft(self, schedule: KSchedule, tokens, left: int, sampling, generator) -> tuple[int, Draft]:
-        """The round's K and draft, as the schedule plans them: the drafter as it is, lookup's match,
-        the learned drafter (a chain, gated where the schedule says, or a tree), or none."""
+        """The round's K and draft, as the schedule plans them: the drafter as it is, a free drafter's
+        ready draft, the learned drafter (a chain, gated where the schedule says, or a tree), or none."""
         # A round emits at most K + 1 tokens: drafting past the budget is wasted work.
         room = max(0, min(MAX_K, left - 1))
-        offer = self._offer(tokens, room) if schedule.reads_offer and self._offer is not None and room else Draft.empty()
+        offers = self._offers(tokens, room) if schedule.reads_offer and room else {}
         learned = self._learned.name if self._learned is not None else None
-        want, source = schedule.plan(len(offer), offer.source or None, learned, room)
+        want, source = schedule.plan({name: len(offer) for name, offer in offers.items()}, learned, room)
         tree = (source == AS_IS and self.drafts_trees) or (learned is not None and source == tree_source(learned))
         # A chain's K is its depth; a tree's is its node count, however shallow (paths past the budget are cut).
         want = max(0, min(want, MAX_K if room else 0) if tree else min(want, room))
         if want == 0 or source is None or self.drafter is None:
             return (0 if source is None else want), Draft.empty()
-        if source == offer.source and want <= len(offer):
-            return want, offer.first(want)
+        if source in offers and want <= len(offers[source]):
+            return want, offers[source].first(want)
         if source == AS_IS:
             draft = self.drafter.propose(tokens, want, sampling, generator)
         elif source == learned:
@@ -190,13 +196,22 @@ class SpeculativeEngine:
         elif tree:
             draft = self._learned.propose_tree(tokens, TreeShape(want))
         else:
-            raise ValueError(f"schedule chose drafter {source!r} for {want} tokens; offered {offer.source!r} "
-                             f"({len(offer)} tokens) and {learned!r}")
+            offered = ", ".join(f"{name!r} ({len(offer)} tokens)" for name, offer in offers.items()) or "nothing free"
+            raise ValueError(f"schedule chose drafter {source!r} for {want} tokens; offered {offered} and {learned!r}")
         if draft.parents is None:
             return want, draft.first(want)
         if len(draft) > want:
             raise RuntimeError(f"drafter {self.drafter.name} proposed a tree of {len(draft)} nodes, {want} asked for")
         return want, draft
+
+    def _offers(self, tokens: torch.Tensor, room: int) -> dict[str, Draft]:
+        """Each free drafter's ready draft of at most ``room`` tokens, by its source (none where it has none)."""
+        offers = {}
+        for drafter in self._free:
+            draft = drafter.propose(tokens, room, None, None)
+            if len(draft):
+                offers.setdefault(draft.source or drafter.name, draft)
+        return offers
 
     def _verify(self, cache, block: torch.Tensor, tree: Tree | None, cached: int, device):
         """The target's one forward over the block, where a longer forward is cheaper run longer
@@ -229,10 +244,9 @@ class SpeculativeEngine:
             accepted, token = speculative_accept(drafts, draft.probs, distribution(logits, sampling), generator)
         return list(range(1, accepted + 1)), token
 
-    def _hand_features(self, out, rows: slice | list[int]) -> None:
-        """The target's features of the block positions that stay cached."""
-        if self.wants_features:
-            self.drafter.add_features(gather_features(out.hidden_states, self.feature_layers, rows))
+    def _features(self, out, rows: slice | list[int]) -> torch.Tensor | None:
+        """The target's features of the block positions that stay cached, for a drafter that reads them."""
+        return gather_features(out.hidden_states, self.feature_layers, rows) if self.wants_features else None
 
     def _cut(self, emitted: list[int], room: int) -> tuple[list[int], bool]:
         """Honour EOS and the token budget inside a block; True: an EOS ended it."""

@@ -392,8 +392,8 @@ class HeadTree(Drafter):
     def reset(self) -> None:
         self.head.reset()
 
-    def add_features(self, rows: torch.Tensor) -> None:
-        self.head.add_features(rows)
+    def observe(self, verified) -> None:
+        self.head.observe(verified)
 
     def propose(self, context, k, sampling, generator, gate=None) -> Draft:
         return self.head.propose_tree(context, TreeShape(k, self.width, self.depth))

@@ -17,11 +17,11 @@ from ..pairs.cache_dir import open_cache
 from ..pairs.loading import LoadedModel, load
 from ..pairs.meta import read_meta
 from ..pairs.profile import PairProfile
-from ..pairs.registry import MISSING, DrafterSpec, PairSpec
+from ..pairs.registry import MISSING, RECYCLE, SUFFIX, DrafterSpec, PairSpec
 from ..pairs.tokenization import check_compatible, eos_ids
 from .blocks import cached_costs, plan, relative_costs
 from .control.controller import AdaptiveController
-from .drafters import Drafter, LookupFirst, ModelDrafter, NgramDrafter
+from .drafters import Beside, Drafter, LookupFirst, ModelDrafter, NgramDrafter
 from .engine import SpeculativeEngine
 
 
@@ -38,6 +38,13 @@ class LoadedPair:
     @property
     def engine(self) -> SpeculativeEngine:
         return SpeculativeEngine(self.target.model, self.drafter, self.eos_token_ids, self.block_plan)
+
+    def fresh_engine(self, beside: tuple[str, ...]) -> SpeculativeEngine:
+        """An engine whose drafter has learnt nothing yet, the free drafters of these kinds beside it
+        made anew: a bench mode's, which must not draft from what another mode's run taught."""
+        spec = self.pair.drafter
+        drafter = composed(self.drafter_of(spec.kind)[0], spec.lookup, beside=free_drafters(beside, self.target))
+        return SpeculativeEngine(self.target.model, drafter, self.eos_token_ids, self.block_plan)
 
     @property
     def tokenizer(self):
@@ -67,7 +74,8 @@ class LoadedPair:
     def tree_drafter(self) -> Drafter:
         """The running drafter drafting trees (`--tree N`): its head's, prompt lookup still first
         where the pair puts it there."""
-        return composed(self.drafter_of(self.pair.drafter.kind)[0], self.pair.drafter.lookup, tree=True)
+        spec = self.pair.drafter
+        return composed(self.drafter_of(spec.kind)[0], spec.lookup, tree=True, beside=free_drafters(spec.beside, self.target))
 
     def drafter_of(self, kind: str) -> tuple[Drafter, LoadedModel | None]:
         """The pair's drafter of this kind for the loaded target, and its draft model when it is one,
@@ -82,17 +90,24 @@ class LoadedPair:
         return self._by_kind[kind]
 
 
-def composed(drafter: Drafter, lookup: bool, tree: bool = False) -> Drafter:
+def composed(drafter: Drafter, lookup: bool, tree: bool = False, beside: tuple[Drafter, ...] = ()) -> Drafter:
     """The drafter a run drives, made from one of the pair's: its draft head drafting trees
-    (`--tree`, tree modes), and prompt lookup first (the pair's `lookup:`, ngram+ modes). The one
-    place drafters are wrapped. Only a head drafts trees."""
+    (`--tree`, tree modes), prompt lookup first (the pair's `lookup:`, ngram+ modes), and free
+    drafters beside it for `-k auto` to weigh (the pair's `free:`). The one place drafters are
+    wrapped. Only a head drafts trees."""
     if tree:
         from .head import HeadDrafter, HeadTree
 
         if not isinstance(drafter, HeadDrafter):
             raise ValueError(f"trees are drafted by a draft head, not by {drafter.name!r}")  # commands check the pair first
         drafter = HeadTree(drafter)
-    return LookupFirst(drafter) if lookup else drafter
+    drafter = LookupFirst(drafter) if lookup else drafter
+    return Beside(drafter, beside) if beside else drafter
+
+
+def free_drafters(kinds: tuple[str, ...], target: LoadedModel) -> tuple[Drafter, ...]:
+    """New free drafters of these kinds for the target: each run that should learn afresh gets its own."""
+    return tuple(_drafter(DrafterSpec(free_kind=kind), target)[0] for kind in kinds)
 
 
 def load_pair(pair: PairSpec, drafting: bool = True, lean: bool = False) -> LoadedPair:
@@ -103,7 +118,8 @@ def load_pair(pair: PairSpec, drafting: bool = True, lean: bool = False) -> Load
         runtime = LoadedPair(pair, target, None, None)
     else:
         drafter, draft = _drafter(pair.drafter, target)
-        runtime = LoadedPair(pair, target, composed(drafter, pair.drafter.lookup), draft, _by_kind={pair.drafter.kind: (drafter, draft)})
+        running = composed(drafter, pair.drafter.lookup, beside=free_drafters(pair.drafter.beside, target))
+        runtime = LoadedPair(pair, target, running, draft, _by_kind={pair.drafter.kind: (drafter, draft)})
     if pair.pad_blocks:
         runtime.block_costs = cached_costs(target.model, f"{target.source} {pair.target.dtype}", open_cache())
         runtime.block_plan = plan(runtime.block_costs)
@@ -116,9 +132,22 @@ def _drafter(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedMod
 
         return load_head(spec.head, target.model, target.source, target.precision), None
     if spec.model is None:
-        return NgramDrafter(spec.max_ngram, spec.min_ngram), None
+        return free_drafter(spec, target.model.config.get_text_config().vocab_size), None
     draft = load(spec.model, accept=lambda tokenizer: check_compatible(target.tokenizer, tokenizer))  # before it is prepared
     vocab = target.model.config.get_text_config().vocab_size
     top = (read_meta(draft.files) or {}).get("top_vocab") if draft.files else None  # a trained draft's output layer
     allowed = None if top is None else torch.tensor(top, dtype=torch.long)
     return ModelDrafter(draft.model, vocab, allowed), draft
+
+
+def free_drafter(spec: DrafterSpec, vocab_size: int) -> Drafter:
+    """A drafter without weights, by its kind."""
+    if spec.free_kind == RECYCLE:
+        from .recycle import RecycleDrafter
+
+        return RecycleDrafter(vocab_size)
+    if spec.free_kind == SUFFIX:
+        from .suffix import SuffixDrafter
+
+        return SuffixDrafter()
+    return NgramDrafter(spec.max_ngram, spec.min_ngram)

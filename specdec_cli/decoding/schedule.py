@@ -19,10 +19,10 @@ AS_IS = "as-is"  # plan's source for the drafter as it is, whatever it combines:
 class KSchedule:
     """Plans each round's draft and sees how the round went (a fixed K, or an adaptive controller).
 
-    ``plan(offer, offer_source, learned, room) -> (k, source)`` names the round's drafter and its K:
-    ``AS_IS``, the drafter as it is (k tokens, or a tree drafter's k nodes); the learned drafter
-    (``learned``, a model or head: k tokens); prompt lookup's match (``offer_source``: its first k of
-    ``offer`` tokens, free to find; shown only to a schedule that ``reads_offer``, else 0); naming
+    ``plan(offers, learned, room) -> (k, source)`` names the round's drafter and its K: ``AS_IS``,
+    the drafter as it is (k tokens, or a tree drafter's k nodes); the learned drafter (``learned``, a
+    model or head: k tokens); a free drafter's ready draft (``offers``: source → its length, of which
+    it takes the first k; shown only to a schedule that ``reads_offer``, else empty); naming
     ``tree_source(learned)``, the learned drafter's tree of at most k nodes (a head's); or None,
     nothing. ``room`` is the deepest chain the token budget still uses. ``gate(source, k)`` may then
     bound a chain by the drafter's confidence (gate.py). Each round's draft still comes whole from
@@ -33,7 +33,7 @@ class KSchedule:
     reads_offer: bool = False
     trees: bool = False
 
-    def plan(self, offer: int, offer_source: str | None, learned: str | None, room: int) -> tuple[int, str | None]:
+    def plan(self, offers: dict[str, int], learned: str | None, room: int) -> tuple[int, str | None]:
         raise NotImplementedError
 
     def gate(self, source: str, k: int) -> DraftGate | None:
@@ -50,5 +50,5 @@ class FixedK(KSchedule):
 
     k: int
 
-    def plan(self, offer: int, offer_source: str | None, learned: str | None, room: int) -> tuple[int, str]:
+    def plan(self, offers: dict[str, int], learned: str | None, room: int) -> tuple[int, str]:
         return self.k, AS_IS

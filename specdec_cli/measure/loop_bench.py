@@ -31,29 +31,32 @@ from ..decoding.drafters import NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
 from ..decoding.control.estimates import Acceptance
 from ..decoding.kv import input_device
-from ..decoding.loaded_pair import LoadedPair, composed, load_pair
+from ..decoding.loaded_pair import LoadedPair, composed, free_drafter, load_pair
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import PairProfile, ProfileWatcher
 from ..pairs.tokenization import encode_prompt
-from ..pairs.registry import HEAD, MODEL, NGRAM
+from ..pairs.registry import FREE_KINDS, HEAD, MODEL, NGRAM, RECYCLE, SUFFIX, DrafterSpec
 from ..prompts import Prompt, check_fit
 from ..serving.stats import percentile
 from . import lossy
 from .interleaved import run_interleaved
 from .run_stats import RoundCounts
 
-MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto",
-              "auto-ungated", "auto+tree", "tree", "ngram+tree")
+MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "recycle", "suffix", "head", "ngram+spec",
+              "ngram+head", "auto", "auto-ungated", "auto+tree", "auto+free", "auto-free", "tree", "ngram+tree")
 # run by this loop; the others by transformers' generate
-ENGINE_KINDS = ("plain", "spec", "ngram", "head", "ngram+spec", "ngram+head", "auto", "auto-ungated", "auto+tree", "tree",
-                "ngram+tree")
+ENGINE_KINDS = ("plain", "spec", "ngram", "recycle", "suffix", "head", "ngram+spec", "ngram+head", "auto", "auto-ungated",
+                "auto+tree", "auto+free", "auto-free", "tree", "ngram+tree")
 TREE_KINDS = ("tree", "ngram+tree")  # the pair's head drafting trees of at most K nodes
-# adaptive K; auto+tree weighs the head's trees too (`generate --tree auto`), auto-ungated drafts without the gate
-AUTO_KINDS = ("auto", "auto-ungated", "auto+tree")
+# adaptive K; auto+tree weighs the head's trees too (`generate --tree auto`), auto-ungated drafts without the gate,
+# auto+free weighs every free drafter beside the pair's (recycle, suffix), auto-free none but the pair's own lookup
+AUTO_KINDS = ("auto", "auto-ungated", "auto+tree", "auto+free", "auto-free")
+BESIDE = {"auto+free": (RECYCLE, SUFFIX), "auto-free": ()}  # else the pair's `free:`
 WITHOUT_K = ("plain", "hf-plain", *AUTO_KINDS)
 DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "ngram": NGRAM, "hf-lookup": NGRAM,
-                   "ngram+spec": MODEL, "ngram+head": HEAD, "tree": HEAD, "ngram+tree": HEAD}
+                   "recycle": RECYCLE, "suffix": SUFFIX, "ngram+spec": MODEL, "ngram+head": HEAD, "tree": HEAD,
+                   "ngram+tree": HEAD}
 NEEDS = {MODEL: "a draft model", HEAD: "a draft head"}
 
 
@@ -101,7 +104,8 @@ def parse_modes(text: str) -> list[Mode]:
                             "ngram+spec, ngram+head, auto), not to plain decoding or transformers' generate")
         if kind not in MODE_KINDS:
             raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, "
-                            "head:K, ngram+spec:K, ngram+head:K, tree:N, ngram+tree:N, auto, auto-ungated, auto+tree")
+                            "recycle:K, suffix:K, head:K, ngram+spec:K, ngram+head:K, tree:N, ngram+tree:N, auto, auto-ungated, auto+tree, "
+                            "auto+free, auto-free")
         if kind in WITHOUT_K:
             if k:
                 raise UserError(f"mode {kind!r} takes no K")
@@ -152,9 +156,10 @@ class Bench:
     samples: int = 1  # runs per prompt and mode, seeds seed .. seed + samples - 1
 
     def runner(self, mode: Mode) -> Callable[[list[int], Prompt, int], Sample]:
-        """A fresh runner: for auto, a fresh controller that has learnt nothing yet."""
+        """A fresh runner: for auto, a fresh controller that has learnt nothing yet; every drafter
+        that learns as it runs (token recycling, the suffix memory) new as well."""
         if mode.kind in AUTO_KINDS:
-            engine = self.runtime.engine
+            engine = self.runtime.fresh_engine(BESIDE.get(mode.kind, self.runtime.pair.drafter.beside))
             trees = mode.kind == "auto+tree"
             if trees and self.runtime.pair.drafter.kind != HEAD:
                 raise UserError(f"mode {mode} needs a pair drafted by its head; "
@@ -164,8 +169,9 @@ class Bench:
                                                               seed, mode.rule)
         if mode.kind in ENGINE_KINDS:
             drafter = None
-            if mode.kind == "ngram":
-                drafter = NgramDrafter()
+            if mode.drafter_kind in FREE_KINDS:
+                drafter = free_drafter(DrafterSpec(free_kind=mode.drafter_kind),
+                                       self.runtime.target.model.config.get_text_config().vocab_size)
             elif mode.drafter_kind in (MODEL, HEAD):
                 # The pair's model or head as it is (a ModelDrafter keeps its trained output layer),
                 # with prompt lookup first exactly when the mode says so.
@@ -269,8 +275,8 @@ def run(bench: Bench, modes: list[Mode], prompts: list[Prompt], encode, progress
     def warm_up() -> None:  # first-call allocations and lazy inits are nobody's cost
         for mode in modes:
             runners[mode](encoded[0][:], prompts[0], bench.seed)
-        # auto learns from every round: it starts afresh, untaught by first-call costs and prompt 0
-        runners.update({mode: bench.runner(mode) for mode in modes if mode.kind in AUTO_KINDS})
+        # auto and the drafters that learn start afresh, untaught by first-call costs and prompt 0
+        runners.update({mode: bench.runner(mode) for mode in modes})
 
     def one(trial: tuple[Prompt, list[int], int], mode: Mode) -> None:
         prompt, ids, seed = trial

@@ -29,7 +29,10 @@ PACKAGED_REGISTRY = Path(__file__).parents[1] / "models.yaml"
 MODEL = "model"
 NGRAM = "ngram"
 HEAD = "head"
-DRAFTER_KINDS = (MODEL, NGRAM, HEAD)
+RECYCLE = "recycle"
+SUFFIX = "suffix"
+FREE_KINDS = (NGRAM, RECYCLE, SUFFIX)  # drafters that need no weights and cost nothing to ask (decoding/drafters.py)
+DRAFTER_KINDS = (MODEL, NGRAM, HEAD, RECYCLE, SUFFIX)
 DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "int4")  # int8/int4: weight-only, on a CPU (quantize.py)
 
 
@@ -42,22 +45,29 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """A draft model, a draft head (a directory; it runs on its target's features), or the n-gram
-    drafter (both None then)."""
+    """A draft model, a draft head (a directory; it runs on its target's features), or a drafter
+    without weights (both None then): n-gram lookup, token recycling or the suffix memory."""
 
     model: ModelSpec | None = None
     max_ngram: int = 3
     min_ngram: int = 1
     head: Path | None = None
     lookup: bool = False  # a model or head drafts only where prompt lookup finds nothing (drafters.LookupFirst)
+    free_kind: str = NGRAM  # the weightless drafter's kind, when there is neither model nor head
+    beside: tuple[str, ...] = ()  # free drafters `-k auto` weighs beside it each round (`free:` in models.yaml)
 
     @property
     def kind(self) -> str:
-        return HEAD if self.head else MODEL if self.model else NGRAM
+        return HEAD if self.head else MODEL if self.model else self.free_kind
 
     def __str__(self) -> str:
-        text = str(self.model.source) if self.model else f"head {self.head}" if self.head else "ngram (prompt lookup)"
-        return f"{text}, after prompt lookup" if self.lookup else text
+        text = (str(self.model.source) if self.model else f"head {self.head}" if self.head
+                else FREE_TEXT[self.free_kind])
+        text = f"{text}, after prompt lookup" if self.lookup else text
+        return f"{text}; {', '.join(self.beside)} beside it under -k auto" if self.beside else text
+
+
+FREE_TEXT = {NGRAM: "ngram (prompt lookup)", RECYCLE: "recycle (token recycling)", SUFFIX: "suffix (memory of earlier answers)"}
 
 
 @dataclass(frozen=True)
@@ -78,10 +88,10 @@ class PairSpec:
 
     def alternate(self, kind: str) -> DrafterSpec | None:
         """The pair's drafter of this kind: the current one if it is of that kind, else the one listed
-        under ``drafters:``; n-gram lookup needs nothing and is always there. None when there is none."""
+        under ``drafters:``; a free drafter needs nothing and is always there. None when there is none."""
         if self.drafter.kind == kind:
             return self.drafter
-        return self.alternates.get(kind) or (DrafterSpec() if kind == NGRAM else None)
+        return self.alternates.get(kind) or (DrafterSpec(free_kind=kind) if kind in FREE_KINDS else None)
 
 
 @dataclass(frozen=True)
@@ -120,8 +130,9 @@ def yaml_problem(path: Path, exc: Exception) -> str:
 FILE_KEYS = ("default", "pairs")
 PAIR_KEYS = ("description", "target", "draft", "drafters", "dtype", "k", "scenarios", "adaptive", "pad_blocks", "profile")
 MODEL_KEYS = ("source", "dtype", "device_map")  # a target's mapping
-DRAFT_KEYS = {NGRAM: ("kind", "max_ngram", "min_ngram"), HEAD: ("kind", "source", "lookup"),
-              MODEL: ("kind", *MODEL_KEYS, "lookup")}  # a draft's mapping, by its kind
+DRAFT_KEYS = {NGRAM: ("kind", "max_ngram", "min_ngram", "free"), HEAD: ("kind", "source", "lookup", "free"),
+              MODEL: ("kind", *MODEL_KEYS, "lookup", "free"), RECYCLE: ("kind", "free"),
+              SUFFIX: ("kind", "free")}  # a draft's mapping, by its kind
 
 
 def load_registry(explicit: str | Path | None = None) -> Registry:
@@ -203,11 +214,12 @@ def parse_model(value, dtype: str = "float32", where: str = "model", base: Path 
 
 
 def parse_drafter(value, dtype: str = "float32", where: str = "draft", base: Path | None = None) -> DrafterSpec:
-    """``ngram``, ``{kind: ngram, ...}``, ``{kind: head, source: DIR}``, a head directory, or a model."""
+    """``ngram``, ``recycle``, ``suffix``, ``{kind: ngram, ...}``, ``{kind: head, source: DIR}``, a head
+    directory, or a model."""
     if isinstance(value, dict):
         return _drafter_mapping(value, dtype, where, base)
-    if value == NGRAM:
-        return DrafterSpec()
+    if value in FREE_KINDS:
+        return DrafterSpec(free_kind=value)
     if isinstance(value, str) and _is_head(resolve_path(value, base)):
         return DrafterSpec(head=resolve_path(value, base))
     return DrafterSpec(model=parse_model(value, dtype, where, base))
@@ -215,25 +227,41 @@ def parse_drafter(value, dtype: str = "float32", where: str = "draft", base: Pat
 
 def _drafter_mapping(value: dict, dtype: str, where: str, base: Path | None) -> DrafterSpec:
     """A drafter's mapping, its keys those of its kind (a model's when it names none). ``lookup``
-    puts prompt lookup first; a bare ``{source: ...}`` may name a head directory, as a string does."""
+    puts prompt lookup first; ``free`` lists free drafters `-k auto` weighs beside it; a bare
+    ``{source: ...}`` may name a head directory, as a string does."""
     kind = value.get("kind", MODEL)
     if kind not in DRAFTER_KINDS:
         raise UserError(f"{where}: 'kind' must be one of {', '.join(DRAFTER_KINDS)}, got {kind!r}")
     known_keys(value, DRAFT_KEYS[kind], where)
-    lookup = flag(value, "lookup", where)
+    lookup, beside = flag(value, "lookup", where), free_beside(value, kind, where)
     if kind == NGRAM:
         low, high = whole_number(value, "min_ngram", where, 1), whole_number(value, "max_ngram", where, 3)
         if low > high:
             raise UserError(f"{where}: 'min_ngram' ({low}) must not exceed 'max_ngram' ({high})")
-        return DrafterSpec(max_ngram=high, min_ngram=low)
+        return DrafterSpec(max_ngram=high, min_ngram=low, beside=beside)
+    if kind in FREE_KINDS:
+        return DrafterSpec(free_kind=kind, beside=beside)
     if kind == HEAD:
         if not isinstance(value.get("source"), str):
             raise UserError(f"{where}: a head needs 'source', the directory `specdec train-draft --kind head` wrote")
-        return DrafterSpec(head=resolve_path(value["source"], base), lookup=lookup)
-    rest = {key: v for key, v in value.items() if key not in ("kind", "lookup")}
+        return DrafterSpec(head=resolve_path(value["source"], base), lookup=lookup, beside=beside)
+    rest = {key: v for key, v in value.items() if key not in ("kind", "lookup", "free")}
     if "kind" not in value and set(rest) == {"source"} and isinstance(rest["source"], str):
-        return replace(parse_drafter(rest["source"], dtype, where, base), lookup=lookup)
-    return DrafterSpec(model=parse_model(rest, dtype, where, base), lookup=lookup)
+        return replace(parse_drafter(rest["source"], dtype, where, base), lookup=lookup, beside=beside)
+    return DrafterSpec(model=parse_model(rest, dtype, where, base), lookup=lookup, beside=beside)
+
+
+def free_beside(value: dict, kind: str, where: str) -> tuple[str, ...]:
+    """``free: [recycle, suffix]``: the free drafters weighed beside this one, each once, never itself
+    (prompt lookup beside a model or head is ``lookup: true``)."""
+    listed = value.get("free") or []
+    if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
+        raise UserError(f"{where}: 'free' must list drafter kinds, as in free: [{RECYCLE}, {SUFFIX}]")
+    allowed = tuple(k for k in (RECYCLE, SUFFIX) if k != kind)
+    for name in listed:
+        if name not in allowed or listed.count(name) > 1:
+            raise UserError(f"{where}: 'free' lists {name!r}; it may list {', '.join(allowed)}, each once")
+    return tuple(listed)
 
 
 def _is_head(path: Path) -> bool:
@@ -252,7 +280,8 @@ def override(pair: PairSpec, target: str | None = None, draft: str | None = None
     """Apply --target / --draft / --drafter / --dtype to a registry pair.
 
     --draft becomes the default drafter and replaces the pair's alternate of its kind (so bench's
-    modes of that kind use it too), keeping whether prompt lookup drafts first there: a head of
+    modes of that kind use it too), keeping whether prompt lookup drafts first there and which free
+    drafters stand beside it: a head of
     one's own tried on the default pair is compared on the pair's terms, not without its lookup.
     --drafter KIND then picks the pair's drafter of that kind. --dtype sets the target's precision;
     drafters keep their own.
@@ -266,8 +295,8 @@ def override(pair: PairSpec, target: str | None = None, draft: str | None = None
     if draft:
         chosen = parse_drafter(draft, pair.target.dtype, "--draft")
         replaced = pair.alternate(chosen.kind)
-        if replaced is not None and chosen.kind != NGRAM:
-            chosen = replace(chosen, lookup=replaced.lookup)
+        if replaced is not None and chosen.kind not in FREE_KINDS:
+            chosen = replace(chosen, lookup=replaced.lookup, beside=replaced.beside)
         pair = replace(pair, drafter=chosen, alternates={**pair.alternates, chosen.kind: chosen})
     if drafter:
         if drafter not in DRAFTER_KINDS:

@@ -18,13 +18,14 @@ only: no models, no clocks, no files.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from ...limits import MAX_K
 from ..events import RoundEvent
 from ..schedule import KSchedule
 from ..tree import TreeShape, best_first, judgements, shape_of, tree_source
+from .counts import DrafterCounts
 from .estimates import Acceptance, Calibration, Siblings, probe_wait, smooth
 from .gate import DraftGate, gated_rounds
 from .priors import Prior
@@ -60,7 +61,7 @@ class AdaptiveK(KSchedule):
     """The controller for one scenario. Its estimates persist across prompts; ``begin`` resets
     only the per-prompt counters reported in the statistics and halves the acceptance evidence."""
 
-    reads_offer = True  # weighs prompt lookup's match against the learned drafter every round
+    reads_offer = True  # weighs the free drafters' ready drafts against the learned drafter every round
 
     def __init__(self, prior: Prior, k_max: int = DEFAULT_K_MAX, main: str = "draft", probe_k: int = 2,
                  margin: float = 0.05, smoothing: float = 0.2, trees: bool = False, tree_max: int = TREE_MAX,
@@ -84,13 +85,14 @@ class AdaptiveK(KSchedule):
 
     # --- the decision ----------------------------------------------------------------------------
 
-    def plan(self, offer: int, offer_source: str | None, learned: str | None, room: int) -> tuple[int, str | None]:
+    def plan(self, offers: dict[str, int], learned: str | None, room: int) -> tuple[int, str | None]:
         """This round's (K, drafter): the on-drafter with the most tokens per second if it beats
-        plain decoding, else a probe that is due, else (0, None)."""
+        plain decoding, else a probe that is due, else (0, None). Free drafters' ready drafts are
+        weighed first, in the order offered, the learned drafter last."""
         self.probing = None
         best_rate, best = self.plain_rate(), (0, None)
         due = []
-        for name, cap in ((offer_source, offer), (learned, room)):
+        for name, cap in (*offers.items(), (learned, room)):
             if not name or cap < 1:
                 continue
             source = self._source(name)
@@ -116,7 +118,7 @@ class AdaptiveK(KSchedule):
 
     def gate(self, name: str, k: int) -> DraftGate | None:
         """This round's gate for a chain of at most ``k`` drafts from ``name`` (None: draft all k)."""
-        if not self.gating or name.startswith("lookup") or k < 1:
+        if not self.gating or self.prior.free_rates(name) is not None or k < 1:
             return None
         source = self._source(name)
         return DraftGate(tuple(self.verify_s(d) for d in range(k + 1)), self.draft_s(name, 1), self.overhead_s(),
@@ -153,6 +155,7 @@ class AdaptiveK(KSchedule):
                     source.calibration.observe(event.confidence[:drafted], event.accepted)
                     self.declined += not drafted
             self.used[name] += 1
+            self.drafts[name].add(event)
         else:
             self.rounds_off += 1
         if event.parents is None:
@@ -314,13 +317,12 @@ class AdaptiveK(KSchedule):
 
     def _source(self, name: str) -> Source:
         if name not in self.sources:
-            lookup = name.startswith("lookup")
-            if lookup and name != self.main:  # beside a learned drafter: lookup's own rates by position
-                rates = self.prior.lookup_rates(name)
+            rates = self.prior.free_rates(name)
+            if rates is not None and name != self.main:  # beside the main drafter: its own rates by position
                 acceptance = Acceptance(rates[0], positions=rates)
             else:
                 acceptance = Acceptance(self.prior.alpha)
-            source = Source(acceptance, 0.0 if lookup else self.prior.c, 1, self.prior.k > 0,
+            source = Source(acceptance, 0.0 if rates is not None else self.prior.c, 1, self.prior.k > 0,
                             siblings=Siblings(self.prior.siblings))
             self.sources[name] = source
             k, rate = self.best(name, self.k_max)
@@ -351,6 +353,7 @@ class AdaptiveK(KSchedule):
         self.k_used: Counter[int] = Counter()
         self.trees_used: Counter[int] = Counter()  # tree rounds by nodes drafted
         self.used: Counter[str] = Counter()
+        self.drafts: defaultdict[str, DrafterCounts] = defaultdict(DrafterCounts)
         self.k_start = 0 if self.off else self.k
 
     def report(self) -> dict:
@@ -360,6 +363,7 @@ class AdaptiveK(KSchedule):
             "k_end": 0 if self.off else self.k,
             "k_used": {str(k): n for k, n in sorted(self.k_used.items())},
             "drafted_by": dict(sorted(self.used.items())),
+            "drafters": {name: counts.report() for name, counts in sorted(self.drafts.items())},
             "rounds_off": self.rounds_off,
             "probes": self.probes,
             "gated_off": self.declined,  # rounds where the gate declined the learned drafter's first guess

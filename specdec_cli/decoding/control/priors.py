@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 from ...pairs.profile import ScenarioProfile
 from .estimates import SIBLING_PRIOR
 
-LOOKUP_RATES = {"lookup": (0.83, 0.88, 0.90, 0.92), "lookup-2": (0.45, 0.55, 0.80, 0.76),  # Prior.lookup_rates
-                "lookup-1": (0.19, 0.52, 0.56, 0.79)}
+# A free drafter's acceptance by draft position until its rounds say otherwise (Prior.free_rates).
+FREE_RATES = {"lookup": (0.83, 0.88, 0.90, 0.92), "lookup-2": (0.45, 0.55, 0.80, 0.76), "lookup-1": (0.19, 0.52, 0.56, 0.79),
+              "recycle": (0.73, 0.69, 0.89, 0.92), "recycle-2": (0.44, 0.53, 0.71, 0.77),
+              "recycle-1": (0.24, 0.48, 0.59, 0.71), "suffix": (0.76, 0.91, 0.95, 0.96), "suffix-3": (0.36, 0.25, 0.38),
+              "suffix-2": (0.16, 0.33)}
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,10 @@ class Prior:
         return cls(k, 0.7 if alpha is None else alpha, 0.2 if model_drafter else 0.0)
 
     @staticmethod
-    def lookup_rates(name: str) -> tuple[float, ...]:
-        """Prompt lookup beside a learned drafter, which the profile does not measure: its acceptance
-        by draft position (the chance draft i is kept given those before were), soon replaced.
+    def free_rates(name: str) -> tuple[float, ...] | None:
+        """A free drafter beside a learned one, which the profile does not measure: its acceptance
+        by draft position (the chance draft i is kept given those before were), soon replaced; None
+        for a drafter that is not free.
 
         Replayed on the default target's plain answers to the 93 prompts of the calibration, bench,
         random, equivalence, lossy and held-out files (every step where lookup had a match;
@@ -51,8 +55,15 @@ class Prior:
         (1,253; once its first guess holds, the match is longer). Taken together, two or more tokens
         gave 0.73 / 0.83 / 0.89 / 0.90, which let a two-token match draft like a long one. On
         chat-like prompts the first guesses are weaker; the per-scenario estimates learn that.
+
+        Token recycling by how many times in a row its first guess was the target's choice
+        (recycle.py), and the suffix memory by match length (suffix.py), replayed the same way on
+        the same 93 prompts in file order (one process's memory; ``benchmarks/free_drafter_priors.py``):
+        recycling seen three times or more 0.73 / 0.69 / 0.89 / 0.92 (365 drafts), twice 0.44 / 0.53 /
+        0.71 / 0.77 (377), once 0.24 / 0.48 / 0.59 / 0.71 (2,545); the memory on a match of four or
+        more 0.76 / 0.91 / 0.95 / 0.96 (730), of three 0.36 / 0.25 / 0.38 (103), of two 0.16 / 0.33 (472).
         """
-        return LOOKUP_RATES.get(name, LOOKUP_RATES["lookup-1"])
+        return FREE_RATES.get(name)
 
     def cost(self, k: int) -> float:
         """Verify cost of K drafts (a tree's K is its node count): the profile's, else the block-cost
