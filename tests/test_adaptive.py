@@ -269,3 +269,12 @@ def test_the_runtime_reads_the_drafters_recorded_acceptance_from_its_metadata(tm
     for value, read in ((0.31, 0.31), ("high", None), (1.5, None)):
         write_meta(tmp_path, {"kind": "head", "expected_alpha": value})
         assert runtime.expected_alpha() == read
+
+
+def test_finding_the_free_drafters_drafts_is_charged_to_every_round_not_to_the_drafter_that_drafted():
+    schedule = AdaptiveK(Prior(3, 0.5, 0.2), main="head")
+    round_ = RoundEvent(k=2, drafted=[5, 6], accepted=1, token=7, emitted=[5, 7], draft_s=0.005, verify_s=0.01,
+                        finished=False, source="head", other_s=0.001, offer_s=0.003)
+    schedule.observe(round_)
+    assert schedule.sources["head"].draft_s_per_token == pytest.approx(0.001)  # (5 ms − 3 ms) / 2 drafts
+    assert schedule.other_s == pytest.approx(0.004)

@@ -106,7 +106,7 @@ class SpeculativeEngine:
         """One round: draft (a chain or a tree), verify in one forward, accept, keep the accepted path,
         and show the drafters what the target said. Returns the round and the tokens after it."""
         started = time.perf_counter()
-        want, draft = self._draft(schedule, tokens, left, sampling, generator)
+        want, draft, offer_s = self._draft(schedule, tokens, left, sampling, generator)
         drafted_at = time.perf_counter()
         cached = tokens.shape[0] - 1
         block = torch.cat([tokens[-1:], draft.tokens])  # block index 0 the root, i the i-th draft node
@@ -131,6 +131,7 @@ class SpeculativeEngine:
         event = RoundEvent(
             source=draft.source if len(draft) or draft.confidence else "",
             catchup_s=draft.catchup_s,
+            offer_s=offer_s,
             confidence=draft.confidence,
             k=want,
             drafted=draft.tokens.tolist(),
@@ -173,12 +174,21 @@ class SpeculativeEngine:
         PromptTooLong.check(len(prompt_ids), self.context_length)
         return min(max_new_tokens, self.context_length - len(prompt_ids))
 
-    def _draft(self, schedule: KSchedule, tokens, left: int, sampling, generator) -> tuple[int, Draft]:
+    def _draft(self, schedule: KSchedule, tokens, left: int, sampling, generator) -> tuple[int, Draft, float]:
         """The round's K and draft, as the schedule plans them: the drafter as it is, a free drafter's
-        ready draft, the learned drafter (a chain, gated where the schedule says, or a tree), or none."""
+        ready draft, the learned drafter (a chain, gated where the schedule says, or a tree), or none;
+        and the seconds spent finding the free drafters' drafts, which every round pays."""
         # A round emits at most K + 1 tokens: drafting past the budget is wasted work.
         room = max(0, min(MAX_K, left - 1))
+        started = time.perf_counter()
         offers = self._offers(tokens, room) if schedule.reads_offer and room else {}
+        offer_s = time.perf_counter() - started
+        want, draft = self._chosen(schedule, tokens, offers, room, sampling, generator)
+        return want, draft, offer_s
+
+    def _chosen(self, schedule: KSchedule, tokens, offers: dict[str, Draft], room: int, sampling,
+                generator) -> tuple[int, Draft]:
+        """The K and draft the schedule chooses among the offers, the learned drafter and none."""
         learned = self._learned.name if self._learned is not None else None
         want, source = schedule.plan({name: len(offer) for name, offer in offers.items()}, learned, room)
         tree = (source == AS_IS and self.drafts_trees) or (learned is not None and source == tree_source(learned))

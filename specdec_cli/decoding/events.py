@@ -34,6 +34,7 @@ class RoundEvent:
     source: str = ""  # the drafter that drafted (Draft.source); "" when none was asked (or none drafted ungated)
     other_s: float = 0.0  # the round's bookkeeping after verifying (cache crop, features, the schedule's own work)
     catchup_s: float = 0.0  # part of draft_s: a head catching up after rounds without it (paid once per gap)
+    offer_s: float = 0.0  # part of draft_s: the free drafters' ready drafts, found every round whoever drafts
     confidence: list[float] | None = None  # under a gate: the drafter's confidence per position weighed (Draft)
     fallback_forwards: int = 0  # target forwards its lean forward handed to transformers' since the last event (0 expected)
     # A tree round (tree.py): ``drafted`` are its nodes, ``parents`` their parents as block indices

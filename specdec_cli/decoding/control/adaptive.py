@@ -127,13 +127,14 @@ class AdaptiveK(KSchedule):
     def observe(self, event: RoundEvent) -> None:
         drafted = len(event.drafted)
         self.block_s[drafted + 1] = smooth(self.block_s.get(drafted + 1), event.verify_s, self.smoothing)
-        self.other_s = smooth(self.other_s, event.other_s, self.smoothing)
+        # Finding the free drafters' drafts is paid every round, whoever drafts: bookkeeping, not drafting.
+        self.other_s = smooth(self.other_s, event.other_s + event.offer_s, self.smoothing)
         self._verify, self._one = {}, UNKNOWN
         if drafted or event.confidence:
             name = event.source or self.main
             source = self._source(name)
             # A head's catch-up after sitting out is paid once per gap, not per drafted token.
-            drafting = max(event.draft_s - event.catchup_s, 0.0)
+            drafting = max(event.draft_s - event.catchup_s - event.offer_s, 0.0)
             if event.parents is not None:
                 parents = (-1, *event.parents)
                 for depth, rank, kept in judgements(parents, event.path or [], event.token is not None):
