@@ -1,17 +1,19 @@
-"""Token recycling's and the suffix memory's acceptance by draft position and source, replayed on the
-default target's plain answers: where the adaptive controller's estimates of them start
-(decoding/control/priors.py, FREE_RATES).
+"""The free drafters' acceptance by draft position and source, replayed on the default target's plain
+answers: where the adaptive controller's estimates of them start (decoding/control/priors.py,
+FREE_RATES): prompt lookup by match length, token recycling by how many times in a row its first
+guess was the target's choice, the suffix memory by match length.
 
-    python benchmarks/free_drafter_priors.py --prompts benchmarks/heldout-prompts.jsonl \
-        benchmarks/bench-prompts.jsonl benchmarks/random-prompts.jsonl examples/calibration-prompts.jsonl \
-        examples/equivalence-prompts.jsonl benchmarks/lossy-prompts.jsonl
+    python benchmarks/free_drafter_priors.py --prompts examples/calibration-prompts.jsonl benchmarks/bench-prompts.jsonl \
+        benchmarks/random-prompts.jsonl examples/equivalence-prompts.jsonl benchmarks/lossy-prompts.jsonl \
+        benchmarks/heldout-prompts.jsonl
 
 Greedy plain decoding gives each prompt's answer, the prompts in the order given, as one process
-sees them. At every step each drafter proposes from the context so far (recycling's table fed with
-every position the target confirmed, the memory with the earlier answers), tagged as it tags its
-drafts (``recycle_source``, ``suffix_source``), and its draft is compared with what the target wrote
-next: per source, the chance draft i is kept given those before were. Untimed. Never run it on
-benchmarks/unseen-prompts.jsonl: its figures seed the controller that the bench measures.
+sees them. At every step each drafter proposes from the context so far (lookup: n-grams of 3 down to
+1 tokens, the offer the controller sees; recycling's table fed with every position the target
+confirmed; the memory with the earlier answers), tagged as it tags its drafts, and its draft is
+compared with what the target wrote next: per source, the chance draft i is kept given those before
+were. Untimed. Never run it on benchmarks/unseen-prompts.jsonl: its figures seed the controller
+that the bench measures.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections import defaultdict
 
 import torch
 
-from specdec_cli.decoding.drafters import Verified
+from specdec_cli.decoding.drafters import NgramDrafter, Verified
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.decoding.recycle import RecycleDrafter
@@ -56,9 +58,10 @@ def main() -> None:
         ids = encode_prompt(runtime.tokenizer, prompt.text)
         answer = [t for event in plain.generate(ids, k=0, max_new_tokens=args.max_new_tokens) for t in event.emitted]
         tokens = torch.tensor(ids + answer)
+        lookup = NgramDrafter(max_ngram=3, min_ngram=1)
         for step in range(len(ids), len(tokens)):
             truth = tokens[step : step + args.k].tolist()
-            for drafter in (recycle, memory):
+            for drafter in (lookup, recycle, memory):
                 draft = drafter.propose(tokens[:step], args.k, None, None)
                 if len(draft):
                     judge(draft, truth, kept, judged)

@@ -131,7 +131,11 @@ def test_each_round_picks_lookups_match_the_learned_drafter_or_nothing_on_separa
     assert sum(source == "head" for _, _, source in late) <= 2  # a rare probe at most
     assert schedule.sources["lookup"].on and not schedule.sources["head"].on
     assert schedule.sources["lookup"].acceptance.alpha > 0.8 > 0.4 > schedule.sources["head"].acceptance.alpha
-    assert schedule.report()["drafted_by"]["lookup"] >= 100
+    report = schedule.report()
+    assert report["drafted_by"]["lookup"] >= 100
+    lookup = report["drafters"]["lookup"]  # each drafter's rounds, drafts and kept ones, as they happened
+    assert lookup["rounds"] == report["drafted_by"]["lookup"]
+    assert lookup["alpha"] > 0.8 and lookup["drafted"] >= lookup["accepted"] >= lookup["rounds"]
 
 
 def test_the_learned_drafter_wins_where_lookups_matches_are_poor():

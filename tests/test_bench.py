@@ -200,7 +200,8 @@ def test_predicted_speedup_counts_each_rounds_yield_by_drafter_and_position():
     """Lookup rounds keep all 3 drafts, head rounds none: modelled by drafter and position, the
     expected yield is what the rounds gave, so predicted equals measured; a single α at the mean K
     (1 + .75 + .75² + .75³ a round: 2.73 tokens, not 2.5) would be 9 % off."""
-    from specdec_cli.measure.loop_bench import Sample, figures, predicted_from_rounds
+    from specdec_cli.measure.loop_bench import Sample
+    from specdec_cli.measure.mode_figures import figures, predicted_from_rounds
     from specdec_cli.prompts import Prompt
 
     prompt = Prompt(1, "x")
@@ -215,7 +216,8 @@ def test_predicted_speedup_counts_each_rounds_yield_by_drafter_and_position():
 def test_token_latency_percentiles_are_the_engine_benchs_interpolated_ones():
     """The loop bench's p50/p90/p99 interpolate between ranks as `vllm bench serve` (serving/stats.py):
     nearest rank would give 3, 4 and 4 ms here; no latencies at all give 0."""
-    from specdec_cli.measure.loop_bench import Sample, figures
+    from specdec_cli.measure.loop_bench import Sample
+    from specdec_cli.measure.mode_figures import figures
     from specdec_cli.prompts import Prompt
 
     mode = Sample(Prompt(1, "x"), [7] * 5, wall_s=1.0, ttft_s=0.1, latencies=[0.004, 0.001, 0.003, 0.002])
@@ -227,7 +229,8 @@ def test_token_latency_percentiles_are_the_engine_benchs_interpolated_ones():
 
 def test_a_modes_forwards_off_the_lean_forward_are_counted_and_warned(pair_dir, prompt_file, monkeypatch):
     from specdec_cli.measure import loop_bench as bench_module
-    from specdec_cli.measure.loop_bench import Sample, figures
+    from specdec_cli.measure.loop_bench import Sample
+    from specdec_cli.measure.mode_figures import figures
     from specdec_cli.prompts import Prompt
 
     plain = [Sample(Prompt(1, "x"), [7] * 4, wall_s=1.0, ttft_s=0.1, latencies=[], fallback_forwards=0)]
@@ -241,3 +244,19 @@ def test_a_modes_forwards_off_the_lean_forward_are_counted_and_warned(pair_dir, 
     assert result.exit_code == 0, result.output
     assert ("specdec: warning: target forwards ran transformers' forward instead of the lean int8/int4 one (slower): "
             "spec:3 2; fallback_forwards counts them") in result.stderr
+
+
+def test_the_free_drafters_modes_run_exact_and_report_each_drafter(pair_dir, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join('{"prompt": "abcabcabc abcabc", "scenario": "code"}\n' for _ in range(3)))
+    result = bench(pair_dir, prompts, "--pair", "tiny-ngram", "--modes", "recycle:3,suffix:3,auto-free,auto+free")
+    assert result.exit_code == 0, result.output
+    modes = json.loads(result.stdout)["modes"]
+    assert list(modes) == ["plain", "recycle:3", "suffix:3", "auto-free", "auto+free"]
+    assert all(figures["identical_to_plain"] for figures in modes.values())
+    # the same prompt thrice: from the second on, the memory knows its answer
+    assert {source.split("-")[0] for source in modes["suffix:3"]["drafters"]} == {"suffix"}
+    assert modes["suffix:3"]["acceptance_rate"] > 0.5
+    assert not {source.split("-")[0] for source in modes["auto-free"]["drafters"]} & {"recycle", "suffix"}
+    for counts in modes["recycle:3"]["drafters"].values():
+        assert counts["tokens_per_round"] == round((counts["accepted"] + counts["rounds"]) / counts["rounds"], 3)

@@ -18,7 +18,6 @@ runs that many times per mode, with seeds seed, seed+1, … shared by every mode
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,7 +28,6 @@ from transformers.generation.streamers import BaseStreamer
 from ..decoding.acceptance import AcceptRule, SamplingParams, parse_rule
 from ..decoding.drafters import NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
-from ..decoding.control.estimates import Acceptance
 from ..decoding.kv import input_device
 from ..decoding.loaded_pair import LoadedPair, composed, free_drafter, load_pair
 from ..errors import UserError
@@ -38,9 +36,9 @@ from ..pairs.profile import PairProfile, ProfileWatcher
 from ..pairs.tokenization import encode_prompt
 from ..pairs.registry import FREE_KINDS, HEAD, MODEL, NGRAM, RECYCLE, SUFFIX, DrafterSpec
 from ..prompts import Prompt, check_fit
-from ..serving.stats import percentile
 from . import lossy
 from .interleaved import run_interleaved
+from .mode_figures import figures, predicted_from_rounds
 from .run_stats import RoundCounts
 
 MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "recycle", "suffix", "head", "ngram+spec",
@@ -289,51 +287,6 @@ def run(bench: Bench, modes: list[Mode], prompts: list[Prompt], encode, progress
               for seed in range(bench.seed, bench.seed + bench.samples)]
     run_interleaved(trials, modes, one, warm_up, (lambda done, total: progress()) if progress else None)
     return samples
-
-
-def figures(samples: list[Sample], plain: list[Sample]) -> dict:
-    """The figures of one mode over some prompts, each relative to plain decoding on the same prompts."""
-    tokens = sum(len(s.tokens) for s in samples)
-    wall = sum(s.wall_s for s in samples)
-    plain_tps = sum(len(s.tokens) for s in plain) / max(sum(s.wall_s for s in plain), 1e-9)
-    tps = tokens / max(wall, 1e-9)
-    drafted = sum(s.drafted for s in samples)
-    rounds = sum(s.rounds for s in samples)
-    latencies = [t for s in samples for t in s.latencies]
-    return {
-        "tokens_per_s": round(tps, 2),
-        "speedup_vs_plain": round(tps / plain_tps, 3) if plain_tps else None,
-        "acceptance_rate": round(sum(s.accepted for s in samples) / drafted, 4) if drafted else None,
-        "mean_accepted_length": round(tokens / rounds, 3) if rounds else 0.0,
-        "rounds": rounds,
-        "completion_length": round(tokens / len(samples), 2),
-        "ttft_s": round(statistics.fmean(s.ttft_s for s in samples), 4),
-        **{f"p{q}_token_latency_s": round(percentile(latencies, q) or 0.0, 5) for q in (50, 90, 99)},
-        "identical_to_plain": all(s.tokens == p.tokens for s, p in zip(samples, plain)),
-        "wall_s": round(wall, 3),
-        "fallback_forwards": sum(s.fallback_forwards for s in samples),  # off the lean forward: 0 expected
-    }
-
-
-def predicted_from_rounds(samples: list[Sample], plain: list[Sample]) -> float:
-    """The speed-up the model predicts from what each round cost and drafted.
-
-    Costs are measured, round by round (draft, verify with its sampling transform and residual
-    draw, bookkeeping) and so is what lies outside the rounds (prefill); what the model supplies
-    is the tokens: each round's expected yield from its drafter's acceptance by position over the
-    run (estimates.Acceptance), where the measured figure counts the tokens the rounds really gave.
-    The two agree when acceptance behaves as the model says (independent from round to round).
-    """
-    by_source: dict[str, Acceptance] = {}
-    for sample in samples:
-        for source, drafted, accepted in sample.drafts:
-            if drafted:
-                by_source.setdefault(source, Acceptance(0.0, weight=0.0, memory=1.0)).observe(accepted, drafted)
-    expected = sum(by_source[source].expected(drafted) if drafted else 1.0
-                   for sample in samples for source, drafted, _ in sample.drafts)
-    wall = sum(s.wall_s for s in samples)
-    plain_tps = sum(len(s.tokens) for s in plain) / max(sum(s.wall_s for s in plain), 1e-9)
-    return expected / max(wall, 1e-9) / plain_tps if plain_tps else 0.0
 
 
 def bench_pair(spec, modes: list[Mode], prompts: list[Prompt], max_new_tokens: int, sampling: SamplingParams,

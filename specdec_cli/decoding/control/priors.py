@@ -12,9 +12,9 @@ from .estimates import SIBLING_PRIOR
 
 # A free drafter's acceptance by draft position until its rounds say otherwise (Prior.free_rates).
 FREE_RATES = {"lookup": (0.83, 0.88, 0.90, 0.92), "lookup-2": (0.45, 0.55, 0.80, 0.76), "lookup-1": (0.19, 0.52, 0.56, 0.79),
-              "recycle": (0.73, 0.69, 0.89, 0.92), "recycle-2": (0.44, 0.53, 0.71, 0.77),
-              "recycle-1": (0.24, 0.48, 0.59, 0.71), "suffix": (0.76, 0.91, 0.95, 0.96), "suffix-3": (0.36, 0.25, 0.38),
-              "suffix-2": (0.16, 0.33)}
+              "recycle": (0.74, 0.69, 0.89, 0.92), "recycle-2": (0.44, 0.55, 0.68, 0.77),
+              "recycle-1": (0.24, 0.47, 0.59, 0.71), "suffix": (0.77, 0.90, 0.96, 0.96), "suffix-3": (0.40, 0.31, 0.18),
+              "suffix-2": (0.16, 0.35)}
 
 
 @dataclass(frozen=True)
@@ -50,18 +50,20 @@ class Prior:
 
         Replayed on the default target's plain answers to the 93 prompts of the calibration, bench,
         random, equivalence, lossy and held-out files (every step where lookup had a match;
-        benchmarks/lookup_priors.py): a match of three or more tokens 0.83 / 0.88 / 0.90 / 0.92
+        benchmarks/free_drafter_priors.py): a match of three or more tokens 0.83 / 0.88 / 0.90 / 0.92
         (1,027 matches), of two 0.45 / 0.55 / 0.80 / 0.76 (333), of one 0.19 / 0.52 / 0.56 / 0.79
         (1,253; once its first guess holds, the match is longer). Taken together, two or more tokens
         gave 0.73 / 0.83 / 0.89 / 0.90, which let a two-token match draft like a long one. On
         chat-like prompts the first guesses are weaker; the per-scenario estimates learn that.
 
         Token recycling by how many times in a row its first guess was the target's choice
-        (recycle.py), and the suffix memory by match length (suffix.py), replayed the same way on
-        the same 93 prompts in file order (one process's memory; ``benchmarks/free_drafter_priors.py``):
-        recycling seen three times or more 0.73 / 0.69 / 0.89 / 0.92 (365 drafts), twice 0.44 / 0.53 /
-        0.71 / 0.77 (377), once 0.24 / 0.48 / 0.59 / 0.71 (2,545); the memory on a match of four or
-        more 0.76 / 0.91 / 0.95 / 0.96 (730), of three 0.36 / 0.25 / 0.38 (103), of two 0.16 / 0.33 (472).
+        (recycle.py), and the suffix memory by match length (suffix.py): replayed the same way, in
+        the same order (one process's memory), on specdec's kernels
+        (``benchmarks/results/free-drafters/priors.json``): recycling seen three times or more
+        0.74 / 0.69 / 0.89 / 0.92 (359 drafts), twice 0.44 / 0.55 / 0.68 / 0.77 (380), once 0.24 /
+        0.47 / 0.59 / 0.71 (2,548); the memory on a match of four or more 0.77 / 0.90 / 0.96 / 0.96
+        (729), of three 0.40 / 0.31 / 0.18 (103), of two 0.16 / 0.35 (465). Lookup's, replayed
+        there too, moved by at most 0.06 (its greedy answers differ on those kernels) and were kept.
         """
         return FREE_RATES.get(name)
 

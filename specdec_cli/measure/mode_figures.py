@@ -1,0 +1,74 @@
+"""The figures of one bench mode over some prompts, each against plain decoding on the same prompts:
+speed, acceptance, tokens a round, latency percentiles, token identity, what each drafter did, and
+the speed-up the round model predicts from the measured costs."""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+from ..decoding.control.estimates import Acceptance
+from ..serving.stats import percentile
+
+if TYPE_CHECKING:
+    from .loop_bench import Sample
+
+
+def figures(samples: list[Sample], plain: list[Sample]) -> dict:
+    """The figures of one mode over some prompts, each relative to plain decoding on the same prompts."""
+    tokens = sum(len(s.tokens) for s in samples)
+    wall = sum(s.wall_s for s in samples)
+    plain_tps = sum(len(s.tokens) for s in plain) / max(sum(s.wall_s for s in plain), 1e-9)
+    tps = tokens / max(wall, 1e-9)
+    drafted = sum(s.drafted for s in samples)
+    rounds = sum(s.rounds for s in samples)
+    latencies = [t for s in samples for t in s.latencies]
+    return {
+        "tokens_per_s": round(tps, 2),
+        "speedup_vs_plain": round(tps / plain_tps, 3) if plain_tps else None,
+        "acceptance_rate": round(sum(s.accepted for s in samples) / drafted, 4) if drafted else None,
+        "mean_accepted_length": round(tokens / rounds, 3) if rounds else 0.0,
+        "rounds": rounds,
+        "completion_length": round(tokens / len(samples), 2),
+        "ttft_s": round(statistics.fmean(s.ttft_s for s in samples), 4),
+        **{f"p{q}_token_latency_s": round(percentile(latencies, q) or 0.0, 5) for q in (50, 90, 99)},
+        "identical_to_plain": all(s.tokens == p.tokens for s, p in zip(samples, plain)),
+        "wall_s": round(wall, 3),
+        "fallback_forwards": sum(s.fallback_forwards for s in samples),  # off the lean forward: 0 expected
+        **({"drafters": by_drafter(samples)} if any(s.drafts for s in samples) else {}),
+    }
+
+
+def by_drafter(samples: list[Sample]) -> dict[str, dict]:
+    """Per drafter (its source tag): the rounds it drafted, its drafts, the ones kept, and the
+    tokens its rounds gave (kept + the target's own)."""
+    found: dict[str, list[int]] = {}
+    for sample in samples:
+        for source, drafted, accepted in sample.drafts:
+            if drafted:
+                counts = found.setdefault(source, [0, 0, 0])
+                counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + drafted, counts[2] + accepted
+    return {source: {"rounds": rounds, "drafted": drafted, "accepted": accepted,
+                     "tokens_per_round": round((accepted + rounds) / rounds, 3)}
+            for source, (rounds, drafted, accepted) in sorted(found.items())}
+
+
+def predicted_from_rounds(samples: list[Sample], plain: list[Sample]) -> float:
+    """The speed-up the model predicts from what each round cost and drafted.
+
+    Costs are measured, round by round (draft, verify with its sampling transform and residual
+    draw, bookkeeping) and so is what lies outside the rounds (prefill); what the model supplies
+    is the tokens: each round's expected yield from its drafter's acceptance by position over the
+    run (estimates.Acceptance), where the measured figure counts the tokens the rounds really gave.
+    The two agree when acceptance behaves as the model says (independent from round to round).
+    """
+    by_source: dict[str, Acceptance] = {}
+    for sample in samples:
+        for source, drafted, accepted in sample.drafts:
+            if drafted:
+                by_source.setdefault(source, Acceptance(0.0, weight=0.0, memory=1.0)).observe(accepted, drafted)
+    expected = sum(by_source[source].expected(drafted) if drafted else 1.0
+                   for sample in samples for source, drafted, _ in sample.drafts)
+    wall = sum(s.wall_s for s in samples)
+    plain_tps = sum(len(s.tokens) for s in plain) / max(sum(s.wall_s for s in plain), 1e-9)
+    return expected / max(wall, 1e-9) / plain_tps if plain_tps else 0.0
