@@ -26,8 +26,8 @@ from specdec_cli.prompts import read_file
 class AlwaysOff(AdaptiveK):
     """The real controller's work every round, and its answer overruled: draft nothing."""
 
-    def plan(self, offer, offer_source, learned, room):
-        super().plan(offer, offer_source, learned, room)
+    def plan(self, offers, learned, room):
+        super().plan(offers, learned, room)
         return 0, None
 
 

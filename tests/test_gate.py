@@ -129,7 +129,7 @@ class GatedLearned(KSchedule):
     def __init__(self, gate):
         self.fixed, self.stopped = gate, 0
 
-    def plan(self, offer, offer_source, learned, room):
+    def plan(self, offers, learned, room):
         return min(2, room), learned
 
     def gate(self, name, k):
