@@ -52,25 +52,25 @@ def remembered(*answers, lead=0):
 
 def test_the_suffix_memory_drafts_the_most_frequent_continuation_as_far_as_the_match_is_long():
     drafter = remembered([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 9], [1, 2, 3, 4, 5, 6])
-    assert continuation(drafter.counts, [7, 3, 4], 8) == [5, 6]  # 5 followed "3 4" twice, 9 once
-    assert continuation(drafter.counts, [1, 2], 8) == [3, 4]  # a match of two drafts two
-    assert continuation(drafter.counts, [1, 2, 3, 4], 1) == [5]  # never past k
-    assert continuation(drafter.counts, [8, 8], 8) == []  # nothing remembered there
-    assert continuation(drafter.counts, [3], 8) == []  # one token is too weak a match
+    assert continuation(drafter.counts, [7, 3, 4], 8) == ([5, 6], 2)  # 5 followed "3 4" twice, 9 once
+    assert continuation(drafter.counts, [1, 2], 8)[0] == [3, 4]  # a match of two drafts two
+    assert continuation(drafter.counts, [1, 2, 3, 4], 1)[0] == [5]  # never past k
+    assert continuation(drafter.counts, [8, 8], 8)[0] == []  # nothing remembered there
+    assert continuation(drafter.counts, [3], 8)[0] == []  # one token is too weak a match
     assert [drafter.propose(torch.tensor(tail), 8, None, None).source for tail in ([7, 3, 4], [2, 3, 4], [1, 2, 3, 4])] \
         == ["suffix-2", "suffix-3", "suffix"]  # tagged by the match's length
 
 
 def test_the_suffix_memory_stops_where_the_drafts_estimated_chance_falls_below_a_tenth():
     answers = [[1, 2, 3, 10 + i] for i in range(11)]  # after "2 3", eleven different tokens
-    assert continuation(remembered(*answers).counts, [1, 2, 3], 8) == []
-    assert continuation(remembered(*answers[:9]).counts, [1, 2, 3], 8) == [10]  # 1/9 ≥ 0.1
+    assert continuation(remembered(*answers).counts, [1, 2, 3], 8)[0] == []
+    assert continuation(remembered(*answers[:9]).counts, [1, 2, 3], 8)[0] == [10]  # 1/9 ≥ 0.1
 
 
 def test_an_answers_lead_lets_its_first_tokens_be_drafted_but_is_not_itself_remembered():
     drafter = remembered([90, 91, 1, 2, 3], lead=2)
-    assert continuation(drafter.counts, [90, 91], 8) == [1, 2]
-    assert continuation(drafter.counts, [89, 90], 8) == []  # the lead's own successors are not counted
+    assert continuation(drafter.counts, [90, 91], 8)[0] == [1, 2]
+    assert continuation(drafter.counts, [89, 90], 8)[0] == []  # the lead's own successors are not counted
 
 
 def test_the_memory_forgets_the_oldest_answers_past_its_bound_exactly():
@@ -160,7 +160,7 @@ def test_a_drafter_added_in_one_module_is_offered_observed_and_kept_exact(target
     assert len(oracle.seen) == len(events) + 1  # the prompt, then every round
     assert all(v.successors.shape == (len(v.block), 2) for v in oracle.seen[1:])
     assert oracle.seen[-1].finished and not any(v.finished for v in oracle.seen[:-1])
-    assert oracle.seen[-1].answer == plain
+    assert oracle.seen[-1].context[len(PROMPT) :].tolist() == plain
 
 
 @pytest.mark.parametrize("make", [lambda t: RecycleDrafter(t.config.vocab_size), lambda t: SuffixDrafter()],

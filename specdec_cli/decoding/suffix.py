@@ -65,9 +65,8 @@ class SuffixDrafter(Drafter):
             count(self.counts, old, old_lead, -1)
 
     def propose(self, context, k, sampling, generator, gate=None) -> Draft:
-        tail = context[-MAX_MATCH:].tolist()
-        found = continuation(self.counts, tail, k)
-        return Draft(torch.tensor(found, dtype=torch.long), source=suffix_source(longest_match(self.counts, tail)) if found else "")
+        found, matched = continuation(self.counts, context[-MAX_MATCH:].tolist(), k)
+        return Draft(torch.tensor(found, dtype=torch.long), source=suffix_source(matched) if found else "")
 
 
 def suffix_source(match: int) -> str:
@@ -98,9 +97,10 @@ def longest_match(counts: dict[tuple[int, ...], dict[int, int]], tail: list[int]
     return 0
 
 
-def continuation(counts: dict[tuple[int, ...], dict[int, int]], tail: list[int], k: int) -> list[int]:
+def continuation(counts: dict[tuple[int, ...], dict[int, int]], tail: list[int], k: int) -> tuple[list[int], int]:
     """Up to ``k`` tokens after ``tail``: the most frequent successor of its longest remembered
-    n-gram, step by step, while the draft's estimated chance holds and the match is long enough."""
+    n-gram, step by step, while the draft's estimated chance holds and the match is long enough;
+    and that first match's length."""
     matched = longest_match(counts, tail)
     limit = min(k, int(SPEC_FACTOR * matched))
     found, chance, tail = [], 1.0, list(tail)
@@ -115,4 +115,4 @@ def continuation(counts: dict[tuple[int, ...], dict[int, int]], tail: list[int],
             break
         found.append(token)
         tail.append(token)
-    return found
+    return found, matched

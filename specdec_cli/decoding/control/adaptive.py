@@ -155,7 +155,6 @@ class AdaptiveK(KSchedule):
                     source.passes.observe(drafted, len(event.confidence))
                     source.calibration.observe(event.confidence[:drafted], event.accepted)
                     self.declined += not drafted
-            self.used[name] += 1
             self.drafts[name].add(event)
         else:
             self.rounds_off += 1
@@ -353,7 +352,6 @@ class AdaptiveK(KSchedule):
         self.rounds_off, self.probes, self.declined = 0, 0, 0
         self.k_used: Counter[int] = Counter()
         self.trees_used: Counter[int] = Counter()  # tree rounds by nodes drafted
-        self.used: Counter[str] = Counter()
         self.drafts: defaultdict[str, DrafterCounts] = defaultdict(DrafterCounts)
         self.k_start = 0 if self.off else self.k
 
@@ -363,7 +361,7 @@ class AdaptiveK(KSchedule):
             "k_start": self.k_start,
             "k_end": 0 if self.off else self.k,
             "k_used": {str(k): n for k, n in sorted(self.k_used.items())},
-            "drafted_by": dict(sorted(self.used.items())),
+            "drafted_by": {name: counts.rounds for name, counts in sorted(self.drafts.items())},
             "drafters": {name: counts.report() for name, counts in sorted(self.drafts.items())},
             "rounds_off": self.rounds_off,
             "probes": self.probes,
