@@ -1,7 +1,8 @@
 """The exact-distribution test for speculative sampling, shared by every drafter's tests.
 
 With a target of a few tokens' vocabulary, P(a, b | prompt) is enumerated exactly; RUNS seeded
-two-token speculative runs must then match it under a chi-square test at P_VALUE.
+two-token speculative runs must each equal plain decoding under the same seed, token for token, and
+together match P(a, b | prompt) under a chi-square test at P_VALUE (which tests the sampler itself).
 
 RUNS is sized by power: the check must catch the classic bug (a rejected draft resampled from the
 target's p instead of the residual max(0, p - q)), which moves the first token of the disagreeing
@@ -44,17 +45,29 @@ def exact_two_token_distribution(target, prompt, sampling):
 
 
 def sampled_pairs(target, drafter, k, sampling, n=RUNS, prompt=PROMPT, drafted=None):
-    """Counts of each two-token continuation over ``n`` seeded runs; ``drafted`` (a list), when
-    given, collects how many tokens each run drafted."""
+    """Counts of each two-token continuation over ``n`` seeded runs, each of which must equal plain
+    decoding's under its seed, token for token (sampling is drafter-invariant: decoding/coupling.py);
+    ``drafted`` (a list), when given, collects how many tokens each run drafted."""
+    runs = seeded_runs(target, drafter, k, sampling, n, prompt, drafted)
+    plain = seeded_runs(target, None, 0, sampling, n, prompt)
+    differing = [seed for seed, (a, b) in enumerate(zip(runs, plain)) if a != b]
+    assert not differing, f"{len(differing)} of {n} seeds gave other text than plain decoding, first seed {differing[0]}"
     counts = torch.zeros(VOCAB * VOCAB)
+    for first, second in runs:
+        counts[first * VOCAB + second] += 1
+    return counts
+
+
+def seeded_runs(target, drafter, k, sampling, n, prompt, drafted=None) -> list[tuple[int, int]]:
+    """The two tokens of each of ``n`` runs, seeds 0 to n - 1."""
     engine = SpeculativeEngine(target, drafter, set())
+    runs = []
     for seed in range(n):
         events = list(engine.generate(prompt, k=k, max_new_tokens=2, sampling=sampling, seed=seed))
-        tokens = [t for e in events for t in e.emitted]
-        counts[tokens[0] * VOCAB + tokens[1]] += 1
+        runs.append(tuple(t for e in events for t in e.emitted))
         if drafted is not None:
             drafted.append(sum(len(e.drafted) for e in events))
-    return counts
+    return runs
 
 
 def pooled(values, probs, n: int) -> torch.Tensor:

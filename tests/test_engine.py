@@ -147,6 +147,35 @@ def test_prompt_longer_than_context_is_a_user_error(target):
         decode(target, None, 0, prompt=[5] * 256)
 
 
+# --- sampling: a seed fixes the text, whatever drafts (decoding/coupling.py) ---------------------
+
+SAMPLINGS = [SamplingParams(0.8), SamplingParams(0.7, top_k=5), SamplingParams(1.0, top_p=0.9)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t0.8", "top-k", "top-p"])
+def test_sampled_text_is_fixed_by_the_seed_at_every_k_and_drafter(target, similar, sampling):
+    drafters = {"similar": lambda: ModelDrafter(similar, target.config.vocab_size), "ngram": NgramDrafter,
+                "self": lambda: ModelDrafter(target, target.config.vocab_size)}
+    for seed in range(3):
+        plain, _ = decode(target, None, 0, sampling=sampling, seed=seed)
+        again, _ = decode(target, None, 0, sampling=sampling, seed=seed)
+        assert plain == again and plain != decode(target, None, 0, sampling=sampling, seed=seed + 100)[0]
+        for name, drafter in drafters.items():
+            for k in (1, 3, 6):
+                tokens, events = decode(target, drafter(), k, sampling=sampling, seed=seed)
+                assert tokens == plain, (name, k, seed)
+                assert sum(e.accepted for e in events) > 0 or name == "ngram"
+
+
+def test_a_sampler_that_keeps_drafts_without_the_test_changes_the_text(target, similar, monkeypatch):
+    """The identity above can fail: keep every draft token without asking the race, and the text moves."""
+    from specdec_cli.decoding import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "greedy_accept", lambda draft, scores: (len(draft), int(scores[len(draft)].argmax())))
+    plain, _ = decode(target, None, 0, sampling=SAMPLINGS[0], seed=0)
+    assert decode(target, ModelDrafter(similar, target.config.vocab_size), 3, sampling=SAMPLINGS[0], seed=0)[0] != plain
+
+
 # --- sampling: the speculative distribution equals the target's, exactly -------------------------
 
 REPEATING = [3, 4, 5, 6, 3, 4]  # lookup finds [3, 4] and drafts the 5 that followed

@@ -68,3 +68,22 @@ def test_the_default_pair_decodes_every_unseen_prompt_without_leaving_the_lean_f
     stats = [json.loads(line)["stats"] for line in result.stdout.splitlines()]
     assert len(stats) == 80 and [s["fallback_forwards"] for s in stats] == [0] * 80
     assert "fallback_forwards" not in result.stderr
+
+
+SAMPLED = ["--temperature", "0.8", "--seed", "3", "--max-new-tokens", "24"]
+MODES = {"plain": ["-k", "0"], "K 4": ["-k", "4"], "auto": ["-k", "auto"], "head": ["--drafter", "head", "-k", "3"],
+         "ngram": ["--drafter", "ngram", "-k", "4"], "model": ["--drafter", "model", "-k", "4"], "tree": ["--tree", "6"],
+         "one thread": ["-k", "4", "--threads", "1"], "two threads": ["-k", "auto", "--threads", "2"]}
+
+
+def test_a_seed_fixes_the_default_pairs_sampled_text_whatever_drafts():
+    """`generate --temperature 0.8 --seed 3`: one text at every K, with every drafter, a tree, on one
+    thread and two, and auto run again (its K follows timings); another seed gives another."""
+    def ids(*args):
+        result = CliRunner().invoke(app, ["generate", "--models", str(PACKAGED_REGISTRY), "--json", *args, PROMPT])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["token_ids"]
+
+    texts = {name: ids(*SAMPLED, *mode) for name, mode in MODES.items()}
+    assert all(tokens == texts["plain"] for tokens in texts.values()), texts
+    assert ids(*SAMPLED[:2], "--seed", "4", *SAMPLED[4:], "-k", "4") != texts["plain"]

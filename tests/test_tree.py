@@ -1,5 +1,5 @@
 """Token trees: the masked forward equals each path run alone, compaction keeps exactly the path,
-and both acceptance rules keep the target's output (greedy identity, exact sampled distribution)."""
+and acceptance keeps the target's output (greedy identity, the race's exact sampled distribution)."""
 
 import pytest
 import torch
@@ -8,15 +8,9 @@ from scipy.stats import chisquare
 from transformers import DynamicCache
 
 from specdec_cli.decoding.acceptance import greedy_accept, residual_distribution
+from specdec_cli.decoding.coupling import PositionNoise, race_scores
 from specdec_cli.decoding.kv import keep_positions
-from specdec_cli.decoding.tree import (
-    Tree,
-    attention_mask,
-    best_nodes,
-    greedy_tree_accept,
-    tree_sample_accept,
-    verify_tree,
-)
+from specdec_cli.decoding.tree import Tree, attention_mask, best_nodes, greedy_tree_accept, verify_tree
 
 PROMPT = [5, 17, 33, 8, 2, 61]
 # root, two children of the root, a grandchild under each, and a third level under the first
@@ -98,12 +92,17 @@ FORK = Tree(torch.tensor([3, 0, 1, 2]), (-1, 0, 0, 1))  # top-2 children of the 
 P_ROWS = torch.stack([P_ROOT, torch.tensor([0.5, 0.1, 0.1, 0.3]), torch.tensor([0.25] * 4), torch.tensor([0.7, 0.1, 0.1, 0.1])])
 
 
+def race_accept(tree, p, seed):
+    """The engine's rule under sampling: the greedy walk over the race's scores, each node's row under
+    the noise of the position it scores (the root's next position plus the node's depth)."""
+    return greedy_tree_accept(tree, race_scores(p, PositionNoise(seed, VOCAB, origin=0).rows(tree.depths().tolist())))
+
+
 def outcome_counts(accept, n=20000):
-    """Counts of (first token, second token or none) from one round, as a flat vector."""
-    generator = torch.Generator().manual_seed(0)
+    """Counts of (first token, second token or none) from one round under seeds 0 to n - 1, as a flat vector."""
     counts = torch.zeros(VOCAB * (VOCAB + 1))
-    for _ in range(n):
-        path, token = accept(FORK, P_ROWS, generator)
+    for seed in range(n):
+        path, token = accept(FORK, P_ROWS, seed)
         emitted = [int(FORK.tokens[i]) for i in path] + [token]
         counts[emitted[0] * (VOCAB + 1) + (emitted[1] if len(emitted) > 1 else VOCAB)] += 1
     return counts
@@ -127,12 +126,13 @@ def pvalue(counts, probs):
     return chisquare(counts[keep].tolist(), (probs[keep] * counts.sum()).tolist()).pvalue
 
 
-def test_point_mass_rule_keeps_the_target_distribution_exactly():
-    assert pvalue(outcome_counts(tree_sample_accept), exact_outcomes()) > 1e-3
+def test_the_race_over_a_tree_keeps_the_target_distribution_exactly():
+    assert pvalue(outcome_counts(race_accept), exact_outcomes()) > 1e-3
 
 
 def test_min_p_over_q_on_top_k_children_is_caught():
-    def ratio_rule(tree, p, generator):  # the tempting rule: chain acceptance applied to each child in turn
+    def ratio_rule(tree, p, seed):  # the tempting rule: chain acceptance applied to each child in turn
+        generator = torch.Generator().manual_seed(seed)
         row = p[0].clone()
         for child in tree.children(0):
             x = int(tree.tokens[child])
@@ -144,12 +144,11 @@ def test_min_p_over_q_on_top_k_children_is_caught():
     assert pvalue(outcome_counts(ratio_rule, n=5000), exact_outcomes()) < 1e-6
 
 
-def test_a_child_the_target_gives_no_mass_is_never_kept_even_at_u_zero(monkeypatch):
-    """Keep a child when u < p(x) / what is left: at p(x) = 0 no u ~ U[0, 1) keeps it, not even u = 0."""
-    monkeypatch.setattr(torch, "rand", lambda shape, generator=None, device=None: torch.zeros(shape))
+def test_a_child_the_target_gives_no_mass_is_never_kept():
     fork = Tree(torch.tensor([3, 2, 0]), (-1, 0, 0))  # the root's children: token 2 (no mass), then token 0
-    p = torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0], [0, 1.0, 0, 0]])
-    assert tree_sample_accept(fork, p) == ([2], 1)
+    p = torch.tensor([[0.5, 0, 0, 0.5], [0, 0, 0, 1.0], [0, 1.0, 0, 0]])
+    outcomes = {tuple(race_accept(fork, p, seed)[0]) for seed in range(200)}
+    assert outcomes == {(), (2,)}  # token 3 ends the round, token 0 keeps node 2; node 1 never
 
 
 def test_best_nodes_leave_out_impossible_candidates_and_refuse_a_choice_without_a_parent():

@@ -229,28 +229,32 @@ def test_first_difference():
 
 # --- sampling ----------------------------------------------------------------------------------------
 
-def accept_everything(draft, q, p, generator=None):
-    """A biased sampler: every draft token is kept without the min(1, p/q) test."""
+def accept_everything(draft, scores):
+    """A planted bug: every draft token is kept without asking whether it is the target's choice."""
     k = draft.shape[0]
-    return k, int(torch.multinomial(p[k], 1, generator=generator))
+    return k, int(scores[k].argmax())
 
 
 @pytest.mark.parametrize("biased", [False, True])
 def test_sampling_check_passes_the_real_sampler_and_fails_a_biased_one(pair_dir, tmp_path, monkeypatch, biased):
     (tmp_path / "repeat.txt").write_text("abcabcabcab\n")  # the n-gram drafter proposes "cab..." here
     if biased:
-        monkeypatch.setattr(engine_module, "speculative_accept", accept_everything)
+        monkeypatch.setattr(engine_module, "greedy_accept", accept_everything)
     result, data = run_json(pair_dir, "--prompts", tmp_path / "repeat.txt", "--pair", "tiny-ngram", "--k", "2",
                             "--max-new-tokens", 4, "--sampling", 200)
     sampling = data["sampling"]
-    assert sampling["drafted"] > 0 and len(sampling["tests"]) == 2
-    assert sampling["threshold"] == pytest.approx(0.005)
+    assert sampling["drafted"] > 0 and len(sampling["tests"]) == 2 and sampling["seeded"] == 200
+    assert sampling["threshold"] == pytest.approx(0.01 / 2)
+    assert sampling["min_p"] >= sampling["threshold"]  # plain sampling is the target's, bug or not
     if biased:
         assert result.exit_code == 1 and not sampling["passed"]
-        assert sampling["min_p"] < sampling["threshold"] and "distributions differ" in data["verdict"]
+        assert sampling["identical"] < 200 and len(sampling["divergences"]) == 200 - sampling["identical"]
+        assert {d["kind"] for d in sampling["divergences"]} == {"mismatch"}
+        assert "seeded speculative runs token-identical to plain sampling" in data["verdict"]
     else:
         assert result.exit_code == 0 and sampling["passed"]
-        assert sampling["min_p"] >= sampling["threshold"] and "no evidence of a difference" in sampling["verdict"]
+        assert sampling["identical"] == 200 and sampling["divergences"] == []
+        assert "no evidence that plain sampling and transformers' sampler differ" in sampling["verdict"]
 
 
 def test_permutation_test_agrees_with_scipy_and_can_reject():

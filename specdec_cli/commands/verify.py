@@ -1,7 +1,7 @@
 """`specdec verify-equivalence`: show, prompt by prompt and K by K, that speculation changed nothing.
 
 Exit code 0 when equivalent, 1 when a divergence that round-off cannot explain (a `mismatch`), or
-with --strict any divergence, or a failed sampling test was found, or always under a lossy --accept
+with --strict any divergence, or plain sampling failed its test against transformers', or always under a lossy --accept
 rule (it runs and shows what it changed); 2 for bad input.
 """
 
@@ -70,7 +70,7 @@ def verify_equivalence(
     max_new_tokens: MaxNewTokensOption = 128,
     tolerance: Annotated[Optional[float], typer.Option("--tolerance", metavar="MARGIN", help=f"Largest logit margin a near-tie may have. Default by the target's dtype: {TOLERANCE_HELP}.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Fail on any divergence, near-ties included.")] = False,
-    draws: Annotated[int, typer.Option("--sampling", metavar="N", help=f"Also draw N sampled continuations ({SAMPLING_TOKENS} tokens) per side for the first {SAMPLING_PROMPTS} prompts and test that speculative and plain sampling agree (0: skip).")] = 0,
+    draws: Annotated[int, typer.Option("--sampling", metavar="N", help=f"Also sample N seeds ({SAMPLING_TOKENS} tokens each) for the first {SAMPLING_PROMPTS} prompts: speculative runs must equal plain sampling under each seed token for token, and plain sampling is tested against transformers' sampler (0: skip).")] = 0,
     temperature: Annotated[float, typer.Option("--temperature", metavar="T", help="Temperature for --sampling.")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="First seed for --sampling.")] = 0,
     raw: RawOption = False,
@@ -94,6 +94,8 @@ def verify_equivalence(
     Every prompt is decoded plainly, by transformers' generate, and with speculation at each K.
     Each divergence is located and classified by the target's logit margin: a `numerical
     near-tie` (round-off between a 1-token and a (K+1)-token forward) or a `mismatch` (a bug).
+    With --sampling N, a seed fixes the sampled text: N seeds per prompt are sampled plainly and
+    at each K, and must agree token for token (divergences classified the same way).
 
     With --engine vllm|llama.cpp --spec ngram:K (or --server URL --reference URL) it checks a
     serving engine: the speculative server's greedy token ids against the plain server's at
@@ -145,10 +147,11 @@ def verify_equivalence(
     tolerance = tolerance or _tolerance(runtime)
 
     started = time.perf_counter()
-    steps = len(encoded) * len(ks) + (min(SAMPLING_PROMPTS, len(encoded)) * (len(ks) + 1) if draws else 0)
+    steps = len(encoded) * len(ks) + (min(SAMPLING_PROMPTS, len(encoded)) * (len(ks) + 1) if draws else 0)  # check_sampling's steps
     with _progress(steps) as step:
         greedy = check_greedy(runtime.engine, runtime.tokenizer, encoded, ks, max_new_tokens, tolerance, step, rule)
-        sampled = check_sampling(runtime.engine, encoded, ks, draws, temperature, seed, step, rule) if draws else None
+        sampled = (check_sampling(runtime.engine, runtime.tokenizer, encoded, ks, draws, temperature, seed, step, rule,
+                                  tolerance) if draws else None)
     equivalent, verdict = decide(greedy, sampled, strict, rule)
     result = dict(pair=spec.name, drafter=runtime.drafter.name, tree=tree is not None, dtype=runtime.target.precision,
                   computed_by=runtime.target.computed_by(),
@@ -195,7 +198,7 @@ def _progress(total: int):
 
 def render(console: Console, greedy: GreedyResult, sampled: SamplingResult | None, equivalent: bool, verdict: str, wall_s: float,
            unit: str = "K") -> None:
-    from ..measure.equivalence import MISMATCH, NEAR_TIE
+    from ..measure.equivalence import MISMATCH
 
     totals = greedy.totals()
     flagged = {(d.prompt_id, d.k): d.kind for d in greedy.divergences}
@@ -219,27 +222,45 @@ def render(console: Console, greedy: GreedyResult, sampled: SamplingResult | Non
                       f"{sum(r.identical_to_transformers for r in greedy.rows if r.k == k)}/{t['prompts']}")
         console.print(table)
     if greedy.divergences:
-        table = Table(title="divergences (margin = logit[plain token] − logit[other token])", title_justify="left", box=box.SIMPLE_HEAD)
-        for column in ("prompt", "against", "position", "plain token", "other token", "margin plain", "margin other", "class"):
-            table.add_column(column)
-        for d in greedy.divergences:
-            against = f"K={d.k}" if d.k is not None else d.against
-            style = "yellow" if d.kind == NEAR_TIE else "red"
-            table.add_row(Text(str(d.prompt_id)), against, str(d.position), Text(f"{d.plain_token} {d.plain_text!r}"), Text(f"{d.other_token} {d.other_text!r}"),
-                          _num(d.margin_plain), _num(d.margin_other), f"[{style}]{d.kind}[/]" + ("" if d.reproduced else " (rerun differed)"))
-        console.print(table)
+        _divergences(console, "divergences (margin = logit[plain token] − logit[other token])", greedy.divergences)
     if sampled is not None:
-        table = Table(title="sampling", title_justify="left", box=box.SIMPLE_HEAD)
-        for column in ("prompt", "K", "outcome", "distinct", "p-value"):
+        table = Table(title=f"sampling: seeds against plain sampling, {unit} by {unit}", title_justify="left", box=box.SIMPLE_HEAD)
+        for column in ("prompt", unit, "same as plain"):
+            table.add_column(column)
+        for r in sampled.runs:
+            same = f"{r.identical}/{r.draws}"
+            table.add_row(Text(str(r.prompt_id)), str(r.k), same if r.identical == r.draws else f"[red]{same}[/]")
+        console.print(table)
+        if sampled.divergences:
+            _divergences(console, "sampled divergences (margin of the race's scores, in logits)", sampled.divergences)
+        table = Table(title="sampling: plain against transformers' sampler", title_justify="left", box=box.SIMPLE_HEAD)
+        for column in ("prompt", "outcome", "distinct", "p-value"):
             table.add_column(column)
         for t in sampled.tests:
-            table.add_row(Text(str(t.prompt_id)), str(t.k), t.statistic, str(t.outcomes), f"{t.p_value:.4g}")
+            table.add_row(Text(str(t.prompt_id)), t.statistic, str(t.outcomes), f"{t.p_value:.4g}")
         console.print(table)
-        console.print(f"{sampled.n} draws of {SAMPLING_TOKENS} tokens per side at temperature {sampled.temperature:g}; "
+        console.print(f"{sampled.n} seeds of {SAMPLING_TOKENS} tokens at temperature {sampled.temperature:g}; "
                       f"{sampled.drafted} draft tokens proposed, {sampled.accepted} accepted; permutation test, "
                       f"{sampled.rounds} shufflings; threshold {sampled.threshold:.3g} (alpha {sampled.alpha:g} over {len(sampled.tests)} tests)")
     style = "bold green" if equivalent else "bold red"
     console.print(Text(verdict, style=style).append(f" ({wall_s:.1f} s)", style="dim"), soft_wrap=True)
+
+
+def _divergences(console: Console, title: str, divergences) -> None:
+    from ..measure.equivalence import NEAR_TIE
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    seeded = any(d.seed is not None for d in divergences)
+    for column in ("prompt", "against", *(("seed",) if seeded else ()), "position", "plain token", "other token",
+                   "margin plain", "margin other", "class"):
+        table.add_column(column)
+    for d in divergences:
+        against = f"K={d.k}" if d.k is not None else d.against
+        style = "yellow" if d.kind == NEAR_TIE else "red"
+        table.add_row(Text(str(d.prompt_id)), against, *((str(d.seed),) if seeded else ()), str(d.position),
+                      Text(f"{d.plain_token} {d.plain_text!r}"), Text(f"{d.other_token} {d.other_text!r}"),
+                      _num(d.margin_plain), _num(d.margin_other), f"[{style}]{d.kind}[/]" + ("" if d.reproduced else " (rerun differed)"))
+    console.print(table)
 
 
 def _speedup(plain_s: float, spec_s: float) -> str:

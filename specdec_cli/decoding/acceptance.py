@@ -4,13 +4,14 @@ Convention, kept everywhere in specdec: **p is the target's distribution, q is t
 The draft only proposes; every emitted token is judged by p:
 
 - greedy: a draft token survives when it equals the target's argmax;
-- sampling: a draft token x ~ q survives with probability min(1, p(x) / q(x)); the first one that
-  does not is replaced by a sample from norm(max(0, p - q)); when all survive, one bonus token is
-  sampled from p. Each emitted token is then distributed exactly as p (Leviathan et al., 2023;
-  Chen et al., 2023), which is why speculation does not change the output.
+- sampling: a draft token survives when it equals the target's sampled token at its position, the
+  winner of a race under noise fixed by the seed and the position (coupling.py); the scores are
+  p / noise, and the test is greedy's on them. Each emitted token is distributed exactly as p, and
+  the text depends on the seed, not on what drafted it.
 
-A drafter that proposes deterministically (n-gram lookup) has a one-hot q; it is passed as
-``q=None`` rather than materialised.
+The opt-in lossy rules below judge a chain on p and q (Leviathan et al.'s min(1, p/q) made
+lenient, Medusa's typical acceptance, top-N). A drafter that proposes deterministically (n-gram
+lookup) has a one-hot q; it is passed as ``q=None`` rather than materialised.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int
     """Longest prefix of ``draft`` that equals the target's argmax, and the target's next token.
 
     ``target_logits`` has one row per draft token plus one: row i scores the position of draft[i].
+    Under sampling the rows are the race's scores (coupling.py), whose argmax is the sampled token.
     """
     choice = target_logits.argmax(dim=-1)
     k = draft.shape[0]
@@ -88,13 +90,8 @@ def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int
     return n, int(choice[n])
 
 
-def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
-    """min(1, p(x) / q(x)); x was drawn from q, so q(x) > 0."""
-    return torch.clamp(p_x / q_x, max=1.0)
-
-
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, p - q)): what a rejected position is resampled from.
+    """norm(max(0, p - q)): what a lenient rule's rejected position is resampled from.
 
     If p ≤ q everywhere the draft token could not have been rejected; p is returned then so
     that float round-off never leaves an all-zero row to sample from.
@@ -102,30 +99,6 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     residual = torch.clamp(p - q, min=0.0)
     total = residual.sum()
     return residual / total if total > 0 else p
-
-
-def speculative_accept(
-    draft: torch.Tensor,
-    q: torch.Tensor | None,
-    p: torch.Tensor,
-    generator: torch.Generator | None = None,
-) -> tuple[int, int]:
-    """Sampling acceptance: how many draft tokens survive, and the token the target adds.
-
-    ``p`` has ``len(draft) + 1`` rows (the last one for the bonus token), ``q`` one row per draft
-    token, or None for a deterministic drafter (one-hot q).
-    """
-    k = draft.shape[0]
-    if k:
-        p_x = p[torch.arange(k, device=p.device), draft]
-        q_x = torch.ones_like(p_x) if q is None else q[torch.arange(k, device=q.device), draft].to(p_x)
-        u = torch.rand(k, generator=generator, device=p.device)
-        rejected = (u >= acceptance_probability(p_x, q_x)).nonzero()
-        if rejected.numel():
-            n = int(rejected[0, 0])
-            q_n = _one_hot(draft[n], p.shape[-1], p) if q is None else q[n].to(p)
-            return n, _sample(residual_distribution(p[n], q_n), generator)
-    return k, _sample(p[k], generator)
 
 
 def _one_hot(token: torch.Tensor, size: int, like: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 
 from .acceptance import SamplingParams, distribution
 from .control.gate import DraftGate, confidence
+from .coupling import PositionNoise, race_winner
 from .kv import crop_cache, input_device, reserved_cache
 from .tree import TreeShape
 
@@ -116,10 +117,13 @@ class Drafter:
             self.add_features(verified.features)
 
     def propose(
-        self, context: torch.Tensor, k: int, sampling: SamplingParams, generator: torch.Generator | None,
+        self, context: torch.Tensor, k: int, sampling: SamplingParams, noise: PositionNoise | None,
         gate: DraftGate | None = None,
     ) -> Draft:
-        """Up to ``k`` tokens that might follow ``context`` (1-D token ids, CPU). ``gate``: a drafter with
+        """Up to ``k`` tokens that might follow ``context`` (1-D token ids, CPU). ``noise``: under
+        sampling, the race's noise of the target's positions (coupling.py), which a drafter that
+        samples from q of its own draws under, so that its draft is the target's choice as often as
+        it can be. ``gate``: a drafter with
         a distribution of its own (a model, a head) stops drafting where the gate finds its next guess
         not worth verifying (possibly before the first); one without (lookup, a tree) has no guess to
         weigh and drafts as it would."""
@@ -162,7 +166,7 @@ class NgramDrafter(Drafter):
         self._tokens: list[int] = []
         self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
 
-    def propose(self, context, k, sampling, generator, gate=None) -> Draft:
+    def propose(self, context, k, sampling, noise, gate=None) -> Draft:
         tokens = self._index(context)
         length = len(tokens)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
@@ -221,9 +225,9 @@ class LookupFirst(Drafter):
     def observe(self, verified: Verified) -> None:
         self.learned.observe(verified)  # every round, used or not: a head must see every position
 
-    def propose(self, context, k, sampling, generator, gate=None) -> Draft:
-        draft = self.lookup.propose(context, k, sampling, generator)
-        return draft if len(draft) else self.learned.propose(context, k, sampling, generator)
+    def propose(self, context, k, sampling, noise, gate=None) -> Draft:
+        draft = self.lookup.propose(context, k, sampling, noise)
+        return draft if len(draft) else self.learned.propose(context, k, sampling, noise)
 
     def parts(self) -> tuple[tuple[Drafter, ...], Drafter]:
         """Any lookup match (free to find), for a schedule that weighs it against the learned drafter."""
@@ -252,8 +256,8 @@ class Beside(Drafter):
         for drafter in (self.main, *self.beside):
             drafter.observe(verified)
 
-    def propose(self, context, k, sampling, generator, gate=None) -> Draft:
-        return self.main.propose(context, k, sampling, generator, gate)
+    def propose(self, context, k, sampling, noise, gate=None) -> Draft:
+        return self.main.propose(context, k, sampling, noise, gate)
 
     def propose_tree(self, context: torch.Tensor, shape: TreeShape) -> Draft:
         return self.main.propose_tree(context, shape)
@@ -290,13 +294,13 @@ class ModelDrafter(Drafter):
         self.cached_tokens = torch.empty(0, dtype=torch.long)
 
     @torch.inference_mode()
-    def propose(self, context, k, sampling, generator, gate: DraftGate | None = None) -> Draft:
+    def propose(self, context, k, sampling, noise, gate: DraftGate | None = None) -> Draft:
         if k <= 0:
             return Draft.empty()
         keep = min(common_prefix(self.cached_tokens, context), context.shape[0] - 1)
         crop_cache(self.cache, keep)
         draft = autoregress(self._forward(context[keep:]), lambda token: self._forward(token.view(1)), k, sampling,
-                            generator, gate)
+                            noise, context.shape[0], gate)
         draft.source = self.name
         self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
         return draft
@@ -312,13 +316,15 @@ class ModelDrafter(Drafter):
         return logits if self.outside is None else logits.masked_fill(self.outside.to(logits.device), float("-inf"))
 
 
-def autoregress(logits: torch.Tensor, step, k: int, sampling: SamplingParams, generator,
-                gate: DraftGate | None = None) -> Draft:
+def autoregress(logits: torch.Tensor, step, k: int, sampling: SamplingParams, noise: PositionNoise | None,
+                start: int = 0, gate: DraftGate | None = None) -> Draft:
     """Draft up to ``k`` tokens from the first row of logits, calling ``step(token)`` for the next row.
 
-    Greedy takes the argmax; sampling draws from q = distribution(logits) and keeps q for the
-    acceptance test. With a ``gate``, each guess is first weighed on the drafter's confidence, and
-    drafting stops at the first not worth verifying. Shared by every drafter that has logits of its own.
+    Greedy takes the argmax; sampling takes the race's winner under q = distribution(logits) and the
+    noise of the position it drafts for (``start`` the first), which is a draw from q, and keeps q
+    (the lossy rules read it). With a ``gate``, each guess is first weighed on the drafter's
+    confidence, and drafting stops at the first not worth verifying. Shared by every drafter that
+    has logits of its own.
     """
     tokens, probs, confidences = [], [], []
     for i in range(k):
@@ -330,9 +336,7 @@ def autoregress(logits: torch.Tensor, step, k: int, sampling: SamplingParams, ge
         if sampling.greedy:
             token = logits.argmax()
         else:
-            if generator is not None:
-                q = q.to(generator.device)
-            token = torch.multinomial(q, 1, generator=generator)[0]
+            token = race_winner(q, noise.row(start + i))
             probs.append(q)
         tokens.append(token)
         if i + 1 < k:

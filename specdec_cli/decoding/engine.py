@@ -3,10 +3,11 @@
 A chain of drafts is a tree with one child per node, so every round runs the same steps: the
 drafter proposes a chain or a tree, the target scores the root (the last emitted token) and every
 node in one forward, the acceptance rule picks the path it keeps, and the cache and the drafter's
-features keep exactly that path. Two steps look at the shape. Verify: a chain is fed causally, on
-the kernels whose rows equal one-token forwards bit for bit (runtime/rowwise_attention.py), a tree
-under its ancestor mask (tree.py). Accept: a chain's drafts were drawn from q, so sampling tests
-them against it (and lossy rules apply); a tree's are deterministic candidates (the point-mass rule).
+features keep exactly that path. Verify looks at the shape: a chain is fed causally, on the kernels
+whose rows equal one-token forwards bit for bit (runtime/rowwise_attention.py), a tree under its
+ancestor mask (tree.py). Accept does not: the target's token at each position is its argmax, or
+under sampling the winner of a race under noise fixed by the seed and the position (coupling.py),
+and a draft token is kept when it is that token. Only the opt-in lossy rules judge a chain on q.
 
 It knows nothing of terminals or command lines. ``SpeculativeEngine.generate`` yields one
 ``RoundEvent`` per verify round; the live view, JSON output and statistics all consume those.
@@ -23,14 +24,15 @@ import torch
 from ..errors import PromptTooLong, UserError
 from ..limits import MAX_K
 from ..runtime.lean_forward import fallback_forwards
-from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept, speculative_accept
+from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept
 from .blocks import padded_chain, padded_tree
+from .coupling import PositionNoise, race_scores
 from .drafters import Draft, Drafter, Verified, parts, top_ids
 from .events import CONTEXT, EOS, MAX_NEW_TOKENS, RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
 from .rules import check_tree_rule
 from .schedule import AS_IS, FixedK, KSchedule
-from .tree import Tree, TreeShape, greedy_tree_accept, tree_sample_accept, tree_source, verify_tree
+from .tree import Tree, TreeShape, greedy_tree_accept, tree_source, verify_tree
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -73,12 +75,18 @@ class SpeculativeEngine:
         rule: AcceptRule = AcceptRule(),
     ) -> Iterator[RoundEvent]:
         """``rule`` other than exact is a lossy acceptance rule (acceptance.py): opt-in, and every
-        caller that passes one must say so in its output."""
+        caller that passes one must say so in its output.
+
+        Sampling is drafter-invariant (coupling.py): the answer's i-th token is fixed by ``seed``, i
+        and the target's distribution there, so the same seed gives the same text at every K, with
+        every drafter, and plainly. A lossy rule also draws from a generator seeded with ``seed``,
+        whose draws depend on the drafts: its text is not invariant."""
         schedule = FixedK(k) if isinstance(k, int) else k
         budget = self._budget(prompt_ids, max_new_tokens, schedule, rule)
         limit = MAX_NEW_TOKENS if budget == max_new_tokens else CONTEXT  # what ends a run that no EOS ends
         device = input_device(self.target)
-        generator = torch.Generator(device=device).manual_seed(seed)
+        noise = None if sampling.greedy else PositionNoise(seed, self.vocab_size, len(prompt_ids))
+        generator = None if rule.lossless else torch.Generator(device=device).manual_seed(seed)
         tokens = torch.tensor(prompt_ids, dtype=torch.long)
         if self.drafter is not None:
             self.drafter.reset()
@@ -90,7 +98,7 @@ class SpeculativeEngine:
         produced = 0
         while produced < budget:
             event, tokens = self._round(schedule, cache, tokens, len(prompt_ids), budget - produced, device, sampling,
-                                        generator, rule, record_logits)
+                                        noise, generator, rule, record_logits)
             now = fallback_forwards(self.target)
             event.fallback_forwards, fallbacks = now - fallbacks, now
             produced += len(event.emitted)
@@ -102,18 +110,19 @@ class SpeculativeEngine:
                 return
 
     def _round(self, schedule: KSchedule, cache, tokens: torch.Tensor, prompt_length: int, left: int, device, sampling,
-               generator, rule: AcceptRule, record_logits: bool) -> tuple[RoundEvent, torch.Tensor]:
+               noise: PositionNoise | None, generator, rule: AcceptRule, record_logits: bool) -> tuple[RoundEvent, torch.Tensor]:
         """One round: draft (a chain or a tree), verify in one forward, accept, keep the accepted path,
         and show the drafters what the target said. Returns the round and the tokens after it."""
         started = time.perf_counter()
-        want, draft, offer_s = self._draft(schedule, tokens, left, sampling, generator)
+        want, draft, offer_s = self._draft(schedule, tokens, left, sampling, noise)
         drafted_at = time.perf_counter()
         cached = tokens.shape[0] - 1
         block = torch.cat([tokens[-1:], draft.tokens])  # block index 0 the root, i the i-th draft node
         tree = None if draft.parents is None else Tree(block, (-1, *draft.parents))  # None: a chain
         out = self._verify(cache, block, tree, cached, device)
         logits = out.logits[0, : block.shape[0], : self.vocab_size].float()
-        path, token = self._accept(draft, tree, logits, rule, sampling, generator)
+        scores = logits if sampling.greedy else self._race(logits, tree, sampling, noise, tokens.shape[0])
+        path, token = self._accept(draft, tree, logits, scores, rule, sampling, generator)
         verified_at = time.perf_counter()
 
         kept = draft.tokens[: len(path)] if tree is None else block[path]
@@ -174,7 +183,7 @@ class SpeculativeEngine:
         PromptTooLong.check(len(prompt_ids), self.context_length)
         return min(max_new_tokens, self.context_length - len(prompt_ids))
 
-    def _draft(self, schedule: KSchedule, tokens, left: int, sampling, generator) -> tuple[int, Draft, float]:
+    def _draft(self, schedule: KSchedule, tokens, left: int, sampling, noise) -> tuple[int, Draft, float]:
         """The round's K and draft, as the schedule plans them: the drafter as it is, a free drafter's
         ready draft, the learned drafter (a chain, gated where the schedule says, or a tree), or none;
         and the seconds spent finding the free drafters' drafts, which every round pays."""
@@ -183,11 +192,11 @@ class SpeculativeEngine:
         started = time.perf_counter()
         offers = self._offers(tokens, room) if schedule.reads_offer and room else {}
         offer_s = time.perf_counter() - started
-        want, draft = self._chosen(schedule, tokens, offers, room, sampling, generator)
+        want, draft = self._chosen(schedule, tokens, offers, room, sampling, noise)
         return want, draft, offer_s
 
     def _chosen(self, schedule: KSchedule, tokens, offers: dict[str, Draft], room: int, sampling,
-                generator) -> tuple[int, Draft]:
+                noise) -> tuple[int, Draft]:
         """The K and draft the schedule chooses among the offers, the learned drafter and none."""
         learned = self._learned.name if self._learned is not None else None
         want, source = schedule.plan({name: len(offer) for name, offer in offers.items()}, learned, room)
@@ -199,10 +208,10 @@ class SpeculativeEngine:
         if source in offers and want <= len(offers[source]):
             return want, offers[source].first(want)
         if source == AS_IS:
-            draft = self.drafter.propose(tokens, want, sampling, generator)
+            draft = self.drafter.propose(tokens, want, sampling, noise)
         elif source == learned:
             gate = schedule.gate(source, want)  # the drafter stops where its guesses stop paying (gate.py)
-            draft = self._learned.propose(tokens, want, sampling, generator, gate=gate)
+            draft = self._learned.propose(tokens, want, sampling, noise, gate=gate)
         elif tree:
             draft = self._learned.propose_tree(tokens, TreeShape(want))
         else:
@@ -237,21 +246,24 @@ class SpeculativeEngine:
                                **self._extra)
         return verify_tree(self.target, cache, padded_tree(tree, length), device, **self._extra)
 
-    def _accept(self, draft: Draft, tree: Tree | None, logits, rule: AcceptRule, sampling, generator):
-        """The kept path (block indices, the root left out) and the target's own next token. A chain's
-        drafts were drawn from q: greedy, exact sampling against q, or a lossy rule (acceptance.py); a
-        tree's are deterministic candidates: greedy, or the point-mass rule (tree.py)."""
+    def _race(self, logits, tree: Tree | None, sampling, noise: PositionNoise, start: int) -> torch.Tensor:
+        """The block's rows as race scores (coupling.py): row i scores the position after block node
+        i, ``start`` plus its depth (a chain's depth is its index)."""
+        depths = range(logits.shape[0]) if tree is None else tree.depths().tolist()
+        return race_scores(distribution(logits, sampling), noise.rows(start + d for d in depths))
+
+    def _accept(self, draft: Draft, tree: Tree | None, logits, scores, rule: AcceptRule, sampling, generator):
+        """The kept path (block indices, the root left out) and the target's own next token: the
+        longest path whose every token is the target's choice, the argmax of ``scores`` (the logits
+        under greedy, the race's scores under sampling), chain or tree alike. A lossy rule judges a
+        chain's drafts on p and q instead (acceptance.py)."""
         if tree is not None:
-            if sampling.greedy:
-                return greedy_tree_accept(tree, logits)
-            return tree_sample_accept(tree, distribution(logits, sampling), generator)
+            return greedy_tree_accept(tree, scores)
         drafts = draft.tokens.to(logits.device)
-        if not rule.lossless:
-            accepted, token = relaxed_accept(rule, drafts, draft.probs, logits, sampling, generator)
-        elif sampling.greedy:
-            accepted, token = greedy_accept(drafts, logits)
+        if rule.lossless:
+            accepted, token = greedy_accept(drafts, scores)
         else:
-            accepted, token = speculative_accept(drafts, draft.probs, distribution(logits, sampling), generator)
+            accepted, token = relaxed_accept(rule, drafts, draft.probs, logits, sampling, generator)
         return list(range(1, accepted + 1)), token
 
     def _features(self, out, rows: slice | list[int]) -> torch.Tensor | None:

@@ -281,7 +281,7 @@ class HeadDrafter(Drafter):
         return guess, caught_up
 
     @torch.inference_mode()
-    def propose(self, context, k, sampling, generator, gate: DraftGate | None = None) -> Draft:
+    def propose(self, context, k, sampling, noise, gate: DraftGate | None = None) -> Draft:
         n = context.shape[0]
         if k <= 0:
             return Draft.empty()
@@ -294,7 +294,7 @@ class HeadDrafter(Drafter):
             position[0] += 1
             return self._logits(guess)
 
-        draft = autoregress(self._logits(guess), step, k, sampling, generator, gate)
+        draft = autoregress(self._logits(guess), step, k, sampling, noise, n, gate)
         draft.source, draft.catchup_s = self.name, caught_up
         self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
         return draft
@@ -307,7 +307,7 @@ class HeadDrafter(Drafter):
         expanded in one head forward (each sees the true cache and its own ancestors), each giving
         its top-``width`` children; then the best ``nodes`` of all candidates are kept. Expansion
         stops early once no deeper node could make the cut (a child never scores above its parent).
-        The candidates are deterministic, as the point-mass acceptance rule needs.
+        The candidates are deterministic: each is kept with the chance the target gives it.
         """
         n = context.shape[0]
         if shape.nodes <= 0:
@@ -395,5 +395,5 @@ class HeadTree(Drafter):
     def observe(self, verified) -> None:
         self.head.observe(verified)
 
-    def propose(self, context, k, sampling, generator, gate=None) -> Draft:
+    def propose(self, context, k, sampling, noise, gate=None) -> Draft:
         return self.head.propose_tree(context, TreeShape(k, self.width, self.depth))

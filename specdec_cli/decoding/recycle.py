@@ -44,7 +44,7 @@ class RecycleDrafter(Drafter):
             self.seen[rows] = torch.where(self.table[rows, 0] == first, self.seen[rows] + 1, 1)
             self.table[rows] = verified.successors.to(torch.int32)
 
-    def propose(self, context, k, sampling, generator, gate=None) -> Draft:
+    def propose(self, context, k, sampling, noise, gate=None) -> Draft:
         last = int(context[-1])
         found = walk(self.table, last, min(k, DEPTH))
         return Draft(torch.tensor(found, dtype=torch.long), source=recycle_source(int(self.seen[last])) if found else "")

@@ -64,7 +64,7 @@ class SuffixDrafter(Drafter):
             self.size -= len(old)
             count(self.counts, old, old_lead, -1)
 
-    def propose(self, context, k, sampling, generator, gate=None) -> Draft:
+    def propose(self, context, k, sampling, noise, gate=None) -> Draft:
         found, matched = continuation(self.counts, context[-MAX_MATCH:].tolist(), k)
         return Draft(torch.tensor(found, dtype=torch.long), source=suffix_source(matched) if found else "")
 

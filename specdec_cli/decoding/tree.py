@@ -6,12 +6,13 @@ and every parent comes before its children. Each node attends to the cache and t
 only, and sits at position ``cached + depth``: a path through the tree is then computed exactly as
 if it had been fed alone, and after compaction its keys need no re-rotation.
 
-Acceptance follows the module ``acceptance`` convention: **p is the target's distribution**. The
-children of a node are deterministic candidates (top-k of the draft, lookup matches), so sampling
-uses the point-mass rule: try the children in order, accept child x with probability p(x), on a
-rejection set p(x) = 0 and renormalise; when every child is rejected, sample from what is left of p.
-This is recursive rejection sampling with a one-hot proposal, exactly lossless; ``min(1, p/q)`` with
-the draft's q is not, for candidates that were not sampled from q.
+Acceptance follows the module ``acceptance`` convention: **p is the target's distribution**. At
+each node reached, the target's own token is its choice there (the argmax, or under sampling the
+race's winner under the noise of that position: coupling.py); the child holding that token, if any,
+is kept and the walk goes on from it. Under sampling a child x is then kept with chance p(x), as
+under the point-mass rule (recursive rejection with one-hot proposals), and the text is the one
+plain decoding samples under the same seed. ``min(1, p/q)`` with the draft's q would not be
+lossless, for candidates that were not sampled from q.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def greedy_tree_accept(tree: Tree, target_logits: torch.Tensor) -> tuple[list[in
     """The longest root-to-node path whose every token is the target's argmax after its parent.
 
     Returns the accepted nodes (block indices, root excluded) and the target's next token after the
-    last of them. Row i of ``target_logits`` scores the position after node i.
+    last of them. Row i of ``target_logits`` scores the position after node i: logits under greedy
+    decoding, the race's scores under sampling.
     """
     choice = target_logits.argmax(dim=-1).tolist()
     path, node = [], 0
@@ -99,30 +101,6 @@ def greedy_tree_accept(tree: Tree, target_logits: torch.Tensor) -> tuple[list[in
             return path, choice[node]
         path.append(match)
         node = match
-
-
-def tree_sample_accept(
-    tree: Tree, p: torch.Tensor, generator: torch.Generator | None = None
-) -> tuple[list[int], int]:
-    """Sampling acceptance over deterministic children (point-mass rule); rows of ``p`` as for greedy."""
-    path, node = [], 0
-    while True:
-        row = p[node].clone()
-        chosen = None
-        for child in tree.children(node):
-            x = int(tree.tokens[child])
-            total = row.sum()
-            if total <= 0:
-                break
-            if float(torch.rand((), generator=generator, device=row.device)) < float(row[x] / total):
-                chosen = child
-                break
-            row[x] = 0.0
-        if chosen is None:
-            row = row if row.sum() > 0 else p[node]
-            return path, int(torch.multinomial(row / row.sum(), 1, generator=generator))
-        path.append(chosen)
-        node = chosen
 
 
 @dataclass(frozen=True)
@@ -171,7 +149,7 @@ def shape_of(parents: Sequence[int]) -> tuple[list[int], list[int]]:
 def expected_accepted(parents: Sequence[int], rate: Rate) -> float:
     """Tokens a round with this tree emits on average: 1 + Σ over nodes of Π along the path to it.
 
-    Under the point-mass rule (and greedy) a node is kept with the chance the target picks its token,
+    Under sampling (and greedy) a node is kept with the chance the target picks its token,
     so a node's path probability is its parent's times ``rate(depth, rank)``.
     """
     depths, ranks = shape_of(parents)
@@ -186,8 +164,8 @@ def judgements(parents: Sequence[int], path: Sequence[int], complete: bool) -> l
     """What a tree round taught, as (depth, rank, kept) per child the target judged.
 
     At each node the path reached, every child was judged: the kept one is the target's pick, so no
-    other child was (under greedy by definition; under the point-mass rule the pick is distributed as
-    p, and the children tried after it would have been its rivals). The last node's children all
+    other child was (the target picks one token there: its argmax, or under sampling the race's
+    winner). The last node's children all
     lost, unless EOS or the budget cut the round before they were judged (``complete`` False).
     """
     depths, ranks = shape_of(parents)

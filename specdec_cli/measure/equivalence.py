@@ -1,4 +1,4 @@
-"""Proving that greedy speculation changes nothing, token for token.
+"""Proving that speculation changes nothing, token for token (greedy here; sampled: sampling_check.py).
 
 Every prompt is decoded plainly (K = 0 through the same engine), by transformers' own ``generate``
 as an independent reference, and speculatively for each K. Where two outputs differ, the first
@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ..decoding.acceptance import AcceptRule
+from ..decoding.acceptance import AcceptRule, SamplingParams
+from ..decoding.coupling import PositionNoise
 from ..decoding.engine import SpeculativeEngine
 from ..decoding.kv import input_device
 from ..limits import NEAR_TIE_TOLERANCE
@@ -79,6 +80,7 @@ class Divergence:
     margin_other: float | None  # the same in the verification forward, or transformers' forward
     kind: str
     reproduced: bool  # the reruns gave the same tokens up to the position (False: nondeterminism)
+    seed: int | None = None  # a sampled run's; margins are then the race's (_margin)
 
 
 @dataclass
@@ -164,8 +166,11 @@ def decode(engine: SpeculativeEngine, ids: list[int], k: int, max_new_tokens: in
     return Decoded(tokens, stats.finish())
 
 
-def reference_decode(engine: SpeculativeEngine, ids: list[int], max_new_tokens: int, logits: bool = False):
-    """transformers' greedy search over the same target, with the same EOS set and budget.
+def reference_decode(engine: SpeculativeEngine, ids: list[int], max_new_tokens: int, logits: bool = False,
+                     temperature: float = 0.0, seed: int = 0):
+    """transformers' greedy search over the same target, with the same EOS set and budget; with a
+    ``temperature``, its own sampler (multinomial draws from torch's generator seeded with ``seed``),
+    an implementation independent of specdec's race.
 
     Processors a generation_config may switch on (repetition penalty, n-gram bans) are turned off
     explicitly: the reference must be plain argmax decoding, as the engine's is. It continues from
@@ -179,10 +184,12 @@ def reference_decode(engine: SpeculativeEngine, ids: list[int], max_new_tokens: 
         budget = min(budget, engine.context_length - len(ids))
     inputs = torch.tensor([ids], device=input_device(model))
     stats = RunStats(TRANSFORMERS)
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
     with torch.inference_mode():
         cache, _ = engine.prompt_cache(torch.tensor(ids, dtype=torch.long))
+        torch.manual_seed(seed)
         out = model.generate(
-            inputs, attention_mask=torch.ones_like(inputs), cache=cache, do_sample=False, num_beams=1, max_new_tokens=budget,
+            inputs, attention_mask=torch.ones_like(inputs), cache=cache, num_beams=1, max_new_tokens=budget, **sampling,
             eos_token_id=eos or None, pad_token_id=eos[0] if eos else None, repetition_penalty=1.0,
             no_repeat_ngram_size=0, min_new_tokens=0, output_logits=logits, return_dict_in_generate=True,
         )
@@ -195,9 +202,11 @@ def reference_decode(engine: SpeculativeEngine, ids: list[int], max_new_tokens: 
 class _Locator:
     """Recomputes the target's logits at a divergence, by rerunning the prompt with record_logits."""
 
-    def __init__(self, engine, tokenizer, prompt_id, ids, plain: Decoded, max_new_tokens, tolerance, rule=AcceptRule()):
+    def __init__(self, engine, tokenizer, prompt_id, ids, plain: Decoded, max_new_tokens, tolerance, rule=AcceptRule(),
+                 sampling: SamplingParams = SamplingParams(), seed: int = 0):
         self.engine, self.tokenizer, self.prompt_id, self.ids, self.rule = engine, tokenizer, prompt_id, ids, rule
         self.plain, self.max_new_tokens, self.tolerance = plain, max_new_tokens, tolerance
+        self.sampling, self.seed = sampling, seed
         self._plain_rows: dict[int, tuple[torch.Tensor | None, bool]] = {}
 
     def against(self, other: Decoded, k: int | None) -> Divergence:
@@ -210,11 +219,14 @@ class _Locator:
             other_row, rerun_tokens = self._engine_row(k, position)
         other_same = rerun_tokens == other.tokens[: position + 1]
         a, b = _at(self.plain.tokens, position), _at(other.tokens, position)
-        m_plain, m_other = _margin(plain_row, a, b), _margin(other_row, a, b)
+        noise = None
+        if not self.sampling.greedy:
+            noise = PositionNoise(self.seed, self.engine.vocab_size, len(self.ids)).row(len(self.ids) + position)
+        m_plain, m_other = (_margin(row, a, b, noise, self.sampling.temperature) for row in (plain_row, other_row))
         return Divergence(
             self.prompt_id, TRANSFORMERS if k is None else SPECULATIVE, k, position, a, b,
             self._text(a), self._text(b), m_plain, m_other, classify(m_plain, m_other, self.tolerance),
-            plain_same and other_same,
+            plain_same and other_same, None if self.sampling.greedy else self.seed,
         )
 
     def _plain_row(self, position: int):
@@ -226,7 +238,8 @@ class _Locator:
     def _engine_row(self, k: int, position: int):
         """The target's logits row scoring ``position``, and the tokens the rerun emitted up to it."""
         tokens, rows = [], []
-        for event in self.engine.generate(self.ids, k=k, max_new_tokens=self.max_new_tokens, record_logits=True, rule=self.rule):
+        for event in self.engine.generate(self.ids, k=k, max_new_tokens=self.max_new_tokens, record_logits=True, rule=self.rule,
+                                          sampling=self.sampling, seed=self.seed):
             tokens += event.emitted
             rows.append(event.logits)
             if len(tokens) > position:
@@ -241,10 +254,16 @@ def _at(tokens: list[int], i: int) -> int | None:
     return tokens[i] if i < len(tokens) else None
 
 
-def _margin(row: torch.Tensor | None, a: int | None, b: int | None) -> float | None:
+def _margin(row: torch.Tensor | None, a: int | None, b: int | None, noise: torch.Tensor | None = None,
+            temperature: float = 1.0) -> float | None:
+    """logit[a] − logit[b]; under sampling the same for the race's scores, in logit units: the two
+    ids' log(p / E) differ by (logit[a] − logit[b]) / T − (log E[a] − log E[b]), times T."""
     if row is None or a is None or b is None:
         return None
-    return float(row[a].double() - row[b].double())
+    margin = float(row[a].double() - row[b].double())
+    if noise is not None:
+        margin -= temperature * float(noise[a].double().log() - noise[b].double().log())
+    return margin
 
 
 def check_greedy(
@@ -282,7 +301,8 @@ def decide(greedy: GreedyResult, sampled: SamplingResult | None, strict: bool, r
     """Equivalent unless a mismatch, a failed sampling test, or (strict) any divergence was found;
     never under a lossy rule, which is not equivalent by construction however few tokens it changed."""
     mismatches, near_ties = greedy.count(MISMATCH), greedy.count(NEAR_TIE)
-    failed = mismatches > 0 or (strict and near_ties > 0) or (sampled is not None and not sampled.passed)
+    sampled_failed = sampled is not None and (not sampled.passed or (strict and sampled.count(NEAR_TIE) > 0))
+    failed = mismatches > 0 or (strict and near_ties > 0) or sampled_failed
     runs = len(greedy.rows)
     identical = sum(r.identical for r in greedy.rows)
     reference = sum(r.identical for r in greedy.references)

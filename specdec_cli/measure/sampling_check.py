@@ -1,10 +1,13 @@
-"""The sampling half of verify-equivalence: speculative and plain draws must share one distribution.
+"""The sampling half of verify-equivalence: a seed fixes the sampled text, whatever drafts.
 
-Lossless speculative sampling is a statement about distributions, so it is tested as one: N short
-continuations with speculation and N plainly (disjoint seeds), compared on the first token and on
-the first two tokens by a two-sample permutation test of the chi-square statistic. A permutation
-test needs no minimum expected count, so the long tail of a real model's distribution stays in the
-test instead of being pooled away, and it needs nothing beyond numpy at run time.
+Sampling is drafter-invariant (decoding/coupling.py), so it is checked as greedy decoding is: N
+seeds per prompt, each seed's speculative continuation at every K against the plain one under the
+same seed, token for token; the first divergence of each K is located and classified by the race's
+margin (equivalence._margin). Independently, the plain draws are tested against transformers' own
+sampler on the same target (other seeds) on the first token and the first two tokens, by a
+two-sample permutation test of the chi-square statistic: that checks the race's distribution is
+the target's. A permutation test needs no minimum expected count, so the long tail of a real
+model's distribution stays in the test instead of being pooled away.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import numpy as np
 
 from ..decoding.acceptance import AcceptRule, SamplingParams
 from ..decoding.engine import SpeculativeEngine
+from .equivalence import MISMATCH, NEAR_TIE, Decoded, Divergence, _Locator, reference_decode
 from ..limits import SAMPLING_PROMPTS as PROMPTS  # prompts sampled, tokens per continuation
 from ..limits import SAMPLING_TOKENS as TOKENS
 
 ALPHA = 0.01  # family-wise: split evenly over all tests (Bonferroni)
-PLAIN_SEEDS = 1_000_003  # plain draws use seeds from here, so no draw shares a seed with a speculative one
+REFERENCE_SEEDS = 1_000_003  # transformers' draws use seeds from here: no draw shares a seed with the race's
 STATISTICS = {"first token": 1, "first 2 tokens": 2}
 
 
@@ -63,11 +67,22 @@ def detectable_shift(n: int, threshold: float, power: float = 0.8) -> float:
 
 @dataclass
 class SampleTest:
+    """Plain draws against transformers' sampler, on one prompt and one statistic."""
+
     prompt_id: str | int
-    k: int
     statistic: str
     outcomes: int  # distinct outcomes seen over both samples
     p_value: float
+
+
+@dataclass
+class SeededRuns:
+    """One prompt at one K: of ``draws`` seeds, how many gave the plain run's tokens exactly."""
+
+    prompt_id: str | int
+    k: int
+    draws: int
+    identical: int
 
 
 @dataclass
@@ -75,6 +90,8 @@ class SamplingResult:
     n: int
     temperature: float
     tests: list[SampleTest] = field(default_factory=list)
+    runs: list[SeededRuns] = field(default_factory=list)
+    divergences: list[Divergence] = field(default_factory=list)  # one per differing seed, located and classified
     drafted: int = 0  # draft tokens proposed over all speculative draws: 0 would test nothing
     accepted: int = 0
     alpha: float = ALPHA
@@ -93,25 +110,49 @@ class SamplingResult:
         return min((t.p_value for t in self.tests), default=1.0)
 
     @property
-    def passed(self) -> bool:
+    def identical(self) -> int:
+        return sum(r.identical for r in self.runs)
+
+    @property
+    def seeded(self) -> int:
+        return sum(r.draws for r in self.runs)
+
+    @property
+    def same_distribution(self) -> bool:
         return self.min_p >= self.threshold
 
+    def count(self, kind: str) -> int:
+        return sum(d.kind == kind for d in self.divergences)
+
+    @property
+    def passed(self) -> bool:
+        """No mismatch, and the race's draws look like transformers' (near-ties fail only under --strict)."""
+        return self.count(MISMATCH) == 0 and self.same_distribution
+
     def verdict(self) -> str:
+        identity = (f"{self.identical}/{self.seeded} seeded speculative runs token-identical to plain sampling, "
+                    f"{self.count(MISMATCH)} mismatch(es), {self.count(NEAR_TIE)} numerical near-tie(s)")
+        if self.drafted == 0:  # plain against plain: the identity could not have failed
+            return f"inconclusive: no draft token was proposed while sampling, so nothing speculative was tested ({identity})"
+        return f"{identity}; {self.distribution_verdict()}"
+
+    def distribution_verdict(self) -> str:
         p, threshold = f"{self.min_p:.3g}", f"{self.threshold:.3g}"
-        if self.drafted == 0:  # plain against plain: the test could not have failed
-            return "inconclusive: no draft token was proposed while sampling, so nothing speculative was tested"
-        if not self.passed:
-            return f"the distributions differ: strong evidence (smallest p = {p} < threshold {threshold})"
+        if not self.same_distribution:
+            return f"plain sampling and transformers' sampler differ: strong evidence (smallest p = {p} < threshold {threshold})"
         shift = detectable_shift(self.n, self.threshold)
         power = f"with {self.n} draws per side, a shift of about {shift:.0%} in one outcome's probability would be detected 80% of the time"
         if self.min_p < 0.05:
-            return f"weak evidence of a difference (smallest p = {p}), not significant at threshold {threshold}; rerun with a larger --sampling N ({power})"
-        return f"no evidence of a difference (smallest p = {p} ≥ threshold {threshold}); {power}"
+            return (f"weak evidence that plain sampling and transformers' sampler differ (smallest p = {p}), not "
+                    f"significant at threshold {threshold}; rerun with a larger --sampling N ({power})")
+        return f"no evidence that plain sampling and transformers' sampler differ (smallest p = {p} ≥ threshold {threshold}); {power}"
 
     def as_dict(self) -> dict:
         return dict(n=self.n, temperature=self.temperature, tokens=TOKENS, alpha=self.alpha,
                     threshold=self.threshold, permutations=self.rounds, min_p=self.min_p, passed=self.passed,
+                    identical=self.identical, seeded=self.seeded,
                     drafted=self.drafted, accepted=self.accepted, verdict=self.verdict(),
+                    runs=[asdict(r) for r in self.runs], divergences=[asdict(d) for d in self.divergences],
                     tests=[asdict(t) for t in self.tests])
 
 
@@ -129,8 +170,15 @@ def draw(engine: SpeculativeEngine, ids: list[int], k: int, n: int, first_seed: 
     return samples, drafted, accepted
 
 
+def reference_draws(engine: SpeculativeEngine, ids: list[int], n: int, first_seed: int, temperature: float) -> list[tuple]:
+    """N continuations of TOKENS tokens by transformers' sampler."""
+    return [tuple(reference_decode(engine, ids, TOKENS, temperature=temperature, seed=seed)[0].tokens)
+            for seed in range(first_seed, first_seed + n)]
+
+
 def check_sampling(
     engine: SpeculativeEngine,
+    tokenizer,
     prompts: list[tuple[str | int, list[int]]],
     ks: list[int],
     n: int,
@@ -138,22 +186,30 @@ def check_sampling(
     seed: int = 0,
     step: Callable[[str], None] = lambda _: None,
     rule: AcceptRule = AcceptRule(),
+    tolerance: float = 0.0,
 ) -> SamplingResult:
+    """Seeds ``seed`` to ``seed + n - 1`` per prompt, plainly and at every K; transformers' draws beside."""
     sampling = SamplingParams(temperature)
     result = SamplingResult(n, temperature)
     pending = []
     for prompt_id, ids in prompts[:PROMPTS]:
-        plain, _, _ = draw(engine, ids, 0, n, seed + PLAIN_SEEDS, sampling)
-        step(f"sampling prompt {prompt_id} plainly")
+        plain, _, _ = draw(engine, ids, 0, n, seed, sampling)
+        reference = reference_draws(engine, ids, n, seed + REFERENCE_SEEDS, temperature)
+        pending += [(prompt_id, name, [s[:m] for s in plain], [s[:m] for s in reference]) for name, m in STATISTICS.items()]
+        step(f"sampling prompt {prompt_id} plainly and with transformers")
         for k in ks:
             speculative, drafted, accepted = draw(engine, ids, k, n, seed, sampling, rule)
             result.drafted += drafted
             result.accepted += accepted
-            pending += [(prompt_id, k, name, [s[:m] for s in speculative], [s[:m] for s in plain])
-                        for name, m in STATISTICS.items()]
+            differing = [i for i in range(n) if speculative[i] != plain[i]]
+            result.runs.append(SeededRuns(prompt_id, k, n, n - len(differing)))
+            for i in differing:  # located on a rerun of TOKENS tokens each: cheap
+                locator = _Locator(engine, tokenizer, prompt_id, ids, Decoded(list(plain[i]), None), TOKENS,
+                                   tolerance, rule, sampling, seed + i)
+                result.divergences.append(locator.against(Decoded(list(speculative[i]), None), k))
             step(f"sampling prompt {prompt_id} · K={k}")
-    result.tests = [SampleTest(pid, k, name, len(set(a) | set(b)), 0.0) for pid, k, name, a, b in pending]
+    result.tests = [SampleTest(pid, name, len(set(a) | set(b)), 0.0) for pid, name, a, b in pending]
     rounds = result.rounds  # depends on how many tests there are
-    for test, (_, _, _, a, b) in zip(result.tests, pending):
+    for test, (_, _, a, b) in zip(result.tests, pending):
         test.p_value = permutation_test(a, b, rounds, seed)
     return result
