@@ -40,6 +40,7 @@ SLOW = ("tests/test_tree_controller.py::test_the_controllers_tree_rounds_keep_th
 # and test_verify.py reach these files through whole engines: pass them with --modules.
 QUICK = {
     "acceptance.py": ["tests/test_acceptance.py", "tests/test_lossy_rules.py"],
+    "coupling.py": ["tests/test_coupling.py", "tests/test_tree.py"],
     "tree.py": ["tests/test_tree.py", "tests/test_tree_controller.py",
                 "tests/test_tree_engine.py::test_best_nodes_keep_parents_with_their_children"],
 }

@@ -86,11 +86,11 @@ def test_autoregress_stops_where_the_gate_says_and_reports_what_it_weighed():
         return rows[len(steps)]
 
     gate = DraftGate((1.0, 1.1, 1.2, 2.0), step_s=0.0)
-    draft = autoregress(rows[0], step, 3, SamplingParams(), None, gate)
+    draft = autoregress(rows[0], step, 3, SamplingParams(), None, gate=gate)
     assert draft.tokens.tolist() == [0, 1]  # the third guess is a uniform third: not worth a row
     assert len(draft.confidence) == 3 and draft.confidence[2] == pytest.approx(1 / 3)
     assert steps == [0, 1]
-    declined = autoregress(rows[2], step, 3, SamplingParams(), None, DraftGate((1.0, 1.5), step_s=0.0))
+    declined = autoregress(rows[2], step, 3, SamplingParams(), None, gate=DraftGate((1.0, 1.5), step_s=0.0))
     assert len(declined) == 0 and len(declined.confidence) == 1
 
 

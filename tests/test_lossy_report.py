@@ -19,7 +19,7 @@ from specdec_cli.measure.tasks import KINDS, is_correct, make_tasks
 from specdec_cli.prompts import Prompt
 
 runner = CliRunner()
-WARNING = "specdec: warning: --accept top:3 is lossy: the output is not the target's own (lossless: false)"
+WARNING = "specdec: warning: --accept top:3 is lossy: the output is not the target's own, nor its sampled text fixed by the seed (lossless: false)"
 
 
 def test_bootstrap_of_constant_data_is_a_point():
@@ -162,7 +162,7 @@ def test_bench_reports_a_lossy_mode_against_its_twin(pair_dir, tmp_path):
                                  "--temperature", "1", "--markdown", str(page)])
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == ["specdec: warning: mode spec:3@top:3 is lossy: the output is not the "
-                                          "target's own (lossless: false)"]
+                                          "target's own, nor its sampled text fixed by the seed (lossless: false)"]
     report = json.loads(result.stdout)
     assert list(report["modes"]) == ["plain", "spec:3", "spec:3@top:3"]
     assert report["modes"]["spec:3@top:3"]["lossless"] is False and report["modes"]["spec:3"]["lossless"] is True

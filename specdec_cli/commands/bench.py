@@ -69,7 +69,7 @@ def bench_command(
     pair: PairOption = None,
     max_new_tokens: MaxNewTokensOption = 64,
     temperature: Annotated[float, typer.Option("--temperature", metavar="T", help="0: greedy (the default, so outputs can be compared token by token).")] = 0.0,
-    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed for sampling modes.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed for sampling modes: this loop's modes sample one text from it (lossy rules excepted).")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="The whole result as one JSON object on stdout.")] = False,
     markdown: Annotated[Optional[Path], typer.Option("--markdown", metavar="FILE", help="Also write the table, the command and the manifest as a Markdown page (missing directories are created).")] = None,
     target: TargetOption = None,

@@ -37,7 +37,7 @@ DrafterOption = Annotated[Optional[str], typer.Option("--drafter", metavar="KIND
 PromptsOption = Annotated[Path, typer.Option("--prompts", metavar="FILE", help="Prompt file: one prompt per line, plain text or JSON with 'prompt' and optional 'id', 'scenario'.")]
 MaxNewTokensOption = Annotated[int, typer.Option("--max-new-tokens", metavar="N", help="Most new tokens per answer (per prompt, and per K or mode where there are several).")]
 TemperatureOption = Annotated[float, typer.Option("--temperature", metavar="T", help="0 decodes greedily; above 0 samples (speculative sampling keeps the target's distribution).")]
-SeedOption = Annotated[int, typer.Option("--seed", metavar="N", help="Random seed for sampling; each prompt starts from it.")]
+SeedOption = Annotated[int, typer.Option("--seed", metavar="N", help="Seed for sampling: it fixes the text, whatever K and drafter; each prompt starts from it.")]
 RawOption = Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the model's chat template.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Results as JSON on stdout instead of text and tables.")]
 ProfileOption = Annotated[Optional[str], typer.Option("--profile", metavar="FILE", help="Calibration profile. Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")]
@@ -239,4 +239,4 @@ def accept_rule(text: str) -> AcceptRule:
 
 def lossy_message(subject: str) -> str:
     """``subject``: '--accept RULE is', or the lossy bench modes with their verb."""
-    return f"{subject} lossy: the output is not the target's own (lossless: false)"
+    return f"{subject} lossy: the output is not the target's own, nor its sampled text fixed by the seed (lossless: false)"

@@ -118,7 +118,7 @@ def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 # After the first rejected draft the target's own token is drawn as under the exact test.
 
 def lenient_probability(p_x: torch.Tensor, q_x: torch.Tensor, lenience: float) -> torch.Tensor:
-    """min(1, L·p(x) / q(x)): Leviathan et al.'s lenience; L = 1 is the exact test."""
+    """min(1, L·p(x) / q(x)): Leviathan et al.'s lenience; L = 1 is their exact test."""
     return torch.clamp(lenience * p_x / q_x, max=1.0)
 
 

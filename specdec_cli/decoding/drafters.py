@@ -300,7 +300,7 @@ class ModelDrafter(Drafter):
         keep = min(common_prefix(self.cached_tokens, context), context.shape[0] - 1)
         crop_cache(self.cache, keep)
         draft = autoregress(self._forward(context[keep:]), lambda token: self._forward(token.view(1)), k, sampling,
-                            noise, context.shape[0], gate)
+                            noise, start=context.shape[0], gate=gate)
         draft.source = self.name
         self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
         return draft
@@ -316,7 +316,7 @@ class ModelDrafter(Drafter):
         return logits if self.outside is None else logits.masked_fill(self.outside.to(logits.device), float("-inf"))
 
 
-def autoregress(logits: torch.Tensor, step, k: int, sampling: SamplingParams, noise: PositionNoise | None,
+def autoregress(logits: torch.Tensor, step, k: int, sampling: SamplingParams, noise: PositionNoise | None, *,
                 start: int = 0, gate: DraftGate | None = None) -> Draft:
     """Draft up to ``k`` tokens from the first row of logits, calling ``step(token)`` for the next row.
 

@@ -294,7 +294,7 @@ class HeadDrafter(Drafter):
             position[0] += 1
             return self._logits(guess)
 
-        draft = autoregress(self._logits(guess), step, k, sampling, noise, n, gate)
+        draft = autoregress(self._logits(guess), step, k, sampling, noise, start=n, gate=gate)
         draft.source, draft.catchup_s = self.name, caught_up
         self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
         return draft

@@ -56,8 +56,8 @@ def by_drafter(samples: list[Sample]) -> dict[str, dict]:
 def predicted_from_rounds(samples: list[Sample], plain: list[Sample]) -> float:
     """The speed-up the model predicts from what each round cost and drafted.
 
-    Costs are measured, round by round (draft, verify with its sampling transform and residual
-    draw, bookkeeping) and so is what lies outside the rounds (prefill); what the model supplies
+    Costs are measured, round by round (draft, verify with its sampling transform and the race,
+    bookkeeping) and so is what lies outside the rounds (prefill); what the model supplies
     is the tokens: each round's expected yield from its drafter's acceptance by position over the
     run (estimates.Acceptance), where the measured figure counts the tokens the rounds really gave.
     The two agree when acceptance behaves as the model says (independent from round to round).

@@ -4,7 +4,7 @@ For one scenario (controller.py keeps one per scenario) it keeps, for every draf
 (prompt lookup on a match of two or more tokens, on a one-token match, and the learned drafter:
 estimates.py), acceptance by draft position and draft cost, and for the target the verify seconds
 of each block size and a round's bookkeeping; all measured round by round (greedy or sampling: the
-transform and the residual draw are part of the verify time), seeded from the calibration profile.
+transform and the race are part of the verify time), seeded from the calibration profile.
 Before each round it is shown lookup's match (free to find) and picks whichever of that match (K
 capped by its length), the learned drafter, or plain decoding promises the most tokens per second.
 A drafter predicted slower than plain decoding is off — it costs nothing then: no draft forward,
