@@ -49,13 +49,22 @@ def sampled_pairs(target, drafter, k, sampling, n=RUNS, prompt=PROMPT, drafted=N
     decoding's under its seed, token for token (sampling is drafter-invariant: decoding/coupling.py);
     ``drafted`` (a list), when given, collects how many tokens each run drafted."""
     runs = seeded_runs(target, drafter, k, sampling, n, prompt, drafted)
-    plain = seeded_runs(target, None, 0, sampling, n, prompt)
+    plain = plain_runs(target, sampling, n, prompt)
     differing = [seed for seed, (a, b) in enumerate(zip(runs, plain)) if a != b]
     assert not differing, f"{len(differing)} of {n} seeds gave other text than plain decoding, first seed {differing[0]}"
     counts = torch.zeros(VOCAB * VOCAB)
     for first, second in runs:
         counts[first * VOCAB + second] += 1
     return counts
+
+
+def plain_runs(target, sampling, n, prompt) -> list[tuple[int, int]]:
+    """Plain decoding's seeded runs, computed once per target and setting (kept on the target)."""
+    cache = target.__dict__.setdefault("_plain_runs", {})
+    key = (repr(sampling), n, tuple(prompt))
+    if key not in cache:
+        cache[key] = seeded_runs(target, None, 0, sampling, n, prompt)
+    return cache[key]
 
 
 def seeded_runs(target, drafter, k, sampling, n, prompt, drafted=None) -> list[tuple[int, int]]:

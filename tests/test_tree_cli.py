@@ -1,4 +1,5 @@
-"""Trees on the command line: generate --tree, bench's tree modes, verify-equivalence --tree."""
+"""Trees on the command line: generate --tree (and a seed that fixes sampled text with or without one),
+bench's tree modes, verify-equivalence --tree."""
 
 import json
 
@@ -24,6 +25,23 @@ def test_generate_tree_gives_plain_decodings_tokens_and_reports_nodes(pair_dir):
     assert tree["token_ids"] == plain["token_ids"]
     assert tree["stats"]["tree"] == 6 and 0 < tree["stats"]["mean_nodes_verified"] <= 6
     assert "tree" not in plain["stats"]
+
+
+def test_a_seed_fixes_the_sampled_text_at_every_k_drafter_tree_and_thread_count(pair_dir):
+    """`generate --temperature 0.8 --seed 3` on the tiny pair: one text with -k 0, 4 and auto, each
+    drafter, a tree, one thread and two, and run again; another seed gives another."""
+    def ids(*options, seed="3"):
+        result = invoke(pair_dir, "generate", "--pair", "tiny-alt", "--max-new-tokens", "16", "--json",
+                        "--temperature", "0.8", "--seed", seed, *options, "abcabcabc")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["token_ids"]
+
+    plain = ids("-k", "0")
+    runs = [ids("-k", "4"), ids("-k", "auto"), ids("--drafter", "head", "-k", "3"), ids("--drafter", "model", "-k", "4"),
+            ids("--drafter", "ngram", "-k", "2"), ids("--drafter", "head", "--tree", "6"), ids("-k", "4", "--threads", "1"),
+            ids("-k", "4", "--threads", "2"), ids("-k", "0")]
+    assert all(run == plain for run in runs), runs
+    assert ids("-k", "0", seed="4") != plain
 
 
 def test_tree_options_refuse_what_they_cannot_do(pair_dir):

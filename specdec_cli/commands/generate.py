@@ -8,6 +8,7 @@ import os
 import stat
 import sys
 from contextlib import nullcontext
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Iterable, Iterator, Optional
 
 import typer
@@ -15,9 +16,11 @@ import typer
 from ..runtime import threads as thread_policy
 from ..decoding.rules import check_tree_rule
 from . import interrupt
+from ..atomic import check_writable
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
+from ..pairs.registry import SUFFIX
 from ..prompts import Prompt, named, parse_lines
 from .common import (
     AcceptOption,
@@ -34,6 +37,7 @@ from .common import (
     TemperatureOption,
     ThreadsOption,
     TreeOption,
+    WRITE_FAILED,
     accept_rule,
     check_count,
     check_tree_drafter,
@@ -46,6 +50,7 @@ from .common import (
     stdin_is_interactive,
     user_errors,
     warning_line,
+    write_output,
 )
 
 if TYPE_CHECKING:
@@ -79,6 +84,7 @@ def generate(
     profile: ProfileOption = None,
     threads: ThreadsOption = None,
     accept: AcceptOption = "exact",
+    memory: Annotated[Optional[Path], typer.Option("--memory", metavar="FILE", help="Keep the suffix memory (the token ids of earlier answers) in FILE between runs: read at the start, this run's answers added at the end. It drafts beside the pair's drafter under -k auto; with a fixed -k, give --drafter suffix.")] = None,
 ) -> None:
     """Generate with speculative decoding, showing which draft tokens the target accepted.
 
@@ -101,9 +107,13 @@ def generate(
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
     if tree is not None:
         check_tree_drafter(spec)
+    if memory is not None:
+        memory = check_writable(memory, "--memory")
+        if isinstance(fixed_k, int) and (fixed_k == 0 or spec.drafter.free_kind != SUFFIX):
+            raise UserError("--memory keeps the suffix memory, which a fixed -k or --tree drafts with only under "
+                            "--drafter suffix (and K above 0); use -k auto or --drafter suffix")
 
     thread_policy.apply(threads)  # before torch loads
-    from ..decoding.events import CONTEXT
     from ..decoding.loaded_pair import load_pair
 
     sampling = sampling_params(temperature, top_k, top_p)
@@ -120,6 +130,21 @@ def generate(
     controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
     if isinstance(tree, int):
         runtime.drafter = runtime.tree_drafter()
+    kept = _memory_file(runtime, controller, memory) if memory is not None else None
+    try:
+        _answer_all(prompts, runtime, spec, fixed_k, watcher, console, json_lines, live, controller, computed_by,
+                    max_new_tokens, sampling, seed, raw, rule, tree)
+    finally:
+        if kept is not None:
+            interrupt.now(f"adding this run's answers to {kept.path}", "the memory file is left as it was")
+            if not write_output("--memory", kept.path, kept.save):
+                raise typer.Exit(WRITE_FAILED)
+
+
+def _answer_all(prompts, runtime, spec, fixed_k, watcher, console, json_lines, live, controller, computed_by,
+                max_new_tokens, sampling, seed, raw, rule, tree) -> None:
+    """Every prompt in turn, each result printed as it is done."""
+    from ..decoding.events import CONTEXT
 
     finished, warned = 0, False
     interrupt.now("reading the prompts")
@@ -148,6 +173,28 @@ def generate(
                 warning_line(context_cut(item, result["stats"]["new_tokens"], runtime.engine.context_length))
         if view is not None:
             view.show_summary()
+
+
+def _memory_file(runtime: LoadedPair, controller, path: Path):
+    """The run's suffix memory tied to ``path`` and filled from it: the drafter's own, or, under
+    -k auto, one put beside the pair's drafter."""
+    from ..decoding.drafters import Beside, parts
+    from ..decoding.head import target_identity
+    from ..decoding.suffix import SuffixDrafter
+    from ..decoding.suffix_file import MemoryFile
+
+    memory = next((d for d in parts(runtime.drafter)[0] if isinstance(d, SuffixDrafter)), None)
+    if memory is None:
+        if controller is None:
+            raise UserError("--memory keeps the suffix memory, which only -k auto or --drafter suffix drafts with; "
+                            f"pair {runtime.pair.name!r} runs a fixed K here")
+        memory = SuffixDrafter(vocab_limit=runtime.target.model.config.get_text_config().vocab_size)
+        runtime.drafter = Beside(runtime.drafter, (memory,))
+    kept = MemoryFile(path, target_identity(runtime.target.model, runtime.target.source), memory)
+    problem = kept.load()
+    if problem:
+        warning_line(problem)
+    return kept
 
 
 def _stdout_is_a_file() -> bool:

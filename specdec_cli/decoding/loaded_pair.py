@@ -149,5 +149,5 @@ def free_drafter(spec: DrafterSpec, vocab_size: int) -> Drafter:
     if spec.free_kind == SUFFIX:
         from .suffix import SuffixDrafter
 
-        return SuffixDrafter()
+        return SuffixDrafter(vocab_limit=vocab_size)
     return NgramDrafter(spec.max_ngram, spec.min_ngram)

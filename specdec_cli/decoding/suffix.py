@@ -15,7 +15,8 @@ length (``suffix_source``): replayed on the default target's plain answers, a fi
 of the time on a match of two tokens, 36 % on three, 76 % on four or more.
 
 Bounded: the oldest answers are forgotten past MEMORY_TOKENS answer tokens, their counts removed.
-It holds the text of earlier answers, in this process only.
+It holds the text of earlier answers, in this process only, unless `generate --memory PATH` keeps
+it in a file between runs (suffix_file.py).
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ class SuffixDrafter(Drafter):
     name = "suffix"
     free = True
 
-    def __init__(self, memory_tokens: int = MEMORY_TOKENS):
-        self.memory_tokens = memory_tokens
+    def __init__(self, memory_tokens: int = MEMORY_TOKENS, vocab_limit: int | None = None):
+        self.memory_tokens, self.vocab_limit = memory_tokens, vocab_limit  # the target's vocabulary, where known
         self.counts: dict[tuple[int, ...], dict[int, int]] = {}
         self.answers: deque[tuple[list[int], int]] = deque()  # (tokens, how many lead into the answer)
         self.size = 0  # tokens in ``answers``, leads included
+        self.remembered = 0  # answers ever remembered, forgotten ones included (suffix_file.py saves the new ones)
 
     def observe(self, verified: Verified) -> None:
         if verified.finished:
@@ -57,6 +59,7 @@ class SuffixDrafter(Drafter):
         if len(tokens) <= lead:
             return
         self.answers.append((tokens, lead))
+        self.remembered += 1
         self.size += len(tokens)
         count(self.counts, tokens, lead, 1)
         while self.size > self.memory_tokens and len(self.answers) > 1:
