@@ -121,7 +121,8 @@ class SpeculativeEngine:
         tree = None if draft.parents is None else Tree(block, (-1, *draft.parents))  # None: a chain
         out = self._verify(cache, block, tree, cached, device)
         logits = out.logits[0, : block.shape[0], : self.vocab_size].float()
-        scores = logits if sampling.greedy else self._race(logits, tree, sampling, noise, tokens.shape[0])
+        race = not sampling.greedy and rule.lossless  # a lossy rule judges p and q instead
+        scores = self._race(logits, tree, sampling, noise, tokens.shape[0]) if race else logits
         path, token = self._accept(draft, tree, logits, scores, rule, sampling, generator)
         verified_at = time.perf_counter()
 
