@@ -1,9 +1,11 @@
 """The exact-distribution check's size holds: at RUNS it misses the classic sampling bug with
-probability under 1e-3 (exactness.py's docstring), and the power computation itself is right."""
+probability under 1e-3 (exactness.py's docstring), the power computation itself is right, and the
+identity half fails a sampler that keeps drafts without asking the target."""
 
+import pytest
 import torch
 
-from exactness import RUNS, VOCAB, exact_two_token_distribution, missed_rate, small_models
+from exactness import RUNS, VOCAB, exact_two_token_distribution, missed_rate, sampled_pairs, small_models
 from specdec_cli.decoding.acceptance import SamplingParams, distribution
 
 
@@ -32,3 +34,14 @@ def test_missed_rate_is_one_minus_the_power_of_the_chi_square_test():
     skewed = uniform.clone()
     skewed[0], skewed[1] = 2 / 16, 0.0
     assert missed_rate(uniform, skewed, 1000) < 1e-8 < 0.5 < missed_rate(uniform, skewed, 100)  # λ 125 against 12.5
+
+
+def test_the_identity_half_fails_a_sampler_that_keeps_drafts_without_the_test(monkeypatch):
+    """IDENTITY_RUNS speculative runs against plain's: keep every draft unasked, and seeds differ."""
+    from specdec_cli.decoding import engine as engine_module
+    from specdec_cli.decoding.drafters import ModelDrafter
+
+    target, disagreeing = small_models()
+    monkeypatch.setattr(engine_module, "greedy_accept", lambda draft, scores: (len(draft), int(scores[len(draft)].argmax())))
+    with pytest.raises(AssertionError, match="seeds gave other text than plain decoding"):
+        sampled_pairs(target, ModelDrafter(disagreeing, VOCAB), 2, SamplingParams(1.0))
