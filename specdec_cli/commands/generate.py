@@ -7,7 +7,7 @@ import json
 import os
 import stat
 import sys
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Iterable, Iterator, Optional
 
@@ -114,6 +114,7 @@ def generate(
                             "--drafter suffix (and K above 0); use -k auto or --drafter suffix")
 
     thread_policy.apply(threads)  # before torch loads
+    from ..decoding.events import CONTEXT
     from ..decoding.loaded_pair import load_pair
 
     sampling = sampling_params(temperature, top_k, top_p)
@@ -130,49 +131,51 @@ def generate(
     controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
     if isinstance(tree, int):
         runtime.drafter = runtime.tree_drafter()
-    kept = _memory_file(runtime, controller, memory) if memory is not None else None
+
+    with _memory_kept(runtime, controller, memory):
+        finished, warned = 0, False
+        interrupt.now("reading the prompts")
+        for item in prompts:
+            interrupt.now(f"answering {item.label}", interrupt.answered(finished))
+            if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
+                controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
+            k_for_item = controller.schedule(item.scenario) if controller else fixed_k
+            result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule, tree)
+            if view is not None and _stdout_is_a_file():
+                view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
+            result["stats"]["computed_by"] = computed_by
+            if controller is not None:  # which profile seeded auto (None: the pair's K)
+                result["stats"]["profile"] = str(watcher.path) if watcher.profile else None
+            if result["stats"]["fallback_forwards"] and not warned:  # once a run: a slowdown nothing else shows
+                warning_line(f"prompt {item.id}: {result['stats']['fallback_forwards']} target forward(s) ran transformers' "
+                             "forward instead of the lean int8/int4 one (slower); fallback_forwards counts them")
+                warned = True
+            finished += 1  # said before it is printed: a reader that has the result is told it was written
+            interrupt.now("reading the next prompt", interrupt.answered(finished))
+            if json_lines:
+                print(json.dumps(result, ensure_ascii=False), flush=True)
+            else:  # always, terminal or not: copy, tee and script get the clean answer
+                print(result["text"], flush=True)
+                if result["stats"]["stop"] == CONTEXT:  # --json says it in the stats
+                    warning_line(context_cut(item, result["stats"]["new_tokens"], runtime.engine.context_length))
+            if view is not None:
+                view.show_summary()
+
+
+@contextmanager
+def _memory_kept(runtime: LoadedPair, controller, path: Path | None) -> Iterator[None]:
+    """With --memory: the run's suffix memory filled from ``path`` before the prompts, and this run's
+    answers added to the file after them, however the run ends."""
+    if path is None:
+        yield
+        return
+    kept = _memory_file(runtime, controller, path)
     try:
-        _answer_all(prompts, runtime, spec, fixed_k, watcher, console, json_lines, live, controller, computed_by,
-                    max_new_tokens, sampling, seed, raw, rule, tree)
+        yield
     finally:
-        if kept is not None:
-            interrupt.now(f"adding this run's answers to {kept.path}", "the memory file is left as it was")
-            if not write_output("--memory", kept.path, kept.save):
-                raise typer.Exit(WRITE_FAILED)
-
-
-def _answer_all(prompts, runtime, spec, fixed_k, watcher, console, json_lines, live, controller, computed_by,
-                max_new_tokens, sampling, seed, raw, rule, tree) -> None:
-    """Every prompt in turn, each result printed as it is done."""
-    from ..decoding.events import CONTEXT
-
-    finished, warned = 0, False
-    interrupt.now("reading the prompts")
-    for item in prompts:
-        interrupt.now(f"answering {item.label}", interrupt.answered(finished))
-        if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
-            controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
-        k_for_item = controller.schedule(item.scenario) if controller else fixed_k
-        result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule, tree)
-        if view is not None and _stdout_is_a_file():
-            view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
-        result["stats"]["computed_by"] = computed_by
-        if controller is not None:  # which profile seeded auto (None: the pair's K)
-            result["stats"]["profile"] = str(watcher.path) if watcher.profile else None
-        if result["stats"]["fallback_forwards"] and not warned:  # once a run: a slowdown nothing else shows
-            warning_line(f"prompt {item.id}: {result['stats']['fallback_forwards']} target forward(s) ran transformers' "
-                         "forward instead of the lean int8/int4 one (slower); fallback_forwards counts them")
-            warned = True
-        finished += 1  # said before it is printed: a reader that has the result is told it was written
-        interrupt.now("reading the next prompt", interrupt.answered(finished))
-        if json_lines:
-            print(json.dumps(result, ensure_ascii=False), flush=True)
-        else:  # always, terminal or not: copy, tee and script get the clean answer
-            print(result["text"], flush=True)
-            if result["stats"]["stop"] == CONTEXT:  # --json says it in the stats
-                warning_line(context_cut(item, result["stats"]["new_tokens"], runtime.engine.context_length))
-        if view is not None:
-            view.show_summary()
+        interrupt.now(f"adding this run's answers to {kept.path}", "the memory file is left as it was")
+        if not write_output("--memory", kept.path, kept.save):
+            raise typer.Exit(WRITE_FAILED)
 
 
 def _memory_file(runtime: LoadedPair, controller, path: Path):

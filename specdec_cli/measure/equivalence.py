@@ -187,7 +187,8 @@ def reference_decode(engine: SpeculativeEngine, ids: list[int], max_new_tokens: 
     sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
     with torch.inference_mode():
         cache, _ = engine.prompt_cache(torch.tensor(ids, dtype=torch.long))
-        torch.manual_seed(seed)
+        if temperature:
+            torch.manual_seed(seed)  # transformers samples from torch's global generator
         out = model.generate(
             inputs, attention_mask=torch.ones_like(inputs), cache=cache, num_beams=1, max_new_tokens=budget, **sampling,
             eos_token_id=eos or None, pad_token_id=eos[0] if eos else None, repetition_penalty=1.0,
@@ -199,7 +200,7 @@ def reference_decode(engine: SpeculativeEngine, ids: list[int], max_new_tokens: 
     return Decoded(tokens, stats), (out.logits if logits else None)
 
 
-class _Locator:
+class Locator:
     """Recomputes the target's logits at a divergence, by rerunning the prompt with record_logits."""
 
     def __init__(self, engine, tokenizer, prompt_id, ids, plain: Decoded, max_new_tokens, tolerance, rule=AcceptRule(),
@@ -283,7 +284,7 @@ def check_greedy(
     for prompt_id, ids in prompts:
         plain = decode(engine, ids, 0, max_new_tokens)
         reference, _ = reference_decode(engine, ids, max_new_tokens)
-        locator = _Locator(engine, tokenizer, prompt_id, ids, plain, max_new_tokens, tolerance, rule)
+        locator = Locator(engine, tokenizer, prompt_id, ids, plain, max_new_tokens, tolerance, rule)
         result.references.append(Reference(prompt_id, reference.stats, reference.tokens == plain.tokens))
         if reference.tokens != plain.tokens:
             result.divergences.append(locator.against(reference, None))

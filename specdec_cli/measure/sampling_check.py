@@ -2,7 +2,7 @@
 
 Sampling is drafter-invariant (decoding/coupling.py), so it is checked as greedy decoding is: N
 seeds per prompt, each seed's speculative continuation at every K against the plain one under the
-same seed, token for token; the first divergence of each K is located and classified by the race's
+same seed, token for token; every seed that differs is located and classified by the race's
 margin (equivalence._margin). Independently, the plain draws are tested against transformers' own
 sampler on the same target (other seeds) on the first token and the first two tokens, by a
 two-sample permutation test of the chi-square statistic: that checks the race's distribution is
@@ -21,7 +21,7 @@ import numpy as np
 
 from ..decoding.acceptance import AcceptRule, SamplingParams
 from ..decoding.engine import SpeculativeEngine
-from .equivalence import MISMATCH, NEAR_TIE, Decoded, Divergence, _Locator, reference_decode
+from .equivalence import MISMATCH, NEAR_TIE, Decoded, Divergence, Locator, reference_decode
 from ..limits import SAMPLING_PROMPTS as PROMPTS  # prompts sampled, tokens per continuation
 from ..limits import SAMPLING_TOKENS as TOKENS
 
@@ -204,7 +204,7 @@ def check_sampling(
             differing = [i for i in range(n) if speculative[i] != plain[i]]
             result.runs.append(SeededRuns(prompt_id, k, n, n - len(differing)))
             for i in differing:  # located on a rerun of TOKENS tokens each: cheap
-                locator = _Locator(engine, tokenizer, prompt_id, ids, Decoded(list(plain[i]), None), TOKENS,
+                locator = Locator(engine, tokenizer, prompt_id, ids, Decoded(list(plain[i]), None), TOKENS,
                                    tolerance, rule, sampling, seed + i)
                 result.divergences.append(locator.against(Decoded(list(speculative[i]), None), k))
             step(f"sampling prompt {prompt_id} · K={k}")
