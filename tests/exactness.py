@@ -1,10 +1,11 @@
 """The exact-distribution test for speculative sampling, shared by every drafter's tests.
 
-Sampling is drafter-invariant (decoding/coupling.py), so a speculative run must equal plain decoding
-under the same seed, token for token: IDENTITY_RUNS seeded two-token speculative runs are held to
-that. With a target of a few tokens' vocabulary, P(a, b | prompt) is enumerated exactly, and RUNS
-seeded plain runs (computed once per target and setting) must match it under a chi-square test at
-P_VALUE: that tests the sampler, which every run shares.
+Sampling is drafter-invariant (decoding/coupling.py): under one seed a speculative run must equal
+plain decoding token for token, so a drafter's check is IDENTITY_RUNS seeded runs held to plain's.
+Plain decoding's own distribution does not depend on any drafter, so it is checked once per sampling
+setting (test_exactness.py): with a target of a few tokens' vocabulary, P(a, b | prompt) is
+enumerated exactly and RUNS seeded plain runs must match it under a chi-square test at P_VALUE.
+Together: every speculative run is a plain run, and plain runs have the target's distribution.
 
 IDENTITY_RUNS: a bug that changes a round's text in a share ε of the runs passes all of them with
 probability (1 − ε)^400, 3e-4 at ε = 0.02; an acceptance bug (a draft kept that is not the target's
@@ -49,40 +50,43 @@ def exact_two_token_distribution(target, prompt, sampling):
     return (first[:, None] * second).flatten()
 
 
-def sampled_pairs(target, drafter, k, sampling, n=RUNS, prompt=PROMPT, drafted=None):
-    """Counts of each two-token continuation over ``n`` seeded runs, after the first IDENTITY_RUNS
-    speculative runs were found equal to plain decoding's under their seeds, token for token (so the
-    counts are plain's); ``drafted`` (a list), when given, collects how many tokens each speculative
-    run drafted."""
-    runs = seeded_runs(target, drafter, k, sampling, min(n, IDENTITY_RUNS), prompt, drafted)
-    plain = plain_runs(target, sampling, n, prompt)
-    differing = [seed for seed, (a, b) in enumerate(zip(runs, plain)) if a != b]
-    assert not differing, f"{len(differing)} of {len(runs)} seeds gave other text than plain decoding, first seed {differing[0]}"
-    counts = torch.zeros(VOCAB * VOCAB)
-    for first, second in plain:
-        counts[first * VOCAB + second] += 1
-    return counts
-
-
-def plain_runs(target, sampling, n, prompt) -> list[tuple[int, int]]:
-    """Plain decoding's seeded runs, computed once per target and setting (kept on the target)."""
-    cache = target.__dict__.setdefault("_plain_runs", {})
-    key = (repr(sampling), n, tuple(prompt))
-    if key not in cache:
-        cache[key] = seeded_runs(target, None, 0, sampling, n, prompt)
-    return cache[key]
-
-
-def seeded_runs(target, drafter, k, sampling, n, prompt, drafted=None) -> list[tuple[int, int]]:
-    """The two tokens of each of ``n`` runs, seeds 0 to n - 1."""
+def seeded_runs(target, drafter, k, sampling, n, prompt, drafted=None, tokens=2, **options) -> list[tuple[int, ...]]:
+    """The ``tokens`` tokens of each of ``n`` runs, seeds 0 to n - 1; ``drafted`` (a list), when
+    given, collects how many tokens each run drafted."""
     engine = SpeculativeEngine(target, drafter, set())
     runs = []
     for seed in range(n):
-        events = list(engine.generate(prompt, k=k, max_new_tokens=2, sampling=sampling, seed=seed))
+        events = list(engine.generate(prompt, k=k, max_new_tokens=tokens, sampling=sampling, seed=seed, **options))
         runs.append(tuple(t for e in events for t in e.emitted))
         if drafted is not None:
             drafted.append(sum(len(e.drafted) for e in events))
     return runs
+
+
+def assert_same_as_plain(target, drafter, k, sampling, prompt=PROMPT, tokens=2, **options) -> int:
+    """IDENTITY_RUNS seeded speculative runs each equal plain decoding's under its seed; the number
+    of tokens they drafted."""
+    drafted: list[int] = []
+    runs = seeded_runs(target, drafter, k, sampling, IDENTITY_RUNS, prompt, drafted, tokens, **options)
+    plain = seeded_runs(target, None, 0, sampling, IDENTITY_RUNS, prompt, tokens=tokens)
+    differing = [seed for seed, (a, b) in enumerate(zip(runs, plain)) if a != b]
+    assert not differing, f"{len(differing)} of {len(runs)} seeds gave other text than plain decoding, first seed {differing[0]}"
+    return sum(drafted)
+
+
+def assert_lossless(target, drafter, sampling, k=2, prompt=PROMPT, **options):
+    """Speculative sampling with ``drafter`` is plain decoding's, seed by seed (whose distribution
+    test_exactness.py checks), and the drafter did draft (one that never drafts would pass as plain)."""
+    drafted = assert_same_as_plain(target, drafter, k, sampling, prompt, **options)
+    assert drafted > 0, "the drafter drafted nothing: this run tested plain decoding"
+
+
+def pair_counts(runs) -> torch.Tensor:
+    """How often each two-token continuation occurred."""
+    counts = torch.zeros(VOCAB * VOCAB)
+    for first, second, *_ in runs:
+        counts[first * VOCAB + second] += 1
+    return counts
 
 
 def pooled(values, probs, n: int) -> torch.Tensor:
@@ -110,12 +114,3 @@ def missed_rate(probs, wrong, n: int = RUNS) -> float:
     p, w = pooled(probs, probs, n), pooled(wrong, probs, n)
     df = len(p) - 1
     return float(ncx2.cdf(chi2.isf(P_VALUE, df), df, n * float(((w - p) ** 2 / p).sum())))
-
-
-def assert_lossless(target, drafter, sampling, k=2, n=RUNS, prompt=PROMPT):
-    """Speculative sampling with ``drafter`` gives exactly the target's two-token distribution, and
-    the drafter did draft (a drafter that never drafts would pass as plain decoding)."""
-    drafted: list[int] = []
-    counts = sampled_pairs(target, drafter, k, sampling, n, prompt, drafted)
-    assert sum(drafted) > 0, "the drafter drafted nothing: this run tested plain decoding"
-    assert_same_distribution(counts, exact_two_token_distribution(target, prompt, sampling))

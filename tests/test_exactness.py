@@ -1,12 +1,38 @@
-"""The exact-distribution check's size holds: at RUNS it misses the classic sampling bug with
-probability under 1e-3 (exactness.py's docstring), the power computation itself is right, and the
-identity half fails a sampler that keeps drafts without asking the target."""
+"""Plain decoding samples the target's exact two-token distribution under every sampling setting the
+drafters' tests use (each of those holds its speculative runs to plain's, seed by seed); the check's
+size holds: at RUNS it misses the classic sampling bug with probability under 1e-3 (exactness.py's
+docstring), the power computation itself is right, and the identity check fails a sampler that keeps
+drafts without asking the target."""
 
 import pytest
 import torch
 
-from exactness import RUNS, VOCAB, exact_two_token_distribution, missed_rate, sampled_pairs, small_models
+from exactness import (
+    PROMPT,
+    RUNS,
+    VOCAB,
+    assert_same_as_plain,
+    assert_same_distribution,
+    exact_two_token_distribution,
+    missed_rate,
+    pair_counts,
+    seeded_runs,
+    small_models,
+)
 from specdec_cli.decoding.acceptance import SamplingParams, distribution
+
+
+SETTINGS = [SamplingParams(1.0), SamplingParams(0.8), SamplingParams(0.7, top_k=5), SamplingParams(1.0, top_p=0.9)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", SETTINGS, ids=["t1", "t0.8", "top-k", "top-p"])
+def test_plain_sampling_gives_the_targets_exact_two_token_distribution(sampling):
+    """RUNS seeded plain runs against the enumerated P(a, b | prompt): what every drafter's identity
+    check stands on."""
+    target, _ = small_models()
+    runs = seeded_runs(target, None, 0, sampling, RUNS, PROMPT)
+    assert_same_distribution(pair_counts(runs), exact_two_token_distribution(target, PROMPT, sampling))
 
 
 def classic_bug(target, draft, prompt, sampling):
@@ -44,4 +70,4 @@ def test_the_identity_half_fails_a_sampler_that_keeps_drafts_without_the_test(mo
     target, disagreeing = small_models()
     monkeypatch.setattr(engine_module, "greedy_accept", lambda draft, scores: (len(draft), int(scores[len(draft)].argmax())))
     with pytest.raises(AssertionError, match="seeds gave other text than plain decoding"):
-        sampled_pairs(target, ModelDrafter(disagreeing, VOCAB), 2, SamplingParams(1.0))
+        assert_same_as_plain(target, ModelDrafter(disagreeing, VOCAB), 2, SamplingParams(1.0))

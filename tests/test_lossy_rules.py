@@ -5,7 +5,17 @@ import math
 
 import pytest
 import torch
-from exactness import PROMPT, RUNS, VOCAB, assert_same_distribution, exact_two_token_distribution, small_models
+from exactness import (
+    PROMPT,
+    RUNS,
+    VOCAB,
+    assert_lossless,
+    assert_same_distribution,
+    exact_two_token_distribution,
+    pair_counts,
+    seeded_runs,
+    small_models,
+)
 from scipy.stats import chisquare
 
 from specdec_cli.decoding.acceptance import (
@@ -19,7 +29,6 @@ from specdec_cli.decoding.acceptance import (
     typical_keep,
 )
 from specdec_cli.decoding.drafters import ModelDrafter
-from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.errors import UserError
 
 P = torch.tensor([0.5, 0.3, 0.15, 0.05])  # target
@@ -155,25 +164,15 @@ def test_top_and_typical_change_the_first_token_distribution(rule):
     assert chisquare(counts, P * counts.sum()).pvalue < 1e-6
 
 
-def _engine_pairs(rule, n):
-    target, disagreeing = small_models()
-    engine = SpeculativeEngine(target, ModelDrafter(disagreeing, VOCAB), set())
-    counts = torch.zeros(VOCAB * VOCAB)
-    for seed in range(n):
-        tokens = [t for e in engine.generate(PROMPT, k=2, max_new_tokens=2, sampling=SAMPLE, seed=seed, rule=rule)
-                  for t in e.emitted]
-        counts[tokens[0] * VOCAB + tokens[1]] += 1
-    return counts, exact_two_token_distribution(target, PROMPT, SAMPLE)
-
-
 @pytest.mark.slow
 def test_engine_with_a_lossy_rule_fails_the_exact_distribution_test():
-    counts, exact = _engine_pairs(parse_rule("lenient:3"), RUNS)
+    target, disagreeing = small_models()
+    runs = seeded_runs(target, ModelDrafter(disagreeing, VOCAB), 2, SAMPLE, RUNS, PROMPT, rule=parse_rule("lenient:3"))
     with pytest.raises(AssertionError):
-        assert_same_distribution(counts, exact)
+        assert_same_distribution(pair_counts(runs), exact_two_token_distribution(target, PROMPT, SAMPLE))
 
 
 @pytest.mark.slow
 def test_engine_with_the_exact_rule_passes_it():
-    counts, exact = _engine_pairs(AcceptRule(), RUNS)
-    assert_same_distribution(counts, exact)
+    target, disagreeing = small_models()
+    assert_lossless(target, ModelDrafter(disagreeing, VOCAB), SAMPLE, rule=AcceptRule())
