@@ -174,3 +174,44 @@ def test_a_free_drafter_samples_exactly_the_targets_distribution(make):
     else:
         drafter.table[:, 0] = torch.arange(8, dtype=torch.int32).roll(1)  # each token's successor known
     assert_lossless(target, drafter, SamplingParams(1.0), k=2)
+
+
+def test_each_line_of_the_free_kinds_table_names_a_drafter_everywhere(pair_dir):
+    """One line in free_kinds.py is a drafter models.yaml, --drafter and the bench all know, built as
+    the kind it says it is."""
+    from specdec_cli.commands.common import DrafterOption
+    from specdec_cli.pairs.free_kinds import KINDS
+    from specdec_cli.decoding.loaded_pair import free_drafter
+    from specdec_cli.measure.loop_bench import DRAFTER_OF_MODE, ENGINE_KINDS, parse_modes
+    from specdec_cli.pairs.registry import DRAFT_KEYS, DrafterSpec, parse_drafter
+
+    help_text = DrafterOption.__metadata__[0].help
+    for name, kind in KINDS.items():
+        assert parse_drafter(name).kind == name and parse_drafter({"kind": name}).kind == name
+        assert set(kind.keys) < set(DRAFT_KEYS[name])
+        assert name in ENGINE_KINDS and DRAFTER_OF_MODE[name] == name
+        assert (name, 3) in [(m.kind, m.k) for m in parse_modes(f"{name}:3")]
+        assert f"'{name}' ({kind.what})" in help_text
+        drafter = free_drafter(DrafterSpec(free_kind=name), 98)
+        assert drafter.name == name and drafter.free
+        assert len(drafter.propose(torch.tensor(PROMPT), 3, None, None)) <= 3
+
+
+@pytest.mark.parametrize("kind", ["recycle", "suffix"])
+def test_export_refuses_a_free_drafter_the_engine_has_no_method_for(pair_dir, tmp_path, kind):
+    """Before, a recycle or suffix pair was exported as prompt lookup without a word."""
+    from typer.testing import CliRunner
+
+    from conftest import one_line_error
+    from specdec_cli.cli import app
+
+    models = tmp_path / "models.yaml"
+    models.write_text(f"default: p\npairs:\n  p:\n    target: {pair_dir / 'target'}\n    draft: {kind}\n")
+    bench = tmp_path / "bench.json"
+    bench.write_text('{"levels": [1], "modes": {"vllm-plain": {"1": {"output_tok_s": 20.0}}, '
+                     '"vllm-ngram:4": {"1": {"output_tok_s": 35.0}}}}')
+    result = CliRunner().invoke(app, ["export", "--engine", "vllm", "--models", str(models), "--from-bench", str(bench)])
+    text = {"recycle": "recycle (token recycling: the target's own earlier predictions)",
+            "suffix": "suffix (memory of earlier answers)"}[kind]
+    assert one_line_error(result) == (f"pair p drafts with {text}, which vllm has no speculative method for: "
+                                      "export its ngram, model or head drafter (--drafter KIND)")

@@ -71,13 +71,13 @@ def test_sources_resolve_relative_paths_only(tmp_path):
 
 
 @pytest.mark.parametrize("drafters, message", [
-    ("{fast: ngram}", "pair 'p': unknown drafter kind 'fast' under 'drafters'; use model, ngram, head, recycle, suffix"),
+    ("{fast: ngram}", "pair 'p': unknown drafter kind 'fast' under 'drafters'; use model, head, ngram, recycle, suffix"),
     ("{head: ngram}", "pair 'p': drafters.head names a drafter of kind ngram (ngram (prompt lookup)), not head "
                       "(a head is a directory written by `specdec train-draft --kind head`)"),
     ("{ngram: ./d}", "pair 'p': drafters.ngram names a drafter of kind model ({real}/d), not ngram"),
     ("{model: {kind: head, source: h}}", "pair 'p': drafters.model names a drafter of kind head (head {real}/h), not model"),
     ("{model: ./a}", "pair 'p': drafters.model ({real}/a) differs from 'draft' ({real}/d); a pair has one drafter of each kind"),
-    ("[./d]", "pair 'p': 'drafters' must map drafter kinds (model, ngram, head, recycle, suffix) to drafters"),
+    ("[./d]", "pair 'p': 'drafters' must map drafter kinds (model, head, ngram, recycle, suffix) to drafters"),
 ])
 def test_bad_drafters_are_one_line_and_exit_code_2(tmp_path, drafters, message):
     link, real = linked_registry(tmp_path, f"    target: ./t\n    draft: ./d\n    drafters: {drafters}\n")
@@ -95,7 +95,7 @@ def test_drafter_and_draft_overrides(tmp_path):
     replaced = override(pair, draft="/elsewhere/draft")  # --draft: the default, and the model alternate
     assert replaced.drafter == replaced.alternates["model"] == DrafterSpec(model=ModelSpec(ModelSource("path", "/elsewhere/draft")))
     assert override(pair, draft="/elsewhere/draft", drafter="ngram").alternate("model") == replaced.drafter
-    with pytest.raises(UserError, match="^unknown drafter 'fast'; choose one of model, ngram, head, recycle, suffix$"):
+    with pytest.raises(UserError, match="^unknown drafter 'fast'; choose one of model, head, ngram, recycle, suffix$"):
         override(pair, drafter="fast")
 
 

@@ -109,7 +109,7 @@ def generate(
         check_tree_drafter(spec)
     if memory is not None:
         memory = check_writable(memory, "--memory")
-        if isinstance(fixed_k, int) and (fixed_k == 0 or spec.drafter.free_kind != SUFFIX):
+        if isinstance(fixed_k, int) and (fixed_k == 0 or spec.drafter.kind != SUFFIX):
             raise UserError("--memory keeps the suffix memory, which a fixed -k or --tree drafts with only under "
                             "--drafter suffix (and K above 0); use -k auto or --drafter suffix")
 

@@ -161,6 +161,10 @@ class NgramDrafter(Drafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.reset()
 
+    @classmethod
+    def for_pair(cls, spec, vocab_size: int) -> NgramDrafter:
+        return cls(spec.max_ngram, spec.min_ngram)
+
     def reset(self) -> None:
         self._context = torch.empty(0, dtype=torch.long)  # what the index covers
         self._tokens: list[int] = []

@@ -9,19 +9,21 @@ modeling code, is imported only when a head is loaded."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import import_module
 
 import torch
 
 from ..errors import UserError
 from ..pairs.cache_dir import open_cache
+from ..pairs.free_kinds import KINDS
 from ..pairs.loading import LoadedModel, load
 from ..pairs.meta import read_meta
 from ..pairs.profile import PairProfile
-from ..pairs.registry import MISSING, RECYCLE, SUFFIX, DrafterSpec, PairSpec
+from ..pairs.registry import MISSING, DrafterSpec, PairSpec
 from ..pairs.tokenization import check_compatible, eos_ids
 from .blocks import cached_costs, plan, relative_costs
 from .control.controller import AdaptiveController
-from .drafters import Beside, Drafter, LookupFirst, ModelDrafter, NgramDrafter
+from .drafters import Beside, Drafter, LookupFirst, ModelDrafter
 from .engine import SpeculativeEngine
 
 
@@ -141,13 +143,6 @@ def _drafter(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedMod
 
 
 def free_drafter(spec: DrafterSpec, vocab_size: int) -> Drafter:
-    """A drafter without weights, by its kind."""
-    if spec.free_kind == RECYCLE:
-        from .recycle import RecycleDrafter
-
-        return RecycleDrafter(vocab_size)
-    if spec.free_kind == SUFFIX:
-        from .suffix import SuffixDrafter
-
-        return SuffixDrafter(vocab_limit=vocab_size)
-    return NgramDrafter(spec.max_ngram, spec.min_ngram)
+    """A drafter without weights, by its kind's line in pairs/free_kinds.py."""
+    module, name = KINDS[spec.free_kind].drafter.split(":")
+    return getattr(import_module(f"{__package__}.{module}"), name).for_pair(spec, vocab_size)

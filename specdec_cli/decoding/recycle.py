@@ -38,6 +38,10 @@ class RecycleDrafter(Drafter):
         self.table = torch.full((vocab_size, WIDTH), -1, dtype=torch.int32)
         self.seen = torch.zeros(vocab_size, dtype=torch.int32)  # times in a row the first successor was chosen
 
+    @classmethod
+    def for_pair(cls, spec, vocab_size: int) -> RecycleDrafter:
+        return cls(vocab_size)
+
     def observe(self, verified: Verified) -> None:
         if verified.block is not None and verified.successors is not None:
             rows, first = verified.block, verified.successors[:, 0].to(torch.int32)

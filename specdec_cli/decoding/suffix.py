@@ -48,6 +48,10 @@ class SuffixDrafter(Drafter):
         self.size = 0  # tokens in ``answers``, leads included
         self.remembered = 0  # answers ever remembered, forgotten ones included (suffix_file.py saves the new ones)
 
+    @classmethod
+    def for_pair(cls, spec, vocab_size: int) -> SuffixDrafter:
+        return cls(vocab_limit=vocab_size)
+
     def observe(self, verified: Verified) -> None:
         if verified.finished:
             start = max(verified.prompt_length - MAX_MATCH, 0)

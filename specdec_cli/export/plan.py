@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..pairs.profile import PairProfile, profile_path, read_profiles, section_name
-from ..pairs.registry import HEAD, MODEL, NGRAM, DrafterSpec, PairSpec
+from ..pairs import free_kinds
+from ..pairs.registry import FREE_KINDS, HEAD, MODEL, NGRAM, DrafterSpec, PairSpec
 from ..runtime import threads
 from .bench_table import levels as bench_levels, lookup_bounds, read_bench, table
 from .engines import EngineDrafter, Plan
@@ -79,9 +80,12 @@ def chosen_drafter(pair: PairSpec, kind: str | None) -> DrafterSpec:
 
 def make_plan(engine: str, pair: PairSpec, profile: PairProfile | None, profile_file: Path, shares: dict[str, float] | None,
               bench: Path | None, eagle3_dir: str | None, drafter_kind: str | None = None) -> Plan:
+    spec = chosen_drafter(pair, drafter_kind)
+    if spec.kind in FREE_KINDS and engine not in free_kinds.KINDS[spec.kind].engines:
+        raise UserError(f"pair {pair.name} drafts with {free_kinds.KINDS[spec.kind].text}, which {engine} has no "
+                        f"speculative method for: export its ngram, model or head drafter (--drafter KIND)")
     eagle3_dir = eagle3_dir or f"{pair.name}-eagle3"
     target = llama_target(pair.target.source) if engine == "llama.cpp" else model_directory(pair.target.source)
-    spec = chosen_drafter(pair, drafter_kind)
     drafter = engine_drafter(spec, eagle3_dir, model_directory)
     fallback = None
     if spec.kind == HEAD:

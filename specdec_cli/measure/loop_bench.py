@@ -34,28 +34,32 @@ from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import PairProfile, ProfileWatcher
 from ..pairs.tokenization import encode_prompt
-from ..pairs.registry import FREE_KINDS, HEAD, MODEL, NGRAM, RECYCLE, SUFFIX, DrafterSpec
+from ..pairs import free_kinds
+from ..pairs.registry import FREE_KINDS, HEAD, MODEL, NGRAM, DrafterSpec
 from ..prompts import Prompt, check_fit
 from . import lossy
 from .interleaved import run_interleaved
 from .mode_figures import figures, predicted_from_rounds
 from .run_stats import RoundCounts
 
-MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", "spec", "ngram", "recycle", "suffix", "head", "ngram+spec",
-              "ngram+head", "auto", "auto-ungated", "auto+tree", "auto+free", "auto-free", "tree", "ngram+tree")
-# run by this loop; the others by transformers' generate
-ENGINE_KINDS = ("plain", "spec", "ngram", "recycle", "suffix", "head", "ngram+spec", "ngram+head", "auto", "auto-ungated",
+# run by this loop (each free drafter is a mode of its own name, KIND:K); the others by transformers' generate
+ENGINE_KINDS = ("plain", "spec", *FREE_KINDS, "head", "ngram+spec", "ngram+head", "auto", "auto-ungated",
                 "auto+tree", "auto+free", "auto-free", "tree", "ngram+tree")
+MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", *ENGINE_KINDS[1:])
 TREE_KINDS = ("tree", "ngram+tree")  # the pair's head drafting trees of at most K nodes
 # adaptive K; auto+tree weighs the head's trees too (`generate --tree auto`), auto-ungated drafts without the gate,
 # auto+free weighs every free drafter beside the pair's (recycle, suffix), auto-free none but the pair's own lookup
 AUTO_KINDS = ("auto", "auto-ungated", "auto+tree", "auto+free", "auto-free")
-BESIDE = {"auto+free": (RECYCLE, SUFFIX), "auto-free": ()}  # else the pair's `free:`
+BESIDE = {"auto+free": free_kinds.BESIDE, "auto-free": ()}  # else the pair's `free:`
 WITHOUT_K = ("plain", "hf-plain", *AUTO_KINDS)
-DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "ngram": NGRAM, "hf-lookup": NGRAM,
-                   "recycle": RECYCLE, "suffix": SUFFIX, "ngram+spec": MODEL, "ngram+head": HEAD, "tree": HEAD,
-                   "ngram+tree": HEAD}
+DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "hf-lookup": NGRAM, "ngram+spec": MODEL,
+                   "ngram+head": HEAD, "tree": HEAD, "ngram+tree": HEAD, **{kind: kind for kind in FREE_KINDS}}
 NEEDS = {MODEL: "a draft model", HEAD: "a draft head"}
+
+
+def mode_names() -> str:
+    """Every mode as `--modes` takes it: plain, hf-assisted:K, ..., tree:N, auto."""
+    return ", ".join(kind if kind in WITHOUT_K else f"{kind}:N" if kind in TREE_KINDS else f"{kind}:K" for kind in MODE_KINDS)
 
 
 @dataclass(frozen=True)
@@ -101,9 +105,7 @@ def parse_modes(text: str) -> list[Mode]:
             raise UserError(f"mode {full!r}: a rule applies to this loop's speculative modes (spec, ngram, head, "
                             "ngram+spec, ngram+head, auto), not to plain decoding or transformers' generate")
         if kind not in MODE_KINDS:
-            raise UserError(f"unknown mode {item!r}; modes: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, "
-                            "recycle:K, suffix:K, head:K, ngram+spec:K, ngram+head:K, tree:N, ngram+tree:N, auto, auto-ungated, auto+tree, "
-                            "auto+free, auto-free")
+            raise UserError(f"unknown mode {item!r}; modes: {mode_names()}")
         if kind in WITHOUT_K:
             if k:
                 raise UserError(f"mode {kind!r} takes no K")

@@ -21,6 +21,7 @@ from pathlib import Path
 from ruamel.yaml import YAML, YAMLError
 
 from ..errors import UserError
+from . import free_kinds
 from .fields import device_map, flag, k_value, known_keys, text, whole_number
 from .meta import read_meta
 from .sources import ModelSource, resolve_path
@@ -29,10 +30,9 @@ PACKAGED_REGISTRY = Path(__file__).parents[1] / "models.yaml"
 MODEL = "model"
 NGRAM = "ngram"
 HEAD = "head"
-RECYCLE = "recycle"
-SUFFIX = "suffix"
-FREE_KINDS = (NGRAM, RECYCLE, SUFFIX)  # drafters that need no weights and cost nothing to ask (decoding/drafters.py)
-DRAFTER_KINDS = (MODEL, NGRAM, HEAD, RECYCLE, SUFFIX)
+SUFFIX = "suffix"  # the free kind whose memory `generate --memory` keeps
+FREE_KINDS = tuple(free_kinds.KINDS)  # drafters that need no weights and cost nothing to ask (free_kinds.py)
+DRAFTER_KINDS = (MODEL, HEAD, *FREE_KINDS)
 DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "int4")  # int8/int4: weight-only, on a CPU (quantize.py)
 
 
@@ -62,12 +62,9 @@ class DrafterSpec:
 
     def __str__(self) -> str:
         text = (str(self.model.source) if self.model else f"head {self.head}" if self.head
-                else FREE_TEXT[self.free_kind])
+                else free_kinds.KINDS[self.free_kind].text)
         text = f"{text}, after prompt lookup" if self.lookup else text
         return f"{text}; {', '.join(self.beside)} beside it under -k auto" if self.beside else text
-
-
-FREE_TEXT = {NGRAM: "ngram (prompt lookup)", RECYCLE: "recycle (token recycling)", SUFFIX: "suffix (memory of earlier answers)"}
 
 
 @dataclass(frozen=True)
@@ -130,9 +127,8 @@ def yaml_problem(path: Path, exc: Exception) -> str:
 FILE_KEYS = ("default", "pairs")
 PAIR_KEYS = ("description", "target", "draft", "drafters", "dtype", "k", "scenarios", "adaptive", "pad_blocks", "profile")
 MODEL_KEYS = ("source", "dtype", "device_map")  # a target's mapping
-DRAFT_KEYS = {NGRAM: ("kind", "max_ngram", "min_ngram", "free"), HEAD: ("kind", "source", "lookup", "free"),
-              MODEL: ("kind", *MODEL_KEYS, "lookup", "free"), RECYCLE: ("kind", "free"),
-              SUFFIX: ("kind", "free")}  # a draft's mapping, by its kind
+DRAFT_KEYS = {HEAD: ("kind", "source", "lookup", "free"), MODEL: ("kind", *MODEL_KEYS, "lookup", "free"),
+              **{name: ("kind", *kind.keys, "free") for name, kind in free_kinds.KINDS.items()}}  # a draft's mapping, by its kind
 
 
 def load_registry(explicit: str | Path | None = None) -> Registry:
@@ -256,8 +252,8 @@ def free_beside(value: dict, kind: str, where: str) -> tuple[str, ...]:
     (prompt lookup beside a model or head is ``lookup: true``)."""
     listed = value.get("free") or []
     if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
-        raise UserError(f"{where}: 'free' must list drafter kinds, as in free: [{RECYCLE}, {SUFFIX}]")
-    allowed = tuple(k for k in (RECYCLE, SUFFIX) if k != kind)
+        raise UserError(f"{where}: 'free' must list drafter kinds, as in free: [{', '.join(free_kinds.BESIDE)}]")
+    allowed = tuple(k for k in free_kinds.BESIDE if k != kind)
     for name in listed:
         if name not in allowed or listed.count(name) > 1:
             raise UserError(f"{where}: 'free' lists {name!r}; it may list {', '.join(allowed)}, each once")

@@ -1,0 +1,40 @@
+"""The drafters without weights, one line each: the name models.yaml (`draft:`, `free:`), `--drafter`
+and `specdec bench`'s mode use, how `specdec models` describes it, its own keys in a models.yaml
+mapping, the class in ``decoding/`` that drafts (decoding/loaded_pair.py imports it when a pair uses
+it), and the serving engines' method of the same family, where one has it. A new free drafter is its
+module in ``decoding/`` plus one line in KINDS.
+
+Nothing here imports torch: the registry reads this table to parse models.yaml."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class FreeKind:
+    name: str
+    what: str  # what it drafts from, in a few words (`specdec models`, `--drafter --help`)
+    drafter: str  # "module:Class" in specdec_cli.decoding; Class.for_pair(spec, vocab_size) builds it
+    keys: tuple[str, ...] = ()  # its own models.yaml keys besides `kind` and `free`
+    beside: bool = True  # may be listed under `free:` (prompt lookup stands beside a model or head as `lookup: true`)
+    engines: dict[str, str] = field(default_factory=dict)  # engine → its speculative method of the same family
+
+    @property
+    def text(self) -> str:
+        return f"{self.name} ({self.what})"
+
+
+KINDS = {kind.name: kind for kind in (
+    FreeKind("ngram", "prompt lookup", "drafters:NgramDrafter", ("max_ngram", "min_ngram"), beside=False,
+             engines={"vllm": "ngram", "sglang": "NGRAM", "llama.cpp": "ngram-mod", "transformers": "prompt_lookup_num_tokens"}),
+    FreeKind("recycle", "token recycling: the target's own earlier predictions", "recycle:RecycleDrafter"),
+    # vLLM's `suffix` method is this family, but needs arctic-inference, which specdec does not install
+    FreeKind("suffix", "memory of earlier answers", "suffix:SuffixDrafter"),
+)}
+BESIDE = tuple(name for name, kind in KINDS.items() if kind.beside)  # what `free:` may list
+
+
+def described() -> str:
+    """Every free kind as help text lists them: 'ngram' (prompt lookup), ..."""
+    return ", ".join(f"'{kind.name}' ({kind.what})" for kind in KINDS.values())
