@@ -51,15 +51,6 @@ def test_the_compile_line_has_torchs_abi_and_headers_as_system_headers():
     assert sum(arg.startswith("-isystem") for arg in line) == 2 and not any(arg.startswith("-I") for arg in line)
 
 
-@pytest.mark.slow
-def test_the_library_compiles_without_a_warning_under_wall_werror(tmp_path):
-    compiler, quirks = native_kernels.find_compiler()
-    done = subprocess.run(native_kernels.command(compiler, [*quirks, "-Werror"], str(tmp_path / "k.so")),
-                          capture_output=True, text=True, timeout=native_kernels.COMPILE_SECONDS)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "warning" not in done.stderr
-
-
 @pytest.mark.skipif(native_kernels.cpu_path() == "avx512", reason="this CPU has AVX-512 VNNI: the call is right here")
 def test_an_avx512_call_on_a_cpu_without_it_is_an_error_not_sigill(kernels):
     """Run in a process of its own, so that a SIGILL shows as its exit status instead of ending the run."""

@@ -1,4 +1,5 @@
-"""The record of a kernel library as it was built: its size and sha256 in a file beside it.
+"""The record of a kernel library as it was built: its size and sha256 in a file beside it, and
+what the compiler said (its warnings under -Wall: none, on the compilers tested).
 
 dlopen maps a library's segments as its headers describe them: a library truncated after it was
 built faults (SIGBUS) the first time a missing page is touched, with no message. The library is
@@ -27,12 +28,12 @@ def measured(library: Path) -> dict:
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def write(library: Path) -> None:
-    """Record ``library`` as it is now, atomically and after it: a build killed before this leaves a
-    library without a valid record, which is built again."""
+def write(library: Path, diagnostics: str = "") -> None:
+    """Record ``library`` as it is now, and what the compiler said building it, atomically and after
+    it: a build killed before this leaves a library without a valid record, which is built again."""
     record = record_path(library)
     with staging.staging(record.parent) as directory:  # removed by a later run if this one is killed
-        (directory / record.name).write_text(json.dumps(measured(library)))
+        (directory / record.name).write_text(json.dumps({**measured(library), "diagnostics": diagnostics}))
         os.replace(directory / record.name, record)
 
 

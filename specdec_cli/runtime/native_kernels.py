@@ -63,8 +63,9 @@ def library_path(cache: Path) -> Path:
     return directory / f"specdec_kernels-{digest.hexdigest()[:16]}.so"
 
 
-def build(path: Path) -> Path:
-    """Compile the library into ``path`` (atomically); ``Unavailable`` with the compiler's last words."""
+def build(path: Path) -> str:
+    """Compile the library into ``path`` (atomically); what the compiler said (its warnings, empty on a
+    clean build: the record keeps it), else ``Unavailable`` with the compiler's last words."""
     compiler, quirks = find_compiler()
     try:
         with staging.staging(path.parent) as scratch:  # removed by a later run if this one is killed
@@ -83,7 +84,7 @@ def build(path: Path) -> Path:
     except OSError as exc:  # a read-only cache, or another user's
         raise Unavailable(f"cannot write {exc.filename or path.parent} ({exc.strerror or exc}): set SPECDEC_CACHE "
                           "to a directory you can write") from None
-    return path
+    return done.stderr
 
 
 def command(compiler: str, quirks: list[str], output: str) -> list[str]:
@@ -156,8 +157,7 @@ def compiled(path: Path, damage: str | None) -> None:
     the user reads one line either way."""
     log.info(f"compiling specdec's int8 matmul kernel {'again' if damage else 'once'} (~10 s)")
     try:
-        build(path)
-        kernel_checksum.write(path)
+        kernel_checksum.write(path, build(path))
     except (Unavailable, OSError) as exc:  # OSError: a cache that cannot be written
         if damage:
             raise Unavailable(f"{path} is damaged ({damage}) and cannot be compiled again: {exc}") from None
