@@ -25,6 +25,13 @@ def test_torch_runs_the_kernels_this_run_asked_for():
     assert torch.backends.cpu.get_cpu_capability() == asked.upper()
 
 
+def nested_environment() -> dict[str, str]:
+    """This environment on AVX2's kernels, less xdist's worker variables: the nested pytest is no
+    worker (one that thought it was would look for loadgroup's option and run on one thread)."""
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}
+    return {**environment, VARIABLE: "avx2"}
+
+
 @pytest.mark.slow
 def test_the_kernel_tests_pass_on_avx2_kernels_too():
     if os.environ.get(VARIABLE):
@@ -33,7 +40,7 @@ def test_the_kernel_tests_pass_on_avx2_kernels_too():
     if not capability.startswith("AVX512"):
         pytest.skip(f"this CPU runs {capability} kernels: the marked tests ran on them already")
     run = subprocess.run([sys.executable, "-m", "pytest", "-m", "cpu_kernels", "-q", "-n", "0", "-p", "no:cacheprovider",
-                          str(Path(__file__).parent)], env={**os.environ, VARIABLE: "avx2"},
+                          str(Path(__file__).parent)], env=nested_environment(),
                          capture_output=True, text=True, timeout=1800)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
     assert run.returncode == 0, f"on AVX2's kernels: {summary}\n{run.stdout[-6000:]}\n{run.stderr[-2000:]}"
