@@ -51,7 +51,7 @@ def test_the_compile_line_has_torchs_abi_and_headers_as_system_headers():
     assert sum(arg.startswith("-isystem") for arg in line) == 2 and not any(arg.startswith("-I") for arg in line)
 
 
-@pytest.mark.skipif(native_kernels.cpu_path() == "avx512", reason="this CPU has AVX-512 VNNI: the call is right here")
+@pytest.mark.skipif(torch.cpu._is_vnni_supported(), reason="this CPU has AVX-512 VNNI: the call is right here")
 def test_an_avx512_call_on_a_cpu_without_it_is_an_error_not_sigill(kernels):
     """Run in a process of its own, so that a SIGILL shows as its exit status instead of ending the run."""
     code = ("import torch; from specdec_cli.pairs.cache_dir import cache_root; from specdec_cli.runtime import native_kernels as n\n"
