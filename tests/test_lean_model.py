@@ -26,7 +26,9 @@ from specdec_cli.runtime.lean_forward import fallback_forwards
 from specdec_cli.runtime.lean_model import LeanCausalLM, Rotary, lean_config
 from specdec_cli.runtime.quantize import quantise_model
 
-pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
+# The tests of arithmetic run again on AVX2's kernels (test_cpu_paths.py); those of imports, exit codes
+# and refusals do not depend on the kernels, and the subprocess runs cost ~10 s each.
+KERNELS = pytest.mark.cpu_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,6 +38,7 @@ def model_dir(tmp_path_factory):
     return tied_target(tmp_path_factory.mktemp("lean") / "target", seed=12)
 
 
+@KERNELS
 def test_the_rotary_module_is_transformers_default_rope_bit_for_bit():
     config = LlamaConfig(hidden_size=576, num_attention_heads=9, head_dim=64, rope_theta=100000.0)
     theirs = LlamaRotaryEmbedding(config)
@@ -47,6 +50,7 @@ def test_the_rotary_module_is_transformers_default_rope_bit_for_bit():
             assert a.dtype == b.dtype and torch.equal(a, b)
 
 
+@KERNELS
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
 def test_the_lean_target_gives_transformers_models_logits_without_building_it(model_dir, cache, dtype):
     full = loading.load(spec(model_dir, dtype)).model  # prepares the file
@@ -96,6 +100,7 @@ def drafts(drafter, target, prompt, tree: bool = False) -> list[list[int]]:
     return [e.drafted for e in engine.generate(prompt, k=4 if tree else 3, max_new_tokens=12)]
 
 
+@KERNELS
 @pytest.mark.parametrize("prompt_length", [9, 80])  # 80: the head's catch-up is longer than the lean forward takes
 def test_a_quantised_head_drafts_the_same_without_transformers_layer(target, tmp_path, prompt_length):
     save_random_head(tmp_path, target)
@@ -115,6 +120,7 @@ def test_a_quantised_head_drafts_the_same_without_transformers_layer(target, tmp
 
 
 
+@KERNELS
 def test_a_long_catch_up_after_cached_positions_is_one_causal_call_as_in_transformers_layer(target, tmp_path):
     """A head that sat out rounds catches up on more rows than a block, after what it has cached."""
     save_random_head(tmp_path, target)
