@@ -27,9 +27,10 @@ def test_torch_runs_the_kernels_this_run_asked_for():
 
 def nested_environment() -> dict[str, str]:
     """This environment on AVX2's kernels, less xdist's worker variables: the nested pytest is no
-    worker (one that thought it was would look for loadgroup's option and run on one thread)."""
+    worker (one that thought it was would look for loadgroup's option). It computes on as many
+    threads as this worker does (one beside another worker: conftest), or its forwards stall."""
     environment = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}
-    return {**environment, VARIABLE: "avx2"}
+    return {**environment, VARIABLE: "avx2", "OMP_NUM_THREADS": str(torch.get_num_threads())}
 
 
 @pytest.mark.slow
