@@ -74,13 +74,18 @@ def trie_nodes(chains: list[list[int]], limit: int | None = None) -> tuple[int, 
     return len(allowed), cut
 
 
+def agreeing(chains: dict[str, list[int]]) -> list[str]:
+    """The drafters, in DRAFTERS' order, whose first token another drafter also proposes."""
+    firsts = [chains[name][0] for name in DRAFTERS if chains[name]]
+    return [name for name in DRAFTERS if chains[name] and firsts.count(chains[name][0]) > 1]
+
+
 def agreed_chain(chains: dict[str, list[int]]) -> list[int]:
     """Lookup on a match of two or more; else the first chain (lookup, memory, recycling) whose first
     token another drafter also proposes; else no draft."""
     if chains["lookup_match"] >= 2:
         return chains["lookup"]
-    firsts = [chains[name][0] for name in DRAFTERS if chains[name]]
-    return next((chains[name] for name in DRAFTERS if chains[name] and firsts.count(chains[name][0]) > 1), [])
+    return next((chains[name] for name in agreeing(chains)), [])
 
 
 def policies(chains: dict[str, list[int]], truth: list[int], tree_limits: tuple[int, ...]) -> dict[str, tuple[int, int]]:
@@ -99,11 +104,10 @@ def policies(chains: dict[str, list[int]], truth: list[int], tree_limits: tuple[
     return got
 
 
-def signal_cells(chains: dict[str, list[int]], truth: list[int], confidence: float) -> list[str]:
+def signal_cells(chains: dict[str, list[int]], confidence: float) -> list[str]:
     """The cells of the signals table this position falls in."""
     match = chains["lookup_match"]
-    firsts = [chains[name][0] for name in DRAFTERS if chains[name]]
-    agreed = len(firsts) >= 2 and len(set(firsts)) < len(firsts)
+    agreed = bool(agreeing(chains))
     band = "p<0.5" if confidence < 0.5 else "p<0.9" if confidence < 0.9 else "p>=0.9"
     lookup = "lookup>=2" if match >= 2 else "lookup=1" if match == 1 else "no lookup"
     return [lookup, f"{lookup}, {'agreed' if agreed else 'alone'}", band, f"{band}, {'agreed' if agreed else 'alone'}",
@@ -189,7 +193,7 @@ def main() -> None:
             rounds_at.append(policies(chains, truth, tree_limits))
             if args.signals and step > len(ids):
                 first = rounds_at[-1]["first"]
-                signal_rows.append((signal_cells(chains, truth, emitted_p[step - len(ids) - 1]),
+                signal_rows.append((signal_cells(chains, emitted_p[step - len(ids) - 1]),
                                     first_right(chains, truth), first[1] if first[0] else -1))
             recycle.table[int(context[step - 1]), 0] = int(context[step])  # the target's choice after it
         for name in names:
