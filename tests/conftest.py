@@ -37,6 +37,17 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def threads_kept():
+    """A command invoked in-process with `--threads N` sets torch's threads for the whole worker; the
+    next tests get the worker's own count back (two threads on a shared core made the tiny models'
+    exact-distribution checks up to 30× slower for the rest of the run)."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def pytest_runtest_setup(item):
     """A real-server test that pytest-xdist did not put on the servers' worker fails at setup instead
     of running beside the others. loadgroup marks a grouped test by a suffix of its node id, which
