@@ -49,13 +49,13 @@ def threads_kept():
 
 
 def pytest_runtest_setup(item):
-    """A real-server test that pytest-xdist did not put on the servers' worker fails at setup instead
-    of running beside the others. loadgroup marks a grouped test by a suffix of its node id, which
+    """A real-server test that pytest-xdist did not put on its engine's worker fails at setup instead
+    of running beside that engine's others. loadgroup marks a grouped test by a suffix of its node id, which
     pytest 9.2 drops (pytest-xdist#1386), hence the test extra's pin below it."""
     worker = hasattr(item.config, "workerinput")  # set on an xdist worker, not inherited by a nested pytest
     if (worker and getattr(item.config.option, "loadgroup", False)
             and item.get_closest_marker("xdist_group") and "@" not in item.nodeid):
-        pytest.fail("pytest-xdist did not keep the real-server tests on one worker (pytest >= 9.2 drops "
+        pytest.fail("pytest-xdist did not keep one engine's real-server tests on one worker (pytest >= 9.2 drops "
                     "loadgroup's groups): pip install -e '.[test]', or run with -n 0", pytrace=False)
 
 

@@ -22,9 +22,11 @@ from specdec_cli.errors import UserError
 from specdec_cli.serving import environment
 from specdec_cli.serving.server import group_members, log_directory, running_servers
 
-# Every module of real-server tests: slow, and on one pytest-xdist worker (the test run's vLLM servers
-# are that worker's, and the tests count the servers that run and the newest one specdec started).
-SERVERS = [pytest.mark.slow, pytest.mark.xdist_group("servers")]
+# Every module of real-server tests is slow, and one engine's tests run on one pytest-xdist worker:
+# the test run's vLLM servers are that worker's, and the llama.cpp tests count the llama-servers that
+# run. The two engines' groups run side by side, each on its own worker.
+VLLM_SERVERS = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
+LLAMA_SERVERS = [pytest.mark.slow, pytest.mark.xdist_group("llama")]
 
 # One thread per test server: two xdist workers share this machine's cores, and llama.cpp's and vLLM's
 # threads spin at their barriers, so a second thread waiting for a busy core stalls every step.

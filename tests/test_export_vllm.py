@@ -15,9 +15,9 @@ from specdec_cli.serving.client import complete
 from specdec_cli.serving.configs import encode_prompts
 from specdec_cli.serving.server import ManagedServer, ServerConfig
 
-from engine_support import EXPORT_TABLE, PROMPTS, SERVER_THREADS, SERVERS, require_vllm
+from engine_support import EXPORT_TABLE, PROMPTS, SERVER_THREADS, VLLM_SERVERS, require_vllm
 
-pytestmark = SERVERS
+pytestmark = VLLM_SERVERS
 
 
 def test_the_exported_vllm_config_starts_a_real_server_that_drafts(vllm_servers):

@@ -20,11 +20,11 @@ from specdec_cli.serving.configs import encode_prompts
 from specdec_cli.serving.llama_server import LlamaConfig, speculative_flags
 from specdec_cli.serving.server import ManagedServer, free_port
 
-from engine_support import (PROMPTS, SERVER_THREADS, SERVERS, assert_killed_run, assert_port_refused, busy_port,
+from engine_support import (LLAMA_SERVERS, PROMPTS, SERVER_THREADS, assert_killed_run, assert_port_refused, busy_port,
                             error_lines, group_alive, kill_mid_bench, llama_servers, require_llama, specdec,
                             write_prompts)
 
-pytestmark = SERVERS
+pytestmark = LLAMA_SERVERS
 
 TIMEOUT = 300  # seconds any one command may take on a loaded 2-core machine
 TOKENS = "96"  # long enough for ngram-mod (24-token matches) to find the copies

@@ -6,17 +6,18 @@ nothing of them may still run."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from specdec_cli.pairs.profile import PairProfile, ScenarioProfile, write_profile
 from specdec_cli.serving.client import complete
 from specdec_cli.serving.configs import encode_prompts
-from specdec_cli.serving.server import running_servers
+from specdec_cli.serving.server import log_directory, running_servers
 
-from engine_support import PROMPTS, SERVERS, error_lines, specdec, write_prompts
+from engine_support import PROMPTS, VLLM_SERVERS, error_lines, specdec, write_prompts
 
-pytestmark = SERVERS
+pytestmark = VLLM_SERVERS
 
 TIMEOUT = 600  # seconds any one command may take on a loaded 2-core machine
 
@@ -133,7 +134,15 @@ def test_watch_compares_the_server_with_its_export_and_profile(servers, tmp_path
     assert "specdec calibrate-k" in drift["text"]
 
 
-def test_watch_without_url_finds_the_server_specdec_started(servers, tmp_path):
+def test_watch_without_url_finds_the_server_specdec_started(servers, tmp_path, monkeypatch):
+    # the entries these servers wrote, in a cache of the test's own: a llama.cpp test on the other
+    # worker may start a newer server in the run's
+    logs = tmp_path / "cache" / log_directory().name
+    logs.mkdir(parents=True)
+    for entry in log_directory().glob("*.running.json"):
+        if json.loads(entry.read_text())["url"] in {server.endpoint.url for server in servers.values()}:
+            shutil.copy2(entry, logs / entry.name)  # with its time: the newest comes first
+    monkeypatch.setenv("SPECDEC_CACHE", str(logs.parent))
     curve = tmp_path / "curve.json"
     curve.write_text(json.dumps({"gain": {"vllm-ngram:4": {"1": {"gain": 1.5}, "4": {"gain": 0.9}}},
                                  "crossover": {"vllm-ngram:4": 3.0}}))
@@ -141,8 +150,9 @@ def test_watch_without_url_finds_the_server_specdec_started(servers, tmp_path):
                    timeout=120)
     assert done.returncode == 0, done.stderr
     shown = json.loads(done.stdout)
-    assert shown["url"] == running_servers()[0]["url"]  # the newest still running (another test's may be newer)
-    assert servers["vllm-ngram:4"].endpoint.url in [entry["url"] for entry in running_servers()]
+    found = [entry["url"] for entry in running_servers()]
+    assert sorted(found) == sorted(server.endpoint.url for server in servers.values())
+    assert shown["url"] == found[0]  # the newest
     assert shown["break_even"]["paying"] is True and "1.50× plain" in shown["break_even"]["text"]
 
 

@@ -18,10 +18,10 @@ from specdec_cli.pairs.loading import transformers_directory
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.serving.server import free_port
 
-from engine_support import (SERVER_THREADS, SERVERS, assert_killed_run, assert_port_refused, busy_port, error_lines,
+from engine_support import (SERVER_THREADS, VLLM_SERVERS, assert_killed_run, assert_port_refused, busy_port, error_lines,
                             kill_mid_bench, require_vllm, servers_on_port, specdec, write_prompts)
 
-pytestmark = SERVERS
+pytestmark = VLLM_SERVERS
 
 TIMEOUT = 600
 
