@@ -71,16 +71,18 @@ def kill_mid_bench(command: list[str], port: int, modes: tuple[str, str], when: 
     for reader in readers:
         reader.start()
     groups, deadline = {}, time.monotonic() + timeout
+    started = lambda: {e["mode"]: e["pid"] for e in running_servers() if e["url"].endswith((f":{port}", f":{port + 1}"))}  # noqa: E731
     try:
         while not any(when in line for line in lines):
             assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
-            groups |= {e["mode"]: e["pid"] for e in running_servers() if e["url"].endswith((f":{port}", f":{port + 1}"))}
+            groups |= started()
             time.sleep(0.05)
         assert set(groups) == set(modes), groups
         os.killpg(groups[modes[1]], signal.SIGKILL)
         process.wait(timeout=timeout)
     finally:
         if process.poll() is None:  # a failed check: the bench cannot stop its servers once killed, so they go first
+            groups |= started()  # those that started since the last look too
             for pgid in groups.values():
                 if group_alive(pgid):
                     os.killpg(pgid, signal.SIGKILL)
