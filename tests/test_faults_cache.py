@@ -10,8 +10,10 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -169,6 +171,25 @@ def gguf_source(model_dir, tmp_path, monkeypatch):
             shutil.copy(path, into / path.name)
     monkeypatch.setattr(conversion, "_convert", convert)
     return ModelSource.parse(str(gguf)), calls
+
+
+def test_two_conversions_started_at_once_convert_once(gguf_source, cache, monkeypatch):
+    """The second waits for the first (the cache directory's lock) and reads its conversion."""
+    source, calls = gguf_source
+    directory, name = str(source.local_path().parent), source.local_path().name
+    copy, inside = conversion._convert, threading.Event()
+
+    def slow(*args):
+        inside.set()
+        time.sleep(0.5)  # the second caller arrives while the first converts
+        copy(*args)
+    monkeypatch.setattr(conversion, "_convert", slow)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(conversion.converted, source, directory, name, weights=False)
+        inside.wait(10)
+        second = pool.submit(conversion.converted, source, directory, name, weights=False)
+        assert first.result() == second.result()
+    assert calls == ["tiny.gguf"]
 
 
 def test_a_damaged_conversion_is_converted_again_where_its_files_are_read(gguf_source, cache, caplog):

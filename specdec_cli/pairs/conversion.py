@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import updating
 from ..errors import UserError
 from ..notices import log
 from ..runtime import staging
@@ -52,24 +53,28 @@ def converted(source: ModelSource, directory: str, gguf_file: str, weights: bool
             shutil.rmtree(target, ignore_errors=True)
     identity = gguf_identity(source, directory, gguf_file)
     try:
-        with staging.staging(target.parent) as scratch:
-            if target.exists():
-                raise PermissionError(13, "a damaged conversion could not be removed", str(target))
-            log.info(f"converting {gguf_file} once (later runs read {target})")
-            _convert(source, directory, gguf_file, scratch)
-            superseded.mark(scratch, identity)
-            record(scratch)
-            try:
-                os.replace(scratch, target)  # atomic: a half-written conversion is never found
-            except OSError:
-                if not (target / "config.json").is_file():  # else another process converted it first
-                    raise
+        # One process converts at a time: another that starts meanwhile waits for it and reads its
+        # conversion, instead of de-quantising the same file beside it.
+        with updating(target):
+            if not (target / "config.json").is_file():
+                _convert_once(source, directory, gguf_file, target, identity)
     except OSError as exc:
         raise UserError(f"the conversion of {gguf_file}: {unwritable(target, exc)}") from None
     removed = superseded.remove_superseded(target.parent, target, identity)
     if removed:
         log.info(f"removed {len(removed)} conversion(s) of an earlier copy of {gguf_file} and their prepared targets")
     return str(target)
+
+
+def _convert_once(source: ModelSource, directory: str, gguf_file: str, target: Path, identity: str) -> None:
+    with staging.staging(target.parent) as scratch:
+        if target.exists():
+            raise PermissionError(13, "a damaged conversion could not be removed", str(target))
+        log.info(f"converting {gguf_file} once (later runs read {target})")
+        _convert(source, directory, gguf_file, scratch)
+        superseded.mark(scratch, identity)
+        record(scratch)
+        os.replace(scratch, target)  # atomic: a half-written conversion is never found
 
 
 def record(directory: Path) -> None:
