@@ -43,8 +43,8 @@ def prompts(tmp_path_factory):
     return write_prompts(tmp_path_factory.mktemp("llama"))
 
 
-def bench_args(prompts: Path, *extra: str, loop: str = "none") -> list[str]:
-    return ["bench", "--engine", "llama.cpp", "--prompts", str(prompts), "--max-new-tokens", TOKENS,
+def bench_args(prompts: Path, *extra: str, loop: str = "none", tokens: str = TOKENS) -> list[str]:
+    return ["bench", "--engine", "llama.cpp", "--prompts", str(prompts), "--max-new-tokens", tokens,
             "--threads", str(SERVER_THREADS),
             "--loop-modes", loop, *extra]
 
@@ -191,9 +191,10 @@ def test_a_bench_attached_to_llama_servers_speaks_their_dialect(prompts):
 def test_a_server_killed_mid_bench_keeps_the_levels_done_and_exits_3(prompts):
     port = free_port()
     command = [sys.executable, "-m", "specdec_cli", *bench_args(prompts, "--modes", "llama-plain,llama-ngram:4",
-                                                                "--concurrency", "1,2", "--requests", "6", "--port",
-                                                                str(port), "--json")]
-    # the lookup server dies while plain runs level 2
+                                                                "--concurrency", "1,2", "--requests", "2", "--port",
+                                                                str(port), "--json", tokens="64")]
+    # the lookup server dies while plain runs level 2, and lookup's level 2 meets it dead (plain's level
+    # 2, 64 tokens a request, gives the kill time to land)
     code, lines, out, groups = kill_mid_bench(command, port, ("llama-plain", "llama-ngram:4"), "llama-plain: concurrency 2",
                                               TIMEOUT)
     assert_killed_run(code, lines, out, groups, "llama-ngram:4", "the llama.cpp server for llama-ngram:4 died")
