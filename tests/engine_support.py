@@ -71,7 +71,10 @@ def kill_mid_bench(command: list[str], port: int, modes: tuple[str, str], when: 
     for reader in readers:
         reader.start()
     groups, deadline = {}, time.monotonic() + timeout
-    started = lambda: {e["mode"]: e["pid"] for e in running_servers() if e["url"].endswith((f":{port}", f":{port + 1}"))}  # noqa: E731
+
+    def started() -> dict[str, int]:
+        return {e["mode"]: e["pid"] for e in running_servers() if e["url"].endswith((f":{port}", f":{port + 1}"))}
+
     try:
         while not any(when in line for line in lines):
             assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
