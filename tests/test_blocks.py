@@ -69,11 +69,11 @@ def test_a_measurement_a_busy_machine_skewed_is_not_kept(target, tmp_path, monke
     skewed, sane = {1: 0.035, 2: 0.031, 3: 0.035}, {1: 0.018, 2: 0.020, 3: 0.023}
     assert blocks.disturbed(skewed) and not blocks.disturbed(sane) and plan(skewed)[1] == 2
     results = iter([skewed, skewed, sane])
-    monkeypatch.setattr(blocks, "time_blocks", lambda model: next(results))
+    monkeypatch.setattr(blocks, "time_blocks", lambda model, context: next(results))
     assert blocks.cached_costs(target, "tiny", tmp_path) == sane
     saved = list(tmp_path.glob("block-costs-*.json"))
     assert len(saved) == 1
     saved[0].write_text('{"1": 0.035, "2": 0.031}')  # a skewed file from before: measured again
-    monkeypatch.setattr(blocks, "time_blocks", lambda model: skewed)
+    monkeypatch.setattr(blocks, "time_blocks", lambda model, context: skewed)
     assert blocks.cached_costs(target, "tiny", tmp_path) == {}
     assert saved[0].read_text() == '{"1": 0.035, "2": 0.031}'  # not overwritten by another skewed one

@@ -142,7 +142,7 @@ def test_block_costs_are_cached_per_dtype(pair_dir, tmp_path, monkeypatch):
     model = load(load_registry(pair_dir / "models.yaml").pair("tiny").target).model
     measured = []
     costs = {"target float32": {1: 0.010, 2: 0.011}, "target int4": {1: 0.004, 2: 0.009}}
-    monkeypatch.setattr(blocks, "time_blocks", lambda m: costs[measured[-1]])
+    monkeypatch.setattr(blocks, "time_blocks", lambda m, context: costs[measured[-1]])
     for identity in ("target float32", "target int4", "target int4", "target float32"):
         measured.append(identity)
         assert blocks.cached_costs(model, identity, tmp_path) == costs[identity]

@@ -379,7 +379,7 @@ def test_kernels_that_cannot_be_written_are_unavailable_not_a_traceback(tmp_path
 def test_block_costs_that_cannot_be_written_are_measured_with_one_warning(cache, monkeypatch, caplog):
     cache.mkdir()
     costs = {n: 1.0 + n / 100 for n in range(1, 11)}
-    monkeypatch.setattr(blocks, "time_blocks", lambda model: costs)
+    monkeypatch.setattr(blocks, "time_blocks", lambda model, context: costs)
     caplog.set_level(logging.INFO, logger="specdec")
     with read_only(cache):
         assert blocks.cached_costs(tiny_llama(seed=1), "tiny", cache) == costs

@@ -214,11 +214,11 @@ MEASURED = {1: 0.017, 2: 0.021, 3: 0.022}
 def test_a_block_cost_file_that_is_not_what_specdec_wrote_is_measured_again_with_one_warning(target, tmp_path,
                                                                                             monkeypatch, caplog,
                                                                                             content, why):
-    monkeypatch.setattr(blocks, "time_blocks", lambda model: SANE)
+    monkeypatch.setattr(blocks, "time_blocks", lambda model, context: SANE)
     assert blocks.cached_costs(target, "tiny", tmp_path) == SANE
     [path] = tmp_path.glob("block-costs-*.json")
     path.write_bytes(content)
-    monkeypatch.setattr(blocks, "time_blocks", lambda model: MEASURED)
+    monkeypatch.setattr(blocks, "time_blocks", lambda model, context: MEASURED)
     with caplog.at_level(logging.INFO, logger="specdec"):
         assert blocks.cached_costs(target, "tiny", tmp_path) == MEASURED
     assert warnings(caplog) == [f"the block costs in {path} are unusable ({why}): measuring them again"]
@@ -226,9 +226,9 @@ def test_a_block_cost_file_that_is_not_what_specdec_wrote_is_measured_again_with
 
 
 def test_a_block_cost_file_as_specdec_wrote_it_is_read_back_without_a_word(target, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(blocks, "time_blocks", lambda model: SANE)
+    monkeypatch.setattr(blocks, "time_blocks", lambda model, context: SANE)
     blocks.cached_costs(target, "tiny", tmp_path)
-    monkeypatch.setattr(blocks, "time_blocks", lambda model: pytest.fail("measured again"))
+    monkeypatch.setattr(blocks, "time_blocks", lambda model, context: pytest.fail("measured again"))
     with caplog.at_level(logging.INFO, logger="specdec"):
         assert blocks.cached_costs(target, "tiny", tmp_path) == SANE
     assert caplog.records == []

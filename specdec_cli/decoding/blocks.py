@@ -7,6 +7,12 @@ verifying 5. Padding a block with dummy tokens after the real ones changes nothi
 positions (attention is causal, and the padded cache entries are cropped with the rejected drafts),
 so a block of n is run at the cheapest length m ≥ n. The costs are measured once per machine, model,
 library versions and forward code, and kept in the cache directory.
+
+A block's cost also grows with the context it attends over, and by more than a one-token forward's
+(each row reads the whole cache): on the int4 default pair, AVX-512, a 3-token block costs 1.11
+one-token forwards over 64 cached tokens and 1.30 over 1,500. So the adaptive controller is also
+given what each block length adds per cached token (``context_slopes``), from a measurement over a
+short and a long context, taken once, where it is first needed.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch
 from ..notices import log
 from ..pairs.cache_dir import transformers_version, unwritable
 from ..pairs.manifest import cpu_name
-from .kv import crop_cache, input_device, reserved_cache
+from .kv import context_length, crop_cache, input_device, reserved_cache
 from .tree import Tree
 
 if TYPE_CHECKING:
@@ -31,6 +37,8 @@ if TYPE_CHECKING:
 
 MEASURED_LENGTHS = 10  # blocks of 1..10 tokens: K up to 9, where speculation on a CPU can pay
 MEASURE_TRIES = 3  # measurements before giving up on a busy machine (``disturbed``)
+SHORT_CONTEXT = 64  # cached tokens the padding plan is measured over
+LONG_CONTEXT = 1024  # and the second measurement, for what a cached token adds (``context_slopes``)
 
 
 def plan(costs: dict[int, float]) -> dict[int, int]:
@@ -70,7 +78,7 @@ def padded_tree(tree: Tree, length: int) -> Tree:
 
 @torch.inference_mode()
 def time_blocks(model: PreTrainedModel, lengths: int = MEASURED_LENGTHS, reps: int = 5,
-                context: int = 64) -> dict[int, float]:
+                context: int = SHORT_CONTEXT) -> dict[int, float]:
     """Seconds of a forward of n tokens over a cached context, for n = 1..lengths, interleaved: the
     fastest of ``reps``, since other work on the machine only ever adds time."""
     device = input_device(model)
@@ -103,6 +111,28 @@ def relative_costs(costs: dict[int, float], chosen: dict[int, int]) -> dict[int,
     if not one:
         return {}
     return {n - 1: costs[chosen.get(n, n)] / one for n in sorted(costs) if n > 1}
+
+
+def context_slopes(short: dict[int, float], long: dict[int, float], chosen: dict[int, int],
+                   contexts: tuple[int, int] = (SHORT_CONTEXT, LONG_CONTEXT)) -> dict[int, float]:
+    """Seconds each cached token adds to a block of K + 1 tokens (run at its planned length), by K
+    (0: a one-token forward), from the costs over two contexts; never below 0, which only timing
+    noise gives. Keyed as ``relative_costs`` is, plus K = 0."""
+    gap = contexts[1] - contexts[0]
+    lengths = {n: chosen.get(n, n) for n in short}
+    return {n - 1: max(0.0, (long[m] - short[m]) / gap) for n, m in lengths.items() if m in short and m in long}
+
+
+def cached_context_slopes(model: PreTrainedModel, identity: str, cache_dir, chosen: dict[int, int]) -> dict[int, float]:
+    """``context_slopes`` for this model on this machine: the block costs over SHORT_CONTEXT and over
+    ``long_context`` measured one after the other on first use (a few seconds), both kept, so that
+    the machine's speed that day cancels out; {} where there is no long context or no measurement."""
+    context = long_context(model)
+    if context is None:
+        return {}
+    short = cached_costs(model, identity, cache_dir, SHORT_CONTEXT, beside=context)
+    long = cached_costs(model, identity, cache_dir, context, beside=SHORT_CONTEXT) if short else {}
+    return context_slopes(short, long, chosen, (SHORT_CONTEXT, context)) if long else {}
 
 
 def cached_plan(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, int]:
@@ -146,13 +176,26 @@ def read_costs(path: Path) -> dict[int, float]:
     return {int(n): float(s) for n, s in saved.items()}
 
 
-def cached_costs(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, float]:
-    """Seconds of a block of each length for this model on this machine (see cached_plan); {} off a CPU."""
+def long_context(model: PreTrainedModel) -> int | None:
+    """The context of the second measurement: LONG_CONTEXT, or as long as the model holds with the
+    longest block after it; None where that is not clearly longer than SHORT_CONTEXT (tiny models)."""
+    holds = context_length(model) or LONG_CONTEXT + MEASURED_LENGTHS
+    context = min(LONG_CONTEXT, holds - MEASURED_LENGTHS)
+    return context if context >= 4 * SHORT_CONTEXT else None
+
+
+def cached_costs(model: PreTrainedModel, identity: str, cache_dir, context: int = SHORT_CONTEXT,
+                 beside: int | None = None) -> dict[int, float]:
+    """Seconds of a block of each length over ``context`` cached tokens for this model on this
+    machine (see cached_plan); {} off a CPU. ``beside``: the measurement taken with the one over that
+    other context (cached_context_slopes), kept apart from the padding plan's."""
     if input_device(model).type != "cpu":
         return {}
     head = model.get_output_embeddings()  # which kernels: torch's (Int4Linear, Int8Linear) or specdec's (Q8Linear)
     key = "|".join([identity, str(model.dtype), type(head).__name__, torch.__version__, transformers_version(),
                     str(torch.get_num_threads()), cpu_name(), forward_code()])
+    if beside is not None:  # the padding plan's file keeps the name it had before there were two contexts
+        key += f"|context {context} beside {beside}"
     path = cache_dir / f"block-costs-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     try:
         costs = read_costs(path)
@@ -164,7 +207,7 @@ def cached_costs(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, 
         costs = {}
     if not costs or disturbed(costs):  # disturbed: kept by an earlier version, which saved whatever it measured
         for _ in range(MEASURE_TRIES):
-            costs = time_blocks(model)
+            costs = time_blocks(model, context=context)
             if not disturbed(costs):
                 break
         else:

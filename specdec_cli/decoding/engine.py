@@ -114,9 +114,10 @@ class SpeculativeEngine:
         """One round: draft (a chain or a tree), verify in one forward, accept, keep the accepted path,
         and show the drafters what the target said. Returns the round and the tokens after it."""
         started = time.perf_counter()
+        cached = tokens.shape[0] - 1
+        schedule.context(cached)
         want, draft, offer_s = self._draft(schedule, tokens, left, sampling, noise)
         drafted_at = time.perf_counter()
-        cached = tokens.shape[0] - 1
         block = torch.cat([tokens[-1:], draft.tokens])  # block index 0 the root, i the i-th draft node
         tree = None if draft.parents is None else Tree(block, (-1, *draft.parents))  # None: a chain
         out = self._verify(cache, block, tree, cached, device)
@@ -153,6 +154,7 @@ class SpeculativeEngine:
             finished=finished,
             logits=logits[rows_kept].cpu() if record_logits else None,
             stop=EOS if eos else None,  # a budget's reason is the run's: generate() adds it
+            cached=cached,
         )
         if tree is not None:
             event.parents, event.path = tuple(draft.parents), rows[1:]

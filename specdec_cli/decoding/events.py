@@ -43,6 +43,7 @@ class RoundEvent:
     parents: tuple[int, ...] | None = None
     turned_down: list[int] | None = None
     path: list[int] | None = None  # a tree round's kept nodes, as block indices (1 the first draft node)
+    cached: int = 0  # tokens in the target's cache when it verified the block: the context it attended over
     stop: str | None = None  # the last round's: why the run ended (EOS, MAX_NEW_TOKENS or CONTEXT); None before
 
     @property

@@ -21,7 +21,7 @@ from ..pairs.meta import read_meta
 from ..pairs.profile import PairProfile
 from ..pairs.registry import MISSING, DrafterSpec, PairSpec
 from ..pairs.tokenization import check_compatible, eos_ids
-from .blocks import cached_costs, plan, relative_costs
+from .blocks import cached_context_slopes, cached_costs, plan, relative_costs
 from .control.controller import AdaptiveController
 from .drafters import Beside, Drafter, LookupFirst, ModelDrafter
 from .engine import SpeculativeEngine
@@ -59,7 +59,8 @@ class LoadedPair:
     def controller(self, profile: PairProfile | None, trees: bool = False, gating: bool = True) -> AdaptiveController:
         """The adaptive controller for this pair, seeded from ``profile``, else from the block costs
         and the drafter's recorded acceptance; ``gating``: the learned drafter's confidence gate."""
-        return AdaptiveController.for_pair(self.pair, profile, trees, self.verify_costs(), self.expected_alpha(), gating)
+        return AdaptiveController.for_pair(self.pair, profile, trees, self.verify_costs(), self.expected_alpha(), gating,
+                                           self.context_costs())
 
     def expected_alpha(self) -> float | None:
         """The default drafter's acceptance on prompts it never saw, as its metadata records it
@@ -72,6 +73,18 @@ class LoadedPair:
     def verify_costs(self) -> dict[int, float]:
         """Verify cost by K relative to one token, padding included: the adaptive controller's start."""
         return relative_costs(self.block_costs, self.block_plan)
+
+    @property
+    def costs_identity(self) -> str:
+        """What the block-cost files are kept under, with the machine and code (blocks.cached_costs)."""
+        return f"{self.target.source} {self.pair.target.dtype}"
+
+    def context_costs(self) -> dict[int, float]:
+        """Seconds a cached token adds to a verify block, by K (blocks.context_slopes): measured on
+        first use and kept, as the block costs are; {} where those were not measured."""
+        if not self.block_costs:
+            return {}
+        return cached_context_slopes(self.target.model, self.costs_identity, open_cache(), self.block_plan)
 
     def tree_drafter(self) -> Drafter:
         """The running drafter drafting trees (`--tree N`): its head's, prompt lookup still first
@@ -123,7 +136,7 @@ def load_pair(pair: PairSpec, drafting: bool = True, lean: bool = False) -> Load
         running = composed(drafter, pair.drafter.lookup, beside=free_drafters(pair.drafter.beside, target))
         runtime = LoadedPair(pair, target, running, draft, _by_kind={pair.drafter.kind: (drafter, draft)})
     if pair.pad_blocks:
-        runtime.block_costs = cached_costs(target.model, f"{target.source} {pair.target.dtype}", open_cache())
+        runtime.block_costs = cached_costs(target.model, runtime.costs_identity, open_cache())
         runtime.block_plan = plan(runtime.block_costs)
     return runtime
 

@@ -24,10 +24,11 @@ class KSchedule:
     model or head: k tokens); a free drafter's ready draft (``offers``: source → its length, of which
     it takes the first k; shown only to a schedule that ``reads_offer``, else empty); naming
     ``tree_source(learned)``, the learned drafter's tree of at most k nodes (a head's); or None,
-    nothing. ``room`` is the deepest chain the token budget still uses. ``gate(source, k)`` may then
-    bound a chain by the drafter's confidence (gate.py). Each round's draft still comes whole from
-    one drafter, with its q, so acceptance is unchanged. ``trees``: ``plan`` may name a tree, which no
-    lossy acceptance rule applies to.
+    nothing. ``room`` is the deepest chain the token budget still uses. ``context(cached)``, called
+    before each plan, says how long a context the round's block will attend over (what it costs).
+    ``gate(source, k)`` may then bound a chain by the drafter's confidence (gate.py). Each round's
+    draft still comes whole from one drafter, with its q, so acceptance is unchanged. ``trees``:
+    ``plan`` may name a tree, which no lossy acceptance rule applies to.
     """
 
     reads_offer: bool = False
@@ -35,6 +36,9 @@ class KSchedule:
 
     def plan(self, offers: dict[str, int], learned: str | None, room: int) -> tuple[int, str | None]:
         raise NotImplementedError
+
+    def context(self, cached: int) -> None:
+        """The round about to be planned verifies over ``cached`` tokens of context."""
 
     def gate(self, source: str, k: int) -> DraftGate | None:
         """This round's gate for a chain of at most ``k`` drafts from ``source``; None: draft all k."""

@@ -4,7 +4,10 @@ For one scenario (controller.py keeps one per scenario) it keeps, for every draf
 (prompt lookup on a match of two or more tokens, on a one-token match, and the learned drafter:
 estimates.py), acceptance by draft position and draft cost, and for the target the verify seconds
 of each block size and a round's bookkeeping; all measured round by round (greedy or sampling: the
-transform and the race are part of the verify time), seeded from the calibration profile.
+transform and the race are part of the verify time), seeded from the calibration profile. A verify
+block's seconds are kept as they would be over an empty cache, and every estimate adds what the
+round's context costs (``context_cost``, measured per block size: blocks.context_slopes), so what
+a long prompt's rounds teach does not mislead the short prompt after it, and the other way round.
 Before each round it is shown lookup's match (free to find) and picks whichever of that match (K
 capped by its length), the learned drafter, or plain decoding promises the most tokens per second.
 A drafter predicted slower than plain decoding is off — it costs nothing then: no draft forward,
@@ -26,7 +29,7 @@ from ..events import RoundEvent
 from ..schedule import KSchedule
 from ..tree import TreeShape, best_first, judgements, shape_of, tree_source
 from .counts import DrafterCounts
-from .estimates import Acceptance, Calibration, Siblings, probe_wait, smooth
+from .estimates import Acceptance, Calibration, Siblings, per_cached_token, probe_wait, smooth
 from .gate import DraftGate, gated_rounds
 from .priors import Prior
 
@@ -65,13 +68,16 @@ class AdaptiveK(KSchedule):
 
     def __init__(self, prior: Prior, k_max: int = DEFAULT_K_MAX, main: str = "draft", probe_k: int = 2,
                  margin: float = 0.05, smoothing: float = 0.2, trees: bool = False, tree_max: int = TREE_MAX,
-                 shape: TreeShape = TreeShape(TREE_MAX), gating: bool = True):
+                 shape: TreeShape = TreeShape(TREE_MAX), gating: bool = True,
+                 context_cost: dict[int, float] | None = None):
         self.k_max = max(k_max, prior.k, 1)
         self.gating = gating  # the learned drafter's chains are gated by its confidence (gate.py)
         self.prior, self.main = prior, main
         self.trees, self.tree_max, self.shape = trees, tree_max, shape  # trees: the main drafter's, weighed too
         self.probe_k, self.margin, self.smoothing = min(probe_k, self.k_max), margin, smoothing
-        self.block_s: dict[int, float] = {}  # block size → smoothed verify seconds
+        self.block_s: dict[int, float] = {}  # block size → smoothed verify seconds, less what its context cost
+        self.context_cost = dict(context_cost or {})  # K → seconds a cached token adds to its verify block
+        self.cached = 0  # tokens cached when the next round verifies (``context``)
         self.other_s: float | None = None  # a round's bookkeeping outside draft and verify
         # Verify seconds by K and the one-token forward, derived from block_s (and the prior) and
         # read hundreds of times a round; only observe changes block_s, and it clears them.
@@ -116,6 +122,11 @@ class AdaptiveK(KSchedule):
             return min(self.probe_k, cap), name
         return best
 
+    def context(self, cached: int) -> None:
+        """The next round verifies over ``cached`` tokens: every verify estimate is made for that."""
+        if cached != self.cached:
+            self.cached, self._verify = cached, {}
+
     def gate(self, name: str, k: int) -> DraftGate | None:
         """This round's gate for a chain of at most ``k`` drafts from ``name`` (None: draft all k)."""
         if not self.gating or self.prior.free_rates(name) is not None or k < 1:
@@ -126,7 +137,11 @@ class AdaptiveK(KSchedule):
 
     def observe(self, event: RoundEvent) -> None:
         drafted = len(event.drafted)
-        self.block_s[drafted + 1] = smooth(self.block_s.get(drafted + 1), event.verify_s, self.smoothing)
+        # Less what the context cost; at least a quarter of what was seen, should a slope measured
+        # on a busy minute overstate it, so that no block ever looks free.
+        base = max(event.verify_s - self.context_s(drafted, event.cached), event.verify_s / 4)
+        self.block_s[drafted + 1] = smooth(self.block_s.get(drafted + 1), base, self.smoothing)
+        self.cached = event.cached + len(event.emitted)  # the next round's, until the engine says
         # Finding the free drafters' drafts is paid every round, whoever drafts: bookkeeping, not drafting.
         self.other_s = smooth(self.other_s, event.other_s + event.offer_s, self.smoothing)
         self._verify, self._one = {}, UNKNOWN
@@ -197,14 +212,22 @@ class AdaptiveK(KSchedule):
         return self._one
 
     def verify_s(self, k: int) -> float:
+        """Seconds of verifying K drafts over the next round's context."""
         seconds = self._verify.get(k)
         if seconds is None:
+            one = self.one_token_s()
             if k + 1 in self.block_s:
                 seconds = self.block_s[k + 1]
             else:
-                seconds = (self.one_token_s() or 1.0) * (self.prior.cost(k) if k else 1.0)
+                seconds = (one or 1.0) * (self.prior.cost(k) if k else 1.0)
+            if one is not None:  # in seconds (before any round, in one-token forwards, the prior's)
+                seconds += self.context_s(k, self.cached)
             self._verify[k] = seconds
         return seconds
+
+    def context_s(self, k: int, cached: int) -> float:
+        """What ``cached`` tokens add to the verify seconds of K drafts."""
+        return per_cached_token(self.context_cost, k) * cached if self.context_cost else 0.0
 
     def draft_s(self, name: str, k: int) -> float:
         source = self._source(name)

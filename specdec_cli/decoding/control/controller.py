@@ -18,15 +18,17 @@ class AdaptiveController:
 
     ``trees``: the main drafter (a draft head) may also draft trees, weighed against its chains.
     ``block_cost``: verify costs by K from the block-cost cache (blocks.relative_costs), for the
-    block sizes the profile did not measure (a tree's, mostly).
+    block sizes the profile did not measure (a tree's, mostly). ``context_cost``: seconds each cached
+    token adds to a verify block, by K (blocks.context_slopes), so that every estimate is made for
+    the context the round verifies over.
     """
 
     def __init__(self, fallback_k: Callable[[str | None], int], model_drafter: bool,
                  profile: PairProfile | None = None, k_max: int = DEFAULT_K_MAX, main: str = "draft",
                  trees: bool = False, block_cost: dict[int, float] | None = None, alpha: float | None = None,
-                 gating: bool = True):
+                 gating: bool = True, context_cost: dict[int, float] | None = None):
         self.fallback_k, self.model_drafter, self.k_max, self.main = fallback_k, model_drafter, k_max, main
-        self.gating = gating
+        self.gating, self.context_cost = gating, dict(context_cost or {})
         self.alpha = alpha  # the drafter's recorded acceptance, for scenarios no profile covers
         self.profile, self.trees, self.block_cost = profile, trees, dict(block_cost or {})
         self.schedules: dict[str | None, AdaptiveK] = {}
@@ -34,12 +36,12 @@ class AdaptiveController:
     @classmethod
     def for_pair(cls, pair: PairSpec, profile: PairProfile | None, trees: bool = False,
                  block_cost: dict[int, float] | None = None, alpha: float | None = None,
-                 gating: bool = True) -> "AdaptiveController":
+                 gating: bool = True, context_cost: dict[int, float] | None = None) -> "AdaptiveController":
         """Without a profile, the pair's K per scenario and the drafter's recorded α are the best
         starting point there is."""
         main = pair.drafter.kind if pair.drafter.kind != NGRAM else "lookup"
         return cls(pair.k_for, pair.drafter.kind != NGRAM, profile, main=main, trees=trees, block_cost=block_cost,
-                   alpha=alpha, gating=gating)
+                   alpha=alpha, gating=gating, context_cost=context_cost)
 
     def reseed(self, profile: PairProfile | None) -> None:
         self.profile = profile
@@ -55,7 +57,8 @@ class AdaptiveController:
             else:
                 guess = Prior.guess(self.fallback_k(scenario), self.model_drafter, self.alpha)
                 prior = Prior(guess.k, guess.alpha, guess.c, block_cost=self.block_cost, siblings=siblings or SIBLING_PRIOR)
-            self.schedules[scenario] = AdaptiveK(prior, self.k_max, main=self.main, trees=self.trees, gating=self.gating)
+            self.schedules[scenario] = AdaptiveK(prior, self.k_max, main=self.main, trees=self.trees, gating=self.gating,
+                                                 context_cost=self.context_cost)
         schedule = self.schedules[scenario]
         schedule.begin()
         return schedule

@@ -13,6 +13,20 @@ from dataclasses import dataclass, field
 from ...limits import MAX_K
 
 
+def per_cached_token(costs: dict[int, float], k: int) -> float:
+    """Seconds a cached token adds to a verify block of K drafts (blocks.context_slopes): as measured,
+    else the largest measured K's plus its last step for each K past it (a tree's block can be longer
+    than any measured); 0 where nothing was measured."""
+    if k in costs:
+        return costs[k]
+    known = sorted(m for m in costs if m < k)
+    if not known:
+        return 0.0
+    top = known[-1]
+    step = costs[top] - costs[known[-2]] if len(known) > 1 else 0.0
+    return costs[top] + max(step, 0.0) * (k - top)
+
+
 @dataclass
 class Acceptance:
     """Discounted hits and trials per draft position, shrunk towards the position before, or
