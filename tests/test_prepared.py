@@ -4,6 +4,9 @@ and a corrupted or stale file rebuilt, never used."""
 import importlib.util
 import logging
 import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -100,6 +103,26 @@ def test_a_file_prepared_under_other_code_is_not_used(model_dir, cache, monkeypa
     new.write_bytes(old_bytes)
     with pytest.raises(prepared_file.Unusable, match="another key"):
         prepared_file.read(new, "wanted key")
+
+
+def test_two_loads_started_at_once_prepare_once(model_dir, cache, monkeypatch):
+    """The second waits for the first (the cache directory's lock), then maps the file it wrote."""
+    original, inside, builds = loading._quantised, threading.Event(), []
+
+    def slow(*args):
+        builds.append(1)
+        inside.set()
+        time.sleep(0.5)  # the second load arrives while the first prepares
+        return original(*args)
+    monkeypatch.setattr(loading, "_quantised", slow)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(loading.load, spec(model_dir, "int8"))
+        inside.wait(10)
+        second = pool.submit(loading.load, spec(model_dir, "int8"))
+        models = first.result().model, second.result().model
+    assert builds == [1] and len(list(cache.glob("prepared-*.pt"))) == 1
+    for a, b in zip(*(forwards(model) for model in models)):
+        assert torch.equal(a, b)
 
 
 @KERNELS

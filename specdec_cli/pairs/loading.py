@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..atomic import updating
 from ..errors import UserError
 from ..notices import log
 from ..runtime import dense_prefill, native_kernels, prepared_file
@@ -149,33 +150,69 @@ def quantised_target(spec: ModelSpec, directory: str, gguf_path: Path | None,
     """The int8/int4 target (``_quantised``), mapped from its prepared file under the cache directory
     when one was written for this source, dtype and code (runtime/prepared_file.py), else built and saved
     there; an unusable file is reported on one line and built again, never used. ``lean_model``: a
-    Llama comes as runtime/lean_model.py's skeleton, without transformers' model."""
+    Llama comes as runtime/lean_model.py's skeleton, without transformers' model.
+
+    One process prepares at a time (the cache directory's lock, as for a conversion): another that
+    needs the same target meanwhile waits, then maps what the first wrote, instead of spending a minute
+    and 0.6 GB of writes on the same file beside it."""
     lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
     dense_dtype = dense_prefill.dense_dtype() if lean else None
     native = native_kernels.available(open_cache())
     key = _prepared_key(spec, directory, gguf_path, dense_dtype, native)
     path = _prepared_path(key, Path(directory).name) if key else None
-    if path is not None and path.is_file():
-        try:
-            tensors, layout = prepared_file.read(path, key)
-            dense = prepared_file.dense_copies(tensors, layout)
-            config = lean_config(directory) if lean and lean_model else None
-            if config is not None:
-                model = _lean_skeleton(config, directory, tensors, layout)
-                if use_lean_forward(model, dense):
-                    return model
-            return _finish(prepared_file.assemble(_skeleton(directory), tensors, layout), dense, lean)
-        except prepared_file.Unusable as exc:
-            log.warning(f"the prepared target is unusable ({_first_line(exc)}); preparing it again")
+    if path is None:
+        return _finish(*_built(spec, directory, gguf_path, dense_dtype, native), lean)
+    seen = _identity(path)
+    model = _mapped(path, key, directory, lean, lean_model) if seen is not None else None
+    if model is not None:
+        return model
+    with updating(path):
+        now = _identity(path)
+        if now is not None and now != seen:  # written by another process while this one waited
+            model = _mapped(path, key, directory, lean, lean_model)
+            if model is not None:
+                return model
+        model, dense = _built(spec, directory, gguf_path, dense_dtype, native, path)
+        _keep(path, model, dense, key)
+        return _finish(model, dense, lean)
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """Which file is at ``path`` (inode, size, modification time), None when there is none: a file
+    replaced while a process waited for the lock is another."""
+    try:
+        found = path.stat()
+    except FileNotFoundError:
+        return None
+    return found.st_ino, found.st_size, found.st_mtime_ns
+
+
+def _mapped(path: Path, key: str, directory: str, lean: bool, lean_model: bool) -> PreTrainedModel | None:
+    """The target mapped from its prepared file, or None with one warning when the file is unusable."""
+    try:
+        tensors, layout = prepared_file.read(path, key)
+        dense = prepared_file.dense_copies(tensors, layout)
+        config = lean_config(directory) if lean and lean_model else None
+        if config is not None:
+            model = _lean_skeleton(config, directory, tensors, layout)
+            if use_lean_forward(model, dense):
+                return model
+        return _finish(prepared_file.assemble(_skeleton(directory), tensors, layout), dense, lean)
+    except prepared_file.Unusable as exc:
+        log.warning(f"the prepared target is unusable ({_first_line(exc)}); preparing it again")
+        return None
+
+
+def _built(spec: ModelSpec, directory: str, gguf_path: Path | None, dense_dtype, native: bool,
+           path: Path | None = None) -> tuple[PreTrainedModel, list | None]:
+    """The target quantised from its weights, and its dense prompt copies; ``path``: where it is to be
+    kept (a large one says so, as it takes a while)."""
     conversion.check(directory, weights=True)  # a GGUF's conversion, read now: Damaged when it does not match
     transformers = quiet_transformers()
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
     if path is not None and sum(p.numel() for p in model.parameters()) >= SLOW_TO_PREPARE:
         log.info(f"preparing the {spec.dtype} target once (later runs map it from {path})")
-    model, dense = _quantised(model, spec.dtype, gguf_path, dense_dtype, native)
-    if path is not None:
-        _keep(path, model, dense, key)
-    return _finish(model, dense, lean)
+    return _quantised(model, spec.dtype, gguf_path, dense_dtype, native)
 
 
 def _keep(path: Path, model, dense, key: str) -> None:
