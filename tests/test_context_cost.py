@@ -67,6 +67,9 @@ def test_the_slopes_come_from_two_measurements_of_one_sitting_kept_apart_from_th
     assert blocks.cached_context_slopes(target, "tiny", tmp_path, {}) == slopes
     assert blocks.cached_costs(target, "tiny", tmp_path) == {1: 0.020, 2: 0.022}
     assert len(list(tmp_path.glob("block-costs-*.json"))) == 3
+    # Every other context is a file of its own, never the padding plan's.
+    monkeypatch.setattr(blocks, "time_blocks", lambda model, context: {1: 0.5, 2: 0.6})
+    assert blocks.cached_costs(target, "tiny", tmp_path, 1024) == {1: 0.5, 2: 0.6}
 
 
 def test_rounds_over_a_long_context_teach_the_cost_of_a_short_one():

@@ -194,8 +194,8 @@ def cached_costs(model: PreTrainedModel, identity: str, cache_dir, context: int 
     head = model.get_output_embeddings()  # which kernels: torch's (Int4Linear, Int8Linear) or specdec's (Q8Linear)
     key = "|".join([identity, str(model.dtype), type(head).__name__, torch.__version__, transformers_version(),
                     str(torch.get_num_threads()), cpu_name(), forward_code()])
-    if beside is not None:  # the padding plan's file keeps the name it had before there were two contexts
-        key += f"|context {context} beside {beside}"
+    if (context, beside) != (SHORT_CONTEXT, None):  # the padding plan's file keeps the name it had
+        key += f"|context {context}" + (f" beside {beside}" if beside is not None else "")
     path = cache_dir / f"block-costs-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     try:
         costs = read_costs(path)

@@ -162,12 +162,12 @@ def quantised_target(spec: ModelSpec, directory: str, gguf_path: Path | None,
     path = _prepared_path(key, Path(directory).name) if key else None
     if path is None:
         return _finish(*_built(spec, directory, gguf_path, dense_dtype, native), lean)
-    seen = _identity(path)
+    seen = _stamp(path)
     model = _mapped(path, key, directory, lean, lean_model) if seen is not None else None
     if model is not None:
         return model
     with updating(path):
-        now = _identity(path)
+        now = _stamp(path)
         if now is not None and now != seen:  # written by another process while this one waited
             model = _mapped(path, key, directory, lean, lean_model)
             if model is not None:
@@ -177,9 +177,9 @@ def quantised_target(spec: ModelSpec, directory: str, gguf_path: Path | None,
         return _finish(model, dense, lean)
 
 
-def _identity(path: Path) -> tuple[int, int, int] | None:
-    """Which file is at ``path`` (inode, size, modification time), None when there is none: a file
-    replaced while a process waited for the lock is another."""
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells the file at ``path`` from another (inode, size, modification time), None when there is
+    none: a file replaced while a process waited for the lock is another."""
     try:
         found = path.stat()
     except FileNotFoundError:
