@@ -260,3 +260,7 @@ def test_the_free_drafters_modes_run_exact_and_report_each_drafter(pair_dir, tmp
     assert not {source.split("-")[0] for source in modes["auto-free"]["drafters"]} & {"recycle", "suffix"}
     for counts in modes["recycle:3"]["drafters"].values():
         assert counts["tokens_per_round"] == round((counts["accepted"] + counts["rounds"]) / counts["rounds"], 3)
+    # each drafter's α (kept of judged, so at least kept of drafted) and its drafting seconds, as generate reports them
+    for counts in [c for figures in modes.values() for c in figures.get("drafters", {}).values()]:
+        assert set(counts) == {"rounds", "drafted", "accepted", "alpha", "tokens_per_round", "draft_s"}
+        assert counts["accepted"] / counts["drafted"] <= counts["alpha"] <= 1 and counts["draft_s"] > 0

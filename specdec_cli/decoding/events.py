@@ -1,9 +1,10 @@
 """What one verify round did, as every consumer reads it: the live view, JSON statistics, the
-bench and the adaptive controller (control/adaptive.py). Plain data: no models, no clocks."""
+bench and the adaptive controller (control/adaptive.py). Plain data: no models, no clocks. RoundCounts is
+their one fold, kept per run, per prompt and per drafter."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -52,6 +53,11 @@ class RoundEvent:
         return len(self.drafted)
 
     @property
+    def asked(self) -> bool:
+        """Whether a drafter was asked this round: it drafted, or its gate weighed a first guess and declined."""
+        return bool(self.drafted) or bool(self.confidence)
+
+    @property
     def rejected(self) -> list[int]:
         if self.parents is not None:
             return list(self.turned_down or [])
@@ -65,3 +71,47 @@ class RoundEvent:
         if self.parents is not None:
             return self.accepted + len(self.turned_down or [])
         return self.accepted + (self.accepted < len(self.drafted))
+
+
+@dataclass(kw_only=True)
+class RoundCounts:
+    """The sums every consumer of round events keeps (generate's statistics, bench's samples,
+    calibration's tallies): one fold, so that a figure means the same wherever it is read."""
+
+    rounds: int = 0
+    k_total: int = 0  # the K planned, summed over rounds
+    drafted: int = 0
+    accepted: int = 0
+    judged: int = 0  # drafts the target tested (RoundEvent.judged): those after a rejection are not
+    new_tokens: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0  # rounds' bookkeeping outside draft and verify
+    tree_rounds: int = 0
+    fallback_forwards: int = 0  # target forwards that left the lean forward (events.py): 0 expected
+
+    def add(self, event: RoundEvent) -> None:
+        self.rounds += 1
+        self.k_total += event.k
+        self.drafted += len(event.drafted)
+        self.accepted += event.accepted
+        self.judged += event.judged
+        self.new_tokens += len(event.emitted)
+        self.draft_s += event.draft_s
+        self.verify_s += event.verify_s
+        self.other_s += event.other_s
+        self.tree_rounds += event.parents is not None
+        self.fallback_forwards += event.fallback_forwards
+
+    def drafter_figures(self) -> dict:
+        """One drafter's figures over the rounds it was asked (RoundEvent.asked), as generate's
+        statistics and bench report them: α is kept / judged, a round's tokens its kept drafts and the
+        target's own."""
+        return {"rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+                "alpha": round(self.accepted / self.judged, 4) if self.judged else None,
+                "tokens_per_round": round((self.accepted + self.rounds) / self.rounds, 3) if self.rounds else None,
+                "draft_s": round(self.draft_s, 4)}
+
+    def merge(self, other: "RoundCounts") -> None:
+        for name in (f.name for f in fields(RoundCounts)):
+            setattr(self, name, getattr(self, name) + getattr(other, name))

@@ -20,6 +20,7 @@ from typing import Callable
 
 from ..decoding.acceptance import AcceptRule, SamplingParams
 from ..decoding.engine import RoundEvent, SpeculativeEngine
+from ..decoding.events import RoundCounts
 from ..decoding.control.estimates import Acceptance
 from ..decoding.control.speedup import Verdict, break_even_alpha, choose, fill_verify_costs
 from ..decoding.tree import judgements
@@ -30,7 +31,6 @@ from ..pairs.registry import PairSpec
 from ..serving.stats import percentile
 from .interleaved import run_interleaved
 from .lossy import target_nll
-from .run_stats import RoundCounts
 
 DEFAULT_SCENARIO = "default"  # prompts without a `scenario` field
 

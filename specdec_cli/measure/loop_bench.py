@@ -28,6 +28,7 @@ from transformers.generation.streamers import BaseStreamer
 from ..decoding.acceptance import AcceptRule, SamplingParams, parse_rule
 from ..decoding.drafters import NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
+from ..decoding.events import RoundCounts
 from ..decoding.kv import input_device
 from ..decoding.loaded_pair import LoadedPair, composed, free_drafter, load_pair
 from ..errors import UserError
@@ -40,7 +41,6 @@ from ..prompts import Prompt, check_fit
 from . import lossy
 from .interleaved import run_interleaved
 from .mode_figures import figures, predicted_from_rounds
-from .run_stats import RoundCounts
 
 # run by this loop (each free drafter is a mode of its own name, KIND:K); the others by transformers' generate
 ENGINE_KINDS = ("plain", "spec", *FREE_KINDS, "head", "ngram+spec", "ngram+head", "auto", "auto-ungated",
@@ -144,6 +144,7 @@ class Sample(RoundCounts):
     nll: float | None = None  # the target's NLL of the tokens, summed (lossy runs only; lossy.score)
     correct: bool | None = None  # the task's answer found (prompts with an answer, lossy runs only)
     drafts: list[tuple[str, int, int]] = field(default_factory=list)  # per round: drafter, drafted, accepted
+    by_drafter: dict[str, RoundCounts] = field(default_factory=dict)  # the rounds each drafter was asked
 
 
 @dataclass
@@ -206,6 +207,8 @@ class Bench:
             tokens += event.emitted
             sample.add(event)
             sample.drafts.append((event.source, len(event.drafted), event.accepted))
+            if event.asked:
+                sample.by_drafter.setdefault(event.source, RoundCounts()).add(event)
         return _timed(sample, tokens, started, stamps)
 
     def _run_hf(self, kwargs: dict, ids: list[int], prompt: Prompt, seed: int) -> Sample:

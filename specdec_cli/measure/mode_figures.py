@@ -8,6 +8,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 from ..decoding.control.estimates import Acceptance
+from ..decoding.events import RoundCounts
 from ..serving.stats import percentile
 
 if TYPE_CHECKING:
@@ -35,22 +36,17 @@ def figures(samples: list[Sample], plain: list[Sample]) -> dict:
         "identical_to_plain": all(s.tokens == p.tokens for s, p in zip(samples, plain)),
         "wall_s": round(wall, 3),
         "fallback_forwards": sum(s.fallback_forwards for s in samples),  # off the lean forward: 0 expected
-        **({"drafters": by_drafter(samples)} if any(s.drafts for s in samples) else {}),
+        **({"drafters": by_drafter(samples)} if any(s.by_drafter for s in samples) else {}),
     }
 
 
 def by_drafter(samples: list[Sample]) -> dict[str, dict]:
-    """Per drafter (its source tag): the rounds it drafted, its drafts, the ones kept, and the
-    tokens its rounds gave (kept + the target's own)."""
-    found: dict[str, list[int]] = {}
+    """Per drafter (its source tag), over the rounds it was asked: as generate's statistics report it."""
+    found: dict[str, RoundCounts] = {}
     for sample in samples:
-        for source, drafted, accepted in sample.drafts:
-            if drafted:
-                counts = found.setdefault(source, [0, 0, 0])
-                counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + drafted, counts[2] + accepted
-    return {source: {"rounds": rounds, "drafted": drafted, "accepted": accepted,
-                     "tokens_per_round": round((accepted + rounds) / rounds, 3)}
-            for source, (rounds, drafted, accepted) in sorted(found.items())}
+        for source, counts in sample.by_drafter.items():
+            found.setdefault(source, RoundCounts()).merge(counts)
+    return {source: counts.drafter_figures() for source, counts in sorted(found.items())}
 
 
 def predicted_from_rounds(samples: list[Sample], plain: list[Sample]) -> float:

@@ -7,48 +7,13 @@ per verify round, rounds, completion length and wall time.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
-from ..decoding.engine import RoundEvent
+from ..decoding.events import RoundCounts, RoundEvent
 
 
 # Kept for timing, or for bench and calibration, and not part of a run's reported statistics.
 UNREPORTED = ("started", "first", "ended", "k_total", "judged", "other_s", "tree_rounds")
-
-
-@dataclass(kw_only=True)
-class RoundCounts:
-    """The sums every consumer of round events keeps (generate's statistics, bench's samples,
-    calibration's tallies): one fold, so that a figure means the same wherever it is read."""
-
-    rounds: int = 0
-    k_total: int = 0  # the K planned, summed over rounds
-    drafted: int = 0
-    accepted: int = 0
-    judged: int = 0  # drafts the target tested (RoundEvent.judged): those after a rejection are not
-    new_tokens: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    other_s: float = 0.0  # rounds' bookkeeping outside draft and verify
-    tree_rounds: int = 0
-    fallback_forwards: int = 0  # target forwards that left the lean forward (events.py): 0 expected
-
-    def add(self, event: RoundEvent) -> None:
-        self.rounds += 1
-        self.k_total += event.k
-        self.drafted += len(event.drafted)
-        self.accepted += event.accepted
-        self.judged += event.judged
-        self.new_tokens += len(event.emitted)
-        self.draft_s += event.draft_s
-        self.verify_s += event.verify_s
-        self.other_s += event.other_s
-        self.tree_rounds += event.parents is not None
-        self.fallback_forwards += event.fallback_forwards
-
-    def merge(self, other: "RoundCounts") -> None:
-        for name in (f.name for f in fields(RoundCounts)):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 @dataclass

@@ -25,10 +25,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from ...limits import MAX_K
-from ..events import RoundEvent
+from ..events import RoundCounts, RoundEvent
 from ..schedule import KSchedule
 from ..tree import TreeShape, best_first, judgements, shape_of, tree_source
-from .counts import DrafterCounts
 from .estimates import Acceptance, Calibration, Siblings, per_cached_token, probe_wait, smooth
 from .gate import DraftGate, gated_rounds
 from .priors import Prior
@@ -145,7 +144,7 @@ class AdaptiveK(KSchedule):
         # Finding the free drafters' drafts is paid every round, whoever drafts: bookkeeping, not drafting.
         self.other_s = smooth(self.other_s, event.other_s + event.offer_s, self.smoothing)
         self._verify, self._one = {}, UNKNOWN
-        if drafted or event.confidence:
+        if event.asked:
             name = event.source or self.main
             source = self._source(name)
             # A head's catch-up after sitting out is paid once per gap, not per drafted token.
@@ -176,7 +175,7 @@ class AdaptiveK(KSchedule):
         if event.parents is None:
             self.k_used[event.k] += 1
         self.rounds_seen += 1
-        probed = self.probing if drafted or event.confidence else None
+        probed = self.probing if event.asked else None
         if probed:
             self.probes += 1
         self._decide(probed)
@@ -375,7 +374,7 @@ class AdaptiveK(KSchedule):
         self.rounds_off, self.probes, self.declined = 0, 0, 0
         self.k_used: Counter[int] = Counter()
         self.trees_used: Counter[int] = Counter()  # tree rounds by nodes drafted
-        self.drafts: defaultdict[str, DrafterCounts] = defaultdict(DrafterCounts)
+        self.drafts: defaultdict[str, RoundCounts] = defaultdict(RoundCounts)
         self.k_start = 0 if self.off else self.k
 
     def report(self) -> dict:
@@ -385,7 +384,7 @@ class AdaptiveK(KSchedule):
             "k_end": 0 if self.off else self.k,
             "k_used": {str(k): n for k, n in sorted(self.k_used.items())},
             "drafted_by": {name: counts.rounds for name, counts in sorted(self.drafts.items())},
-            "drafters": {name: counts.report() for name, counts in sorted(self.drafts.items())},
+            "drafters": {name: counts.drafter_figures() for name, counts in sorted(self.drafts.items())},
             "rounds_off": self.rounds_off,
             "probes": self.probes,
             "gated_off": self.declined,  # rounds where the gate declined the learned drafter's first guess
