@@ -2,6 +2,8 @@
 by the adaptive controller as seconds over an empty cache plus what each cached token adds, and
 told the round's context by the engine."""
 
+import logging
+
 import pytest
 from conftest import PROMPT
 
@@ -53,9 +55,11 @@ def test_the_long_measurement_fits_the_model_and_is_skipped_where_it_would_not_b
 
 
 def test_the_slopes_come_from_two_measurements_of_one_sitting_kept_apart_from_the_plans(target, tmp_path,
-                                                                                        monkeypatch):
+                                                                                        monkeypatch, caplog):
     """The padding plan's costs may be from another day; the slopes' short and long ones are measured
-    together and kept in files of their own, read from then on."""
+    together and kept in files of their own, read from then on. Each measurement says so in one line;
+    reading them says nothing."""
+    caplog.set_level(logging.INFO, logger="specdec")
     monkeypatch.setattr(target.config, "max_position_embeddings", 8192)
     measured = {64: {1: 0.010, 2: 0.011}, 1024: {1: 0.0148, 2: 0.0206}}
     monkeypatch.setattr(blocks, "time_blocks", lambda model, context: {n: s * 2 for n, s in measured[context].items()})
@@ -63,10 +67,13 @@ def test_the_slopes_come_from_two_measurements_of_one_sitting_kept_apart_from_th
     monkeypatch.setattr(blocks, "time_blocks", lambda model, context: measured[context])
     slopes = blocks.cached_context_slopes(target, "tiny", tmp_path, {})
     assert slopes == pytest.approx({0: 0.0048 / 960, 1: 0.0096 / 960})
+    assert caplog.messages == [f"timing verify blocks of 1 to 10 tokens on this machine (once: kept in {tmp_path})",
+                               f"timing verify blocks over 64 and 1024 cached tokens on this machine (once: kept in {tmp_path})"]
     monkeypatch.setattr(blocks, "time_blocks", lambda model, context: pytest.fail("measured again"))
     assert blocks.cached_context_slopes(target, "tiny", tmp_path, {}) == slopes
     assert blocks.cached_costs(target, "tiny", tmp_path) == {1: 0.020, 2: 0.022}
     assert len(list(tmp_path.glob("block-costs-*.json"))) == 3
+    assert len(caplog.messages) == 2
     # Every other context is a file of its own, never the padding plan's.
     monkeypatch.setattr(blocks, "time_blocks", lambda model, context: {1: 0.5, 2: 0.6})
     assert blocks.cached_costs(target, "tiny", tmp_path, 1024) == {1: 0.5, 2: 0.6}

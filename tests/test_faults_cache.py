@@ -383,7 +383,8 @@ def test_block_costs_that_cannot_be_written_are_measured_with_one_warning(cache,
     caplog.set_level(logging.INFO, logger="specdec")
     with read_only(cache):
         assert blocks.cached_costs(tiny_llama(seed=1), "tiny", cache) == costs
-    (notice,) = notices(caplog)
+    (measuring, notice) = notices(caplog)
+    assert measuring == (logging.INFO, f"timing verify blocks of 1 to 10 tokens on this machine (once: kept in {cache})")
     assert notice[0] == logging.WARNING
     assert re.fullmatch(rf"the block costs are not kept, so they are measured again at every start: cannot write "
                         rf"{re.escape(str(cache))}/block-costs-[0-9a-f]{{16}}\.json {REFUSED}: {WRITE_HERE}", notice[1])

@@ -227,8 +227,9 @@ def test_a_block_cost_file_that_is_not_what_specdec_wrote_is_measured_again_with
 
 def test_a_block_cost_file_as_specdec_wrote_it_is_read_back_without_a_word(target, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(blocks, "time_blocks", lambda model, context: SANE)
-    blocks.cached_costs(target, "tiny", tmp_path)
+    blocks.cached_costs(target, "tiny", tmp_path)  # measured: says so (test_context_cost.py)
     monkeypatch.setattr(blocks, "time_blocks", lambda model, context: pytest.fail("measured again"))
+    caplog.clear()
     with caplog.at_level(logging.INFO, logger="specdec"):
         assert blocks.cached_costs(target, "tiny", tmp_path) == SANE
     assert caplog.records == []

@@ -131,7 +131,7 @@ def cached_context_slopes(model: PreTrainedModel, identity: str, cache_dir, chos
     if context is None:
         return {}
     short = cached_costs(model, identity, cache_dir, SHORT_CONTEXT, beside=context)
-    long = cached_costs(model, identity, cache_dir, context, beside=SHORT_CONTEXT) if short else {}
+    long = cached_costs(model, identity, cache_dir, context, beside=SHORT_CONTEXT, said=False) if short else {}
     return context_slopes(short, long, chosen, (SHORT_CONTEXT, context)) if long else {}
 
 
@@ -185,10 +185,11 @@ def long_context(model: PreTrainedModel) -> int | None:
 
 
 def cached_costs(model: PreTrainedModel, identity: str, cache_dir, context: int = SHORT_CONTEXT,
-                 beside: int | None = None) -> dict[int, float]:
+                 beside: int | None = None, said: bool = True) -> dict[int, float]:
     """Seconds of a block of each length over ``context`` cached tokens for this model on this
     machine (see cached_plan); {} off a CPU. ``beside``: the measurement taken with the one over that
-    other context (cached_context_slopes), kept apart from the padding plan's."""
+    other context (cached_context_slopes), kept apart from the padding plan's. A measurement is said in one
+line (``said``: the pair's second half says nothing, its first said both)."""
     if input_device(model).type != "cpu":
         return {}
     head = model.get_output_embeddings()  # which kernels: torch's (Int4Linear, Int8Linear) or specdec's (Q8Linear)
@@ -206,6 +207,9 @@ def cached_costs(model: PreTrainedModel, identity: str, cache_dir, context: int 
         log.warning(f"the block costs in {path} are unusable ({reason}): measuring them again")
         costs = {}
     if not costs or disturbed(costs):  # disturbed: kept by an earlier version, which saved whatever it measured
+        if said:
+            over = f"over {context} and {beside} cached tokens" if beside is not None else f"of 1 to {MEASURED_LENGTHS} tokens"
+            log.info(f"timing verify blocks {over} on this machine (once: kept in {cache_dir})")
         for _ in range(MEASURE_TRIES):
             costs = time_blocks(model, context=context)
             if not disturbed(costs):
