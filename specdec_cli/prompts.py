@@ -67,11 +67,17 @@ def _text(lines: Iterable[str], origin: str) -> Iterator[str]:
 
 
 def read_file(path: str | Path) -> list[Prompt]:
+    """The prompts of a file, read once from its start: a pipe does as well (`--prompts <(grep qa all.jsonl)`)."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"prompt file not found: {path}")
-    with path.open(encoding="utf-8") as handle:
-        return list(parse_lines(handle, str(path)))
+    if path.is_dir():
+        raise UserError(f"prompt file {path}: is a directory; give a file")
+    try:
+        with path.open(encoding="utf-8") as handle:
+            return list(parse_lines(handle, str(path)))
+    except FileNotFoundError:
+        raise UserError(f"prompt file not found: {path}") from None
+    except OSError as exc:
+        raise UserError(f"prompt file {path}: cannot read it: {exc.strerror or exc}") from None
 
 
 @contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
+from specdec_cli.prompts import read_file
 
 runner = CliRunner()
 
@@ -364,3 +366,13 @@ def test_a_well_formed_profile_still_reads(pair_dir, tmp_path):
     assert generate_auto(pair_dir, profile).exit_code == 0
     read = read_profiles(Path(profile))["tiny"]
     assert (read.scenarios["default"].k, read.overall.verify_cost, read.drafter) == (2, {2: 1.2}, {"kind": "ngram"})
+
+
+def test_a_prompt_file_may_be_a_pipe(tmp_path):
+    """`--prompts <(grep qa all.jsonl)` hands the command a pipe, which is read once like a file."""
+    fifo = tmp_path / "prompts"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=('{"prompt": "first", "scenario": "qa"}\nsecond\n',), daemon=True)
+    writer.start()
+    assert [(p.text, p.scenario) for p in read_file(fifo)] == [("first", "qa"), ("second", None)]
+    writer.join()

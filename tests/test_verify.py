@@ -274,6 +274,7 @@ def test_permutation_test_agrees_with_scipy_and_can_reject():
     "args, message",
     [
         (["--prompts", "{tmp}/nowhere.jsonl"], "prompt file not found"),
+        (["--prompts", "{tmp}"], "prompt file {tmp}: is a directory; give a file"),
         (["--prompts", "{tmp}/empty.jsonl"], "no prompts in"),
         (["--prompts", "{tmp}/broken.jsonl"], "broken.jsonl line 2: malformed JSON"),
         (["--prompts", "{tmp}/ok.jsonl", "--pair", "nope"], "unknown pair 'nope'"),
@@ -293,5 +294,5 @@ def test_bad_input_is_one_line_and_exit_code_2(pair_dir, tmp_path, args, message
     (tmp_path / "ok.jsonl").write_text("hello\n")
     result = invoke(pair_dir, *[a.format(tmp=tmp_path) for a in args])
     assert result.exit_code == 2
-    assert message in result.stderr and "Traceback" not in result.output
+    assert message.format(tmp=tmp_path) in result.stderr and "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
