@@ -10,3 +10,7 @@ SPECDEC_STATIC_STORE=150000 python3 -m specdec_cli bench --prompts benchmarks/un
 SPECDEC_STATIC_STORE=600000 python3 -m specdec_cli bench --models benchmarks/results/free-drafters/static-store/models-lookup-store.yaml \
     --prompts benchmarks/unseen-prompts.jsonl --max-new-tokens 64 --modes plain,auto,auto-free --threads 2 \
     --json > bench-lookup-store.json
+
+# Alternating runs against today's default (head and lookup), old new new old:
+# abba-1-head.json, abba-2-store.json, abba-3-store.json, abba-4-head.json, each `--modes plain,auto`,
+# the head's with the packaged models.yaml, the store's with models-lookup-store.yaml as above.
