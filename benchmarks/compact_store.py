@@ -24,10 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import glob
-import gzip
-
-from static_store_replay import filled_store
+from static_store_replay import filled_store, stored_answers
 
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.loaded_pair import load_pair
@@ -38,21 +35,6 @@ from specdec_cli.prompts import read_file
 
 PRIME = np.uint64(0x100000001B3)
 MASK = (1 << 64) - 1
-
-
-def answers(limit: int) -> list[tuple[list[int], int]]:
-    """The stored greedy answers (tokens from MAX_MATCH before the answer, how many lead into it), up to ``limit`` answer tokens."""
-    found, filled = [], 0
-    for path in sorted(glob.glob("examples/answers/*/*.jsonl.gz")):
-        for line in gzip.open(path, "rt"):
-            record = json.loads(line)
-            if record.get("kind") != "greedy" or filled >= limit:
-                continue
-            ids, start = record["ids"], record.get("start", 0)
-            lead = max(start - MAX_MATCH, 0)
-            found.append((ids[lead:], start - lead))
-            filled += len(ids) - start
-    return found
 
 
 def window_hashes(tokens: np.ndarray, n: int, ends: np.ndarray) -> np.ndarray:
@@ -129,7 +111,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=600_000, help="answer tokens in the store")
     parser.add_argument("--depth", type=int, default=4)
     args = parser.parse_args()
-    stored = answers(args.tokens)
+    stored = stored_answers(args.tokens)
     started = time.perf_counter()
     keys, successors, shares = build(stored)
     built_s = time.perf_counter() - started

@@ -35,9 +35,10 @@ from specdec_cli.prompts import read_file
 POLICIES = ("lookup", "store", "lookup2_else_store", "lookup2_else_store4", "oracle")
 
 
-def filled_store(limit: int) -> tuple[SuffixDrafter, int]:
-    """A suffix memory holding the stored greedy answers, up to ``limit`` answer tokens, never forgotten."""
-    store, filled = SuffixDrafter(memory_tokens=0), 0
+def stored_answers(limit: int) -> list[tuple[list[int], int]]:
+    """The stored greedy answers, up to ``limit`` answer tokens: each as its tokens from MAX_MATCH
+    before the answer on, and how many of them lead into it (as the memory remembers an answer)."""
+    found, filled = [], 0
     for path in sorted(glob.glob("examples/answers/*/*.jsonl.gz")):
         for line in gzip.open(path, "rt"):
             record = json.loads(line)
@@ -45,8 +46,17 @@ def filled_store(limit: int) -> tuple[SuffixDrafter, int]:
                 continue
             ids, start = record["ids"], record.get("start", 0)
             lead = max(start - MAX_MATCH, 0)
-            count(store.counts, ids[lead:], start - lead, 1)
+            found.append((ids[lead:], start - lead))
             filled += len(ids) - start
+    return found
+
+
+def filled_store(limit: int) -> tuple[SuffixDrafter, int]:
+    """A suffix memory holding the stored greedy answers, up to ``limit`` answer tokens, never forgotten."""
+    store, filled = SuffixDrafter(memory_tokens=0), 0
+    for tokens, lead in stored_answers(limit):
+        count(store.counts, tokens, lead, 1)
+        filled += len(tokens) - lead
     return store, filled
 
 
