@@ -2,11 +2,14 @@
 (suffix.py): their tables, their bound, exact token identity with plain decoding, exact sampled
 distributions, and how a schedule weighing drafters sees them."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import PROMPT, decode
 from exactness import assert_lossless, small_models
 
+from specdec_cli.decoding import engine
 from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.control.priors import Prior
@@ -134,7 +137,7 @@ def test_a_fixed_k_drafts_with_the_main_drafter_alone():
     assert beside.asked == 0
 
 
-def test_a_drafter_added_in_one_module_is_offered_observed_and_kept_exact(target, plain):
+def test_a_drafter_added_in_one_module_is_offered_observed_and_kept_exact(target, plain, monkeypatch):
     """The interface: a new free drafter needs no change to the engine or the schedule."""
 
     class Oracle(Drafter):
@@ -153,6 +156,10 @@ def test_a_drafter_added_in_one_module_is_offered_observed_and_kept_exact(target
             at = context.shape[0] - len(PROMPT)
             return Draft(torch.tensor(plain[at : at + k], dtype=torch.long), source=self.name)
 
+    # A clock that ticks once a reading: the schedule weighs the same seconds on a busy machine as on
+    # an idle one (a stall of 40 ms in a first round once made it drop the oracle for the prompt).
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3))
     oracle = Oracle()
     schedule = AdaptiveK(Prior(3, 0.5, 0.0), main="lookup")
     tokens, events = decode(target, Beside(NgramDrafter(), (oracle,)), schedule)
