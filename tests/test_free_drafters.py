@@ -107,7 +107,15 @@ def test_a_free_drafter_alone_equals_plain_decoding_token_for_token(target, plai
     assert sum(e.accepted for e in events) > 0  # it drafted, and the target kept some of it
 
 
-def test_beside_the_pairs_drafter_auto_weighs_the_free_drafters_and_stays_exact(target, plain):
+def ticking_clock(monkeypatch) -> None:
+    """The engine's clock ticks once a reading: a schedule weighs the same seconds on a busy machine
+    as on an idle one (a stall of 40 ms in a first round once made it drop a drafter for the prompt)."""
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3))
+
+
+def test_beside_the_pairs_drafter_auto_weighs_the_free_drafters_and_stays_exact(target, plain, monkeypatch):
+    ticking_clock(monkeypatch)
     drafter = Beside(NgramDrafter(), (RecycleDrafter(target.config.vocab_size), SuffixDrafter()))
     assert [d.name for d in drafter.parts()[0]] == ["ngram", "recycle", "suffix"] and drafter.parts()[1] is None
     schedule = AdaptiveK(Prior(3, 0.5, 0.0), main="lookup")
@@ -156,10 +164,7 @@ def test_a_drafter_added_in_one_module_is_offered_observed_and_kept_exact(target
             at = context.shape[0] - len(PROMPT)
             return Draft(torch.tensor(plain[at : at + k], dtype=torch.long), source=self.name)
 
-    # A clock that ticks once a reading: the schedule weighs the same seconds on a busy machine as on
-    # an idle one (a stall of 40 ms in a first round once made it drop the oracle for the prompt).
-    ticks = iter(range(10**6))
-    monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3))
+    ticking_clock(monkeypatch)
     oracle = Oracle()
     schedule = AdaptiveK(Prior(3, 0.5, 0.0), main="lookup")
     tokens, events = decode(target, Beside(NgramDrafter(), (oracle,)), schedule)
