@@ -188,8 +188,8 @@ def cached_costs(model: PreTrainedModel, identity: str, cache_dir, context: int 
                  beside: int | None = None, said: bool = True) -> dict[int, float]:
     """Seconds of a block of each length over ``context`` cached tokens for this model on this
     machine (see cached_plan); {} off a CPU. ``beside``: the measurement taken with the one over that
-    other context (cached_context_slopes), kept apart from the padding plan's. A measurement is said in one
-line (``said``: the pair's second half says nothing, its first said both)."""
+    other context (cached_context_slopes), kept apart from the padding plan's. A measurement is said in
+    one line (``said``: the pair's second half says nothing, its first said both)."""
     if input_device(model).type != "cpu":
         return {}
     head = model.get_output_embeddings()  # which kernels: torch's (Int4Linear, Int8Linear) or specdec's (Q8Linear)

@@ -140,7 +140,6 @@ class AdaptiveK(KSchedule):
         # on a busy minute overstate it, so that no block ever looks free.
         base = max(event.verify_s - self.context_s(drafted, event.cached), event.verify_s / 4)
         self.block_s[drafted + 1] = smooth(self.block_s.get(drafted + 1), base, self.smoothing)
-        self.cached = event.cached + len(event.emitted)  # the next round's, until the engine says
         # Finding the free drafters' drafts is paid every round, whoever drafts: bookkeeping, not drafting.
         self.other_s = smooth(self.other_s, event.other_s + event.offer_s, self.smoothing)
         self._verify, self._one = {}, UNKNOWN
