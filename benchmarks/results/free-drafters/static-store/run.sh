@@ -14,3 +14,4 @@ SPECDEC_STATIC_STORE=600000 python3 -m specdec_cli bench --models benchmarks/res
 # Alternating runs against today's default (head and lookup), old new new old:
 # abba-1-head.json, abba-2-store.json, abba-3-store.json, abba-4-head.json, each `--modes plain,auto`,
 # the head's with the packaged models.yaml, the store's with models-lookup-store.yaml as above.
+# The lookup-and-store run again at commit 7f5d96e: bench-lookup-store-b.json.
