@@ -1,11 +1,14 @@
 """The free drafters' acceptance by draft position and source, replayed on the default target's plain
 answers: where the adaptive controller's estimates of them start (decoding/control/priors.py,
 FREE_RATES): prompt lookup by match length, token recycling by how many times in a row its first
-guess was the target's choice, the suffix memory by match length.
+guess was the target's choice, the suffix memory and the pair's store by match length.
 
     python benchmarks/free_drafter_priors.py --prompts examples/calibration-prompts.jsonl benchmarks/bench-prompts.jsonl \
         benchmarks/random-prompts.jsonl examples/equivalence-prompts.jsonl benchmarks/lossy-prompts.jsonl \
         benchmarks/heldout-prompts.jsonl
+
+The store's rates come from a run without benchmarks/heldout-prompts.jsonl: the store holds the
+target's answers to those prompts (they are held out from the head's training, not from the answers).
 
 Greedy plain decoding gives each prompt's answer, the prompts in the order given, as one process
 sees them. At every step each drafter proposes from the context so far (lookup: n-grams of 3 down to
@@ -28,6 +31,7 @@ from specdec_cli.decoding.drafters import NgramDrafter, Verified
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.decoding.recycle import RecycleDrafter
+from specdec_cli.decoding.store import StoreDrafter
 from specdec_cli.decoding.suffix import MAX_MATCH, SuffixDrafter
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
@@ -52,6 +56,8 @@ def main() -> None:
     plain = SpeculativeEngine(runtime.target.model, None, runtime.eos_token_ids, runtime.block_plan)
     recycle = RecycleDrafter(runtime.target.model.config.get_text_config().vocab_size)
     memory = SuffixDrafter()
+    store = runtime.pair.alternate("store")
+    others = (recycle, memory, *([StoreDrafter.for_pair(store, recycle.table.shape[0])] if store else []))
     kept, judged = defaultdict(lambda: [0] * args.k), defaultdict(lambda: [0] * args.k)
     prompts = [p for path in args.prompts for p in read_file(path)]
     for prompt in prompts:
@@ -61,7 +67,7 @@ def main() -> None:
         lookup = NgramDrafter(max_ngram=3, min_ngram=1)
         for step in range(len(ids), len(tokens)):
             truth = tokens[step : step + args.k].tolist()
-            for drafter in (lookup, recycle, memory):
+            for drafter in (lookup, *others):
                 draft = drafter.propose(tokens[:step], args.k, None, None)
                 if len(draft):
                     judge(draft, truth, kept, judged)

@@ -244,7 +244,7 @@ TARGET = "    target: ./t\n"
     (TARGET + "    draft: {source: ./d, device: cpu}\n",
      "pair 'p' draft: unknown key 'device'; the keys are kind, source, dtype, device_map, lookup, free"),
     (TARGET + "    draft: {kind: medusa, source: ./d}\n",
-     "pair 'p' draft: 'kind' must be one of model, head, ngram, recycle, suffix, got 'medusa'"),
+     "pair 'p' draft: 'kind' must be one of model, head, ngram, recycle, suffix, store, got 'medusa'"),
     (TARGET + "    draft: [./d]\n", "pair 'p' draft: expected a source string or a mapping with 'source'"),
     (TARGET + "    draft: ngram\n    drafters: {model: {source: ./d, device_map: [0]}}\n",
      "pair 'p' drafters.model: 'device_map' must be a device or a mapping of modules to devices, got [0]"),

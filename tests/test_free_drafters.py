@@ -188,23 +188,26 @@ def test_a_free_drafter_samples_exactly_the_targets_distribution(make):
     assert_lossless(target, drafter, SamplingParams(1.0), k=2)
 
 
-def test_each_line_of_the_free_kinds_table_names_a_drafter_everywhere(pair_dir):
+def test_each_line_of_the_free_kinds_table_names_a_drafter_everywhere(pair_dir, tmp_path, cache):
     """One line in free_kinds.py is a drafter models.yaml, --drafter and the bench all know, built as
     the kind it says it is."""
     from specdec_cli.commands.common import DrafterOption
     from specdec_cli.pairs.free_kinds import KINDS
     from specdec_cli.decoding.loaded_pair import free_drafter
     from specdec_cli.measure.loop_bench import DRAFTER_OF_MODE, ENGINE_KINDS, parse_modes
-    from specdec_cli.pairs.registry import DRAFT_KEYS, DrafterSpec, parse_drafter
+    from specdec_cli.pairs.registry import DRAFT_KEYS, parse_drafter
 
     help_text = DrafterOption.__metadata__[0].help
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text('{"ids": [5, 6, 7, 8], "start": 1}\n')
     for name, kind in KINDS.items():
-        assert parse_drafter(name).kind == name and parse_drafter({"kind": name}).kind == name
+        mapping = {"kind": name, "source": str(answers)} if kind.needs_source else {"kind": name}
+        assert parse_drafter(mapping).kind == name and (kind.needs_source or parse_drafter(name).kind == name)
         assert set(kind.keys) < set(DRAFT_KEYS[name])
         assert name in ENGINE_KINDS and DRAFTER_OF_MODE[name] == name
         assert (name, 3) in [(m.kind, m.k) for m in parse_modes(f"{name}:3")]
-        assert f"'{name}' ({kind.what})" in help_text
-        drafter = free_drafter(DrafterSpec(free_kind=name), 98)
+        assert f"'{name}' ({kind.what}" in help_text
+        drafter = free_drafter(parse_drafter(mapping), 98)
         assert drafter.name == name and drafter.free
         assert len(drafter.propose(torch.tensor(PROMPT), 3, None, None)) <= 3
 

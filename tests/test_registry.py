@@ -71,13 +71,13 @@ def test_sources_resolve_relative_paths_only(tmp_path):
 
 
 @pytest.mark.parametrize("drafters, message", [
-    ("{fast: ngram}", "pair 'p': unknown drafter kind 'fast' under 'drafters'; use model, head, ngram, recycle, suffix"),
+    ("{fast: ngram}", "pair 'p': unknown drafter kind 'fast' under 'drafters'; use model, head, ngram, recycle, suffix, store"),
     ("{head: ngram}", "pair 'p': drafters.head names a drafter of kind ngram (ngram (prompt lookup)), not head "
                       "(a head is a directory written by `specdec train-draft --kind head`)"),
     ("{ngram: ./d}", "pair 'p': drafters.ngram names a drafter of kind model ({real}/d), not ngram"),
     ("{model: {kind: head, source: h}}", "pair 'p': drafters.model names a drafter of kind head (head {real}/h), not model"),
     ("{model: ./a}", "pair 'p': drafters.model ({real}/a) differs from 'draft' ({real}/d); a pair has one drafter of each kind"),
-    ("[./d]", "pair 'p': 'drafters' must map drafter kinds (model, head, ngram, recycle, suffix) to drafters"),
+    ("[./d]", "pair 'p': 'drafters' must map drafter kinds (model, head, ngram, recycle, suffix, store) to drafters"),
 ])
 def test_bad_drafters_are_one_line_and_exit_code_2(tmp_path, drafters, message):
     link, real = linked_registry(tmp_path, f"    target: ./t\n    draft: ./d\n    drafters: {drafters}\n")
@@ -95,7 +95,7 @@ def test_drafter_and_draft_overrides(tmp_path):
     replaced = override(pair, draft="/elsewhere/draft")  # --draft: the default, and the model alternate
     assert replaced.drafter == replaced.alternates["model"] == DrafterSpec(model=ModelSpec(ModelSource("path", "/elsewhere/draft")))
     assert override(pair, draft="/elsewhere/draft", drafter="ngram").alternate("model") == replaced.drafter
-    with pytest.raises(UserError, match="^unknown drafter 'fast'; choose one of model, head, ngram, recycle, suffix$"):
+    with pytest.raises(UserError, match="^unknown drafter 'fast'; choose one of model, head, ngram, recycle, suffix, store$"):
         override(pair, drafter="fast")
 
 
@@ -155,9 +155,9 @@ def test_free_lists_the_free_drafters_auto_weighs_beside_the_pairs_own(tmp_path)
 
 
 @pytest.mark.parametrize("free, message", [
-    ("[ngram]", "'free' lists 'ngram'; it may list recycle, suffix, each once"),
-    ("[recycle, recycle]", "'free' lists 'recycle'; it may list recycle, suffix, each once"),
-    ("recycle", "'free' must list drafter kinds, as in free: [recycle, suffix]"),
+    ("[ngram]", "'free' lists 'ngram'; it may list recycle, suffix, store, each once"),
+    ("[recycle, recycle]", "'free' lists 'recycle'; it may list recycle, suffix, store, each once"),
+    ("recycle", "'free' must list drafter kinds, as in free: [recycle, suffix, store]"),
 ])
 def test_a_bad_free_list_is_one_line(tmp_path, free, message):
     link, real = linked_registry(tmp_path, f"    target: hf:o/t\n    draft: {{kind: ngram, free: {free}}}\n")
@@ -168,5 +168,37 @@ def test_a_bad_free_list_is_one_line(tmp_path, free, message):
 
 def test_a_free_drafter_may_not_stand_beside_itself(tmp_path):
     link, _ = linked_registry(tmp_path, "    target: hf:o/t\n    draft: {kind: suffix, free: [recycle, suffix]}\n")
-    with pytest.raises(UserError, match="'free' lists 'suffix'; it may list recycle, each once$"):
+    with pytest.raises(UserError, match="'free' lists 'suffix'; it may list recycle, store, each once$"):
         load_registry(link)
+
+
+def test_a_store_is_its_file_under_drafters_beside_the_pairs_drafter_or_picked_alone(tmp_path):
+    link, real = linked_registry(tmp_path, "    target: hf:o/t\n    draft: {kind: head, source: h, lookup: true, free: [store]}\n"
+                                           "    drafters: {store: answers.jsonl.gz}\n")
+    fake_head(real / "h")
+    pair = load_registry(link).pair("p")
+    store = DrafterSpec(free_kind="store", answers=real / "answers.jsonl.gz")
+    assert pair.alternate("store") == store and pair.drafter.beside == ("store",)
+    assert str(pair.drafter).endswith("after prompt lookup; store beside it under -k auto")
+    assert override(pair, drafter="store").drafter == store
+
+
+@pytest.mark.parametrize("pair, message", [
+    ("    draft: {kind: ngram, free: [store]}\n", "pair 'p': 'free' lists 'store', but the pair has no store; "
+     "name a file of the target's answers under `drafters: {store: FILE}`"),
+    ("    draft: store\n", "pair 'p' draft: a store drafts from a file: name it as {kind: store, source: FILE}, "
+     "or under `drafters: {store: FILE}` and pick it with --drafter store"),
+    ("    draft: {kind: store}\n", "pair 'p' draft: a store needs 'source', the file of the target's answers it drafts from"),
+])
+def test_a_store_without_its_file_is_one_line(tmp_path, pair, message):
+    link, _ = linked_registry(tmp_path, "    target: hf:o/t\n" + pair)
+    with pytest.raises(UserError) as raised:
+        load_registry(link)
+    assert str(raised.value) == f"{link}: {message}"
+
+
+def test_picking_a_store_the_pair_has_not_is_one_line(tmp_path):
+    link, _ = linked_registry(tmp_path, "    target: hf:o/t\n    draft: ngram\n")
+    with pytest.raises(UserError) as raised:
+        override(load_registry(link).pair("p"), drafter="store")
+    assert str(raised.value) == "pair 'p' has no store; name a file of the target's answers under `drafters: {store: FILE}`"

@@ -45,7 +45,7 @@ class LoadedPair:
         """An engine whose drafter has learnt nothing yet, the free drafters of these kinds beside it
         made anew: a bench mode's, which must not draft from what another mode's run taught."""
         spec = self.pair.drafter
-        drafter = composed(self.drafter_of(spec.kind)[0], spec.lookup, beside=free_drafters(beside, self.target))
+        drafter = composed(self.drafter_of(spec.kind)[0], spec.lookup, beside=free_drafters(beside, self.pair, self.target))
         return SpeculativeEngine(self.target.model, drafter, self.eos_token_ids, self.block_plan)
 
     @property
@@ -90,7 +90,7 @@ class LoadedPair:
         """The running drafter drafting trees (`--tree N`): its head's, prompt lookup still first
         where the pair puts it there."""
         spec = self.pair.drafter
-        return composed(self.drafter_of(spec.kind)[0], spec.lookup, tree=True, beside=free_drafters(spec.beside, self.target))
+        return composed(self.drafter_of(spec.kind)[0], spec.lookup, tree=True, beside=free_drafters(spec.beside, self.pair, self.target))
 
     def drafter_of(self, kind: str) -> tuple[Drafter, LoadedModel | None]:
         """The pair's drafter of this kind for the loaded target, and its draft model when it is one,
@@ -120,9 +120,10 @@ def composed(drafter: Drafter, lookup: bool, tree: bool = False, beside: tuple[D
     return Beside(drafter, beside) if beside else drafter
 
 
-def free_drafters(kinds: tuple[str, ...], target: LoadedModel) -> tuple[Drafter, ...]:
-    """New free drafters of these kinds for the target: each run that should learn afresh gets its own."""
-    return tuple(_drafter(DrafterSpec(free_kind=kind), target)[0] for kind in kinds)
+def free_drafters(kinds: tuple[str, ...], pair: PairSpec, target: LoadedModel) -> tuple[Drafter, ...]:
+    """New free drafters of these kinds, the pair's (a store's file is the pair's), for the target:
+    each run that should learn afresh gets its own."""
+    return tuple(_drafter(pair.alternate(kind), target)[0] for kind in kinds)
 
 
 def load_pair(pair: PairSpec, drafting: bool = True, lean: bool = False) -> LoadedPair:
@@ -133,7 +134,7 @@ def load_pair(pair: PairSpec, drafting: bool = True, lean: bool = False) -> Load
         runtime = LoadedPair(pair, target, None, None)
     else:
         drafter, draft = _drafter(pair.drafter, target)
-        running = composed(drafter, pair.drafter.lookup, beside=free_drafters(pair.drafter.beside, target))
+        running = composed(drafter, pair.drafter.lookup, beside=free_drafters(pair.drafter.beside, pair, target))
         runtime = LoadedPair(pair, target, running, draft, _by_kind={pair.drafter.kind: (drafter, draft)})
     if pair.pad_blocks:
         runtime.block_costs = cached_costs(target.model, runtime.costs_identity, open_cache())

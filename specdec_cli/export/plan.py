@@ -94,6 +94,8 @@ def make_plan(engine: str, pair: PairSpec, profile: PairProfile | None, profile_
         raise UserError(f"--traffic folds the profile's scenario Ks, and pair {pair.name} has no profile in {profile_file}")
     scenario_ks = {name: s.k for name, s in profile.scenarios.items()} if profile else {}
     notes: list[str] = [] if profile else [f"no calibration profile of {pair.name} in {profile_file}: K comes from the engine bench alone"]
+    if spec.beside:
+        notes.append(f"what `-k auto` weighs beside the pair's drafter ({', '.join(spec.beside)}) is specdec's own: not exported")
     folded: Fold | None = fold(profile, shares) if shares else None
     where = f"profile {profile_file} (pair {profile.pair!r}, calibrated {profile.calibrated})" if profile else ""
     if folded:

@@ -36,7 +36,7 @@ from ..limits import MAX_K
 from ..pairs.profile import PairProfile, ProfileWatcher
 from ..pairs.tokenization import encode_prompt
 from ..pairs import free_kinds
-from ..pairs.registry import FREE_KINDS, HEAD, MODEL, NGRAM, DrafterSpec
+from ..pairs.registry import FREE_KINDS, HEAD, MODEL, NGRAM, STORE, DrafterSpec
 from ..prompts import Prompt, check_fit
 from . import lossy
 from .interleaved import run_interleaved
@@ -48,13 +48,13 @@ ENGINE_KINDS = ("plain", "spec", *FREE_KINDS, "head", "ngram+spec", "ngram+head"
 MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", *ENGINE_KINDS[1:])
 TREE_KINDS = ("tree", "ngram+tree")  # the pair's head drafting trees of at most K nodes
 # adaptive K; auto+tree weighs the head's trees too (`generate --tree auto`), auto-ungated drafts without the gate,
-# auto+free weighs every free drafter beside the pair's (recycle, suffix), auto-free none but the pair's own lookup
+# auto+free weighs every free drafter the pair has beside its own (recycle, suffix, its store), auto-free none but its lookup
 AUTO_KINDS = ("auto", "auto-ungated", "auto+tree", "auto+free", "auto-free")
-BESIDE = {"auto+free": free_kinds.BESIDE, "auto-free": ()}  # else the pair's `free:`
+BESIDE = {"auto+free": free_kinds.BESIDE, "auto-free": ()}  # else the pair's `free:`; a store only where the pair has one
 WITHOUT_K = ("plain", "hf-plain", *AUTO_KINDS)
 DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "hf-lookup": NGRAM, "ngram+spec": MODEL,
                    "ngram+head": HEAD, "tree": HEAD, "ngram+tree": HEAD, **{kind: kind for kind in FREE_KINDS}}
-NEEDS = {MODEL: "a draft model", HEAD: "a draft head"}
+NEEDS = {MODEL: "a draft model", HEAD: "a draft head", STORE: "a store"}
 
 
 def mode_names() -> str:
@@ -160,7 +160,9 @@ class Bench:
         """A fresh runner: for auto, a fresh controller that has learnt nothing yet; every drafter
         that learns as it runs (token recycling, the suffix memory) new as well."""
         if mode.kind in AUTO_KINDS:
-            engine = self.runtime.fresh_engine(BESIDE.get(mode.kind, self.runtime.pair.drafter.beside))
+            pair = self.runtime.pair
+            beside = tuple(kind for kind in BESIDE.get(mode.kind, pair.drafter.beside) if pair.alternate(kind) is not None)
+            engine = self.runtime.fresh_engine(beside)
             trees = mode.kind == "auto+tree"
             if trees and self.runtime.pair.drafter.kind != HEAD:
                 raise UserError(f"mode {mode} needs a pair drafted by its head; "
@@ -171,7 +173,7 @@ class Bench:
         if mode.kind in ENGINE_KINDS:
             drafter = None
             if mode.drafter_kind in FREE_KINDS:
-                drafter = free_drafter(DrafterSpec(free_kind=mode.drafter_kind),
+                drafter = free_drafter(self._spec(mode),
                                        self.runtime.target.model.config.get_text_config().vocab_size)
             elif mode.drafter_kind in (MODEL, HEAD):
                 # The pair's model or head as it is (a ModelDrafter keeps its trained output layer),
@@ -191,11 +193,16 @@ class Bench:
 
     def _drafter(self, mode: Mode):
         """The pair's drafter for a spec, hf-assisted or head mode, refused in the mode's words."""
-        kind = mode.drafter_kind
-        if self.runtime.pair.alternate(kind) is None:
-            raise UserError(f"mode {mode} needs {NEEDS[kind]}, and pair {self.runtime.pair.name!r} has none "
-                            f"(use --draft, or list one under `drafters:` in models.yaml)")
-        return self.runtime.drafter_of(kind)
+        self._spec(mode)
+        return self.runtime.drafter_of(mode.drafter_kind)
+
+    def _spec(self, mode: Mode) -> DrafterSpec:
+        """The pair's drafter of the mode's kind, refused in the mode's words where it has none."""
+        spec = self.runtime.pair.alternate(mode.drafter_kind)
+        if spec is None:
+            how = "list one under `drafters:` in models.yaml" if mode.drafter_kind == STORE else "use --draft, or list one under `drafters:` in models.yaml"
+            raise UserError(f"mode {mode} needs {NEEDS[mode.drafter_kind]}, and pair {self.runtime.pair.name!r} has none ({how})")
+        return spec
 
     def _run_engine(self, engine: SpeculativeEngine, k: int | KSchedule, ids: list[int], prompt: Prompt, seed: int,
                     rule: AcceptRule) -> Sample:

@@ -18,6 +18,8 @@ class FreeKind:
     drafter: str  # "module:Class" in specdec_cli.decoding; Class.for_pair(spec, vocab_size) builds it
     keys: tuple[str, ...] = ()  # its own models.yaml keys besides `kind` and `free`
     beside: bool = True  # may be listed under `free:` (prompt lookup stands beside a model or head as `lookup: true`)
+    # drafts from a file (`source`), so a pair has one only where it names it (`drafters: {store: FILE}`)
+    needs_source: bool = False
     engines: dict[str, str] = field(default_factory=dict)  # engine → its speculative method of the same family
 
     @property
@@ -31,10 +33,12 @@ KINDS = {kind.name: kind for kind in (
     FreeKind("recycle", "token recycling: the target's own earlier predictions", "recycle:RecycleDrafter"),
     # vLLM's `suffix` method is this family, but needs arctic-inference, which specdec does not install
     FreeKind("suffix", "memory of earlier answers", "suffix:SuffixDrafter"),
+    FreeKind("store", "the target's own stored answers", "store:StoreDrafter", ("source",), needs_source=True),
 )}
 BESIDE = tuple(name for name, kind in KINDS.items() if kind.beside)  # what `free:` may list
 
 
 def described() -> str:
     """Every free kind as help text lists them: 'ngram' (prompt lookup), ..."""
-    return ", ".join(f"'{kind.name}' ({kind.what})" for kind in KINDS.values())
+    return ", ".join(f"'{kind.name}' ({kind.what}{'; where the pair names its file' if kind.needs_source else ''})"
+                     for kind in KINDS.values())

@@ -31,6 +31,7 @@ MODEL = "model"
 NGRAM = "ngram"
 HEAD = "head"
 SUFFIX = "suffix"  # the free kind whose memory `generate --memory` keeps
+STORE = "store"  # the free kind that drafts from a file of the target's answers (decoding/store.py)
 FREE_KINDS = tuple(free_kinds.KINDS)  # drafters that need no weights and cost nothing to ask (free_kinds.py)
 DRAFTER_KINDS = (MODEL, HEAD, *FREE_KINDS)
 DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "int4")  # int8/int4: weight-only, on a CPU (quantize.py)
@@ -46,7 +47,8 @@ class ModelSpec:
 @dataclass(frozen=True)
 class DrafterSpec:
     """A draft model, a draft head (a directory; it runs on its target's features), or a drafter
-    without weights (both None then): n-gram lookup, token recycling or the suffix memory."""
+    without weights (both None then): n-gram lookup, token recycling, the suffix memory or a store
+    (``answers``: its file of the target's answers)."""
 
     model: ModelSpec | None = None
     max_ngram: int = 3
@@ -55,6 +57,7 @@ class DrafterSpec:
     lookup: bool = False  # a model or head drafts only where prompt lookup finds nothing (drafters.LookupFirst)
     free_kind: str = NGRAM  # the weightless drafter's kind, when there is neither model nor head
     beside: tuple[str, ...] = ()  # free drafters `-k auto` weighs beside it each round (`free:` in models.yaml)
+    answers: Path | None = None  # a store's answers file (store_file.py)
 
     @property
     def kind(self) -> str:
@@ -62,7 +65,7 @@ class DrafterSpec:
 
     def __str__(self) -> str:
         text = (str(self.model.source) if self.model else f"head {self.head}" if self.head
-                else free_kinds.KINDS[self.free_kind].text)
+                else free_kinds.KINDS[self.free_kind].text + (f" in {self.answers}" if self.answers else ""))
         text = f"{text}, after prompt lookup" if self.lookup else text
         return f"{text}; {', '.join(self.beside)} beside it under -k auto" if self.beside else text
 
@@ -85,10 +88,12 @@ class PairSpec:
 
     def alternate(self, kind: str) -> DrafterSpec | None:
         """The pair's drafter of this kind: the current one if it is of that kind, else the one listed
-        under ``drafters:``; a free drafter needs nothing and is always there. None when there is none."""
+        under ``drafters:``; a free drafter without a file needs nothing and is always there. None when
+        there is none."""
         if self.drafter.kind == kind:
             return self.drafter
-        return self.alternates.get(kind) or (DrafterSpec(free_kind=kind) if kind in FREE_KINDS else None)
+        always = kind in FREE_KINDS and not free_kinds.KINDS[kind].needs_source
+        return self.alternates.get(kind) or (DrafterSpec(free_kind=kind) if always else None)
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,9 @@ def _parse_pair(path: Path, name: str, body) -> PairSpec:
         profile=base / text(body, "profile", where, what="a file name") if body.get("profile") else None,
         alternates=_alternates(body.get("drafters"), drafter, dtype, where, base),
     )
+    for kind in drafter.beside:
+        if pair.alternate(kind) is None:
+            raise UserError(f"{where}: 'free' lists {kind!r}, but the pair {MISSING[kind]}")
     return pair
 
 
@@ -185,6 +193,8 @@ def _alternates(listed, default: DrafterSpec, dtype: str, where: str, base: Path
     for kind, value in listed.items():
         if kind not in DRAFTER_KINDS:
             raise UserError(f"{where}: unknown drafter kind {kind!r} under 'drafters'; use {', '.join(DRAFTER_KINDS)}")
+        if kind in free_kinds.KINDS and free_kinds.KINDS[kind].needs_source and isinstance(value, str):
+            value = {"kind": kind, "source": value}  # drafters: {store: FILE}
         spec = parse_drafter(value, dtype, f"{where} drafters.{kind}", base)
         if spec.kind != kind:
             hint = " (a head is a directory written by `specdec train-draft --kind head`)" if kind == HEAD else ""
@@ -215,6 +225,9 @@ def parse_drafter(value, dtype: str = "float32", where: str = "draft", base: Pat
     if isinstance(value, dict):
         return _drafter_mapping(value, dtype, where, base)
     if value in FREE_KINDS:
+        if free_kinds.KINDS[value].needs_source:
+            raise UserError(f"{where}: a {value} drafts from a file: name it as {{kind: {value}, source: FILE}}, "
+                            f"or under `drafters: {{{value}: FILE}}` and pick it with --drafter {value}")
         return DrafterSpec(free_kind=value)
     if isinstance(value, str) and _is_head(resolve_path(value, base)):
         return DrafterSpec(head=resolve_path(value, base))
@@ -235,6 +248,10 @@ def _drafter_mapping(value: dict, dtype: str, where: str, base: Path | None) -> 
         if low > high:
             raise UserError(f"{where}: 'min_ngram' ({low}) must not exceed 'max_ngram' ({high})")
         return DrafterSpec(max_ngram=high, min_ngram=low, beside=beside)
+    if kind in FREE_KINDS and free_kinds.KINDS[kind].needs_source:
+        if not isinstance(value.get("source"), str):
+            raise UserError(f"{where}: a {kind} needs 'source', the file of the target's answers it drafts from")
+        return DrafterSpec(free_kind=kind, answers=resolve_path(value["source"], base), beside=beside)
     if kind in FREE_KINDS:
         return DrafterSpec(free_kind=kind, beside=beside)
     if kind == HEAD:
@@ -268,6 +285,7 @@ def _is_head(path: Path) -> bool:
 MISSING = {
     MODEL: "has no draft model; name one with --draft SOURCE or under `drafters: {model: ...}` in models.yaml",
     HEAD: "has no draft head; name one with --draft DIR (made by `specdec train-draft --kind head`) or under `drafters: {head: ...}`",
+    STORE: "has no store; name a file of the target's answers under `drafters: {store: FILE}`",
 }
 
 

@@ -1,0 +1,110 @@
+"""The static store (decoding/store.py, store_file.py): its table drafts what the suffix memory's
+dictionaries draft, a run with it equals plain decoding token for token and samples the target's
+distribution exactly, and its answers file is checked (one line per mistake) and indexed once."""
+
+import gzip
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from conftest import PROMPT, decode
+from exactness import assert_lossless, small_models
+
+from specdec_cli.decoding.acceptance import SamplingParams
+from specdec_cli.decoding.store import StoreDrafter, build_table
+from specdec_cli.decoding.store_file import opened_table
+from specdec_cli.decoding.suffix import continuation, count
+from specdec_cli.errors import UserError
+
+# No n-gram has two successors seen equally often, so the table and the dictionaries must agree.
+ANSWERS = [([1, 2, 3, 4, 5, 6, 7], 0), ([1, 2, 3, 4, 5, 6, 7], 0), ([9, 2, 3, 4, 8, 8], 1), ([7, 7, 2, 3, 6], 0)]
+
+
+def test_the_table_drafts_what_the_memorys_dictionaries_draft():
+    table, counts = build_table(ANSWERS), {}
+    for tokens, lead in ANSWERS:
+        count(counts, tokens, lead, 1)
+    tails = [[1, 2], [2, 3], [1, 2, 3], [9, 2, 3, 4], [3, 4], [7, 7], [5, 5], [0], [], [2, 3, 4, 5, 6]]
+    for tail in tails:
+        for k in (1, 3, 6):
+            assert table.continuation(tail, k) == continuation(counts, tail, k), (tail, k)
+    assert table.continuation([1, 2, 3], 6) == ([4, 5, 6], 3)  # no further than the match is long
+
+
+def test_a_tie_drafts_the_smallest_id_and_a_share_below_a_tenth_stops_the_draft():
+    table = build_table([([5, 6, 9], 0), ([5, 6, 4], 0)])
+    assert table.continuation([5, 6], 2) == ([4], 2)
+    crowded = build_table([([5, 6, t, 1, 1], 0) for t in range(11, 23)])  # twelve successors, a twelfth each
+    assert crowded.continuation([5, 6], 2) == ([], 2)
+
+
+def test_a_draft_is_tagged_by_its_matchs_length():
+    drafter = StoreDrafter(build_table([([1, 2, 3, 4, 5, 6, 7, 8], 0)]))
+    sources = [drafter.propose(torch.tensor(tail), 4, None, None).source for tail in ([0, 1, 2], [0, 1, 2, 3], [1, 2, 3, 4])]
+    assert sources == ["store-2", "store-3", "store"]
+    assert drafter.propose(torch.tensor([0, 0, 0]), 4, None, None).source == ""
+
+
+def test_an_empty_table_drafts_nothing():
+    assert build_table([([3], 0)]).continuation([1, 3], 4) == ([], 0)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_the_store_equals_plain_decoding_token_for_token(target, plain, k):
+    drafter = StoreDrafter(build_table([(PROMPT + plain[:20], len(PROMPT))]))  # the first half of the answer, stored
+    tokens, events = decode(target, drafter, k)
+    assert tokens == plain
+    assert sum(e.accepted for e in events) > 0  # it drafted, and the target kept some of it
+
+
+def test_the_store_samples_exactly_the_targets_distribution():
+    target, _ = small_models()
+    drafter = StoreDrafter(build_table([([3, 4, 5, first, first, 5], 3) for first in range(8)]))
+    assert_lossless(target, drafter, SamplingParams(1.0), k=2)
+
+
+def answers_file(path, lines: list[str], compress: bool = True):
+    text = "\n".join(lines) + "\n"
+    path.write_bytes(gzip.compress(text.encode(), mtime=0) if compress else text.encode())
+    return path
+
+
+GOOD = [json.dumps({"ids": [1, 2, 3, 4, 5, 6], "start": 2}), json.dumps({"ids": [2, 3, 4, 7]})]
+
+
+def test_the_table_is_built_once_kept_in_the_cache_and_the_same_every_time(tmp_path, cache, caplog):
+    path = answers_file(tmp_path / "answers.jsonl.gz", GOOD)
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        first = opened_table(path, 10)
+    assert [r.getMessage() for r in caplog.records] == [f"indexing the store's 8 answer tokens (once: kept in {cache / 'stores'})"]
+    [entry] = (cache / "stores").iterdir()
+    kept = {p.name: p.read_bytes() for p in entry.iterdir()}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        again = opened_table(path, 10)
+    assert caplog.records == [] and isinstance(again.keys, np.memmap)
+    assert again.continuation([2, 3], 2) == first.continuation([2, 3], 2) == ([4, 5], 2)
+    (entry / "keys.npy").write_bytes(kept["keys.npy"][:20])  # cut short: built again, byte for byte the same
+    opened_table(path, 10)
+    assert {p.name: p.read_bytes() for p in entry.iterdir()} == kept
+
+
+@pytest.mark.parametrize("lines, compress, message", [
+    (None, True, "store {path}: not found; name a file of the target's answers (JSON lines of ids and start)"),
+    (["not json"], True, "store {path}, line 1: not JSON (Expecting value: line 1 column 1 (char 0))"),
+    ([GOOD[0], '{"ids": [1, "a"]}'], True, "store {path}, line 2: expected an object whose 'ids' lists token ids"),
+    (['{"ids": [1, 2], "start": 2}'], True, "store {path}, line 1: 'start' must be a position in 'ids' (0 to 1), got 2"),
+    (['{"ids": [1, 12]}'], True, "store {path}, line 1: token id 12 is outside the target's vocabulary (0 to 9): "
+                                 "another tokenizer's answers?"),
+    ([""], True, "store {path}: holds no answers"),
+    (GOOD, False, "store {path}: damaged (BadGzipFile: Not a gzipped file (b'{\"')); write it again"),
+])
+def test_a_bad_answers_file_is_one_line(tmp_path, cache, lines, compress, message):
+    path = tmp_path / "answers.jsonl.gz"
+    if lines is not None:
+        answers_file(path, lines, compress)
+    with pytest.raises(UserError) as error:
+        opened_table(path, 10)
+    assert str(error.value) == message.replace("{path}", str(path))
