@@ -108,3 +108,19 @@ def test_a_bad_answers_file_is_one_line(tmp_path, cache, lines, compress, messag
     with pytest.raises(UserError) as error:
         opened_table(path, 10)
     assert str(error.value) == message.replace("{path}", str(path))
+
+
+def test_a_profile_knows_a_store_by_its_answers_not_its_path(tmp_path):
+    """A profile calibrated with one store seeds the same answers anywhere, and no other answers."""
+    from specdec_cli.pairs.profile import describe_drafter, drafter_identity, same_drafter
+    from specdec_cli.pairs.registry import DrafterSpec, PairSpec, parse_model
+
+    def identity(path, kind="store"):
+        spec = DrafterSpec(free_kind=kind, answers=path if kind == "store" else None)
+        return drafter_identity(PairSpec("p", parse_model("hf:o/t"), spec))
+
+    here, there, other = (answers_file(tmp_path / name, lines) for name, lines in
+                          (("a.jsonl.gz", GOOD), ("b.jsonl.gz", GOOD), ("c.jsonl.gz", GOOD[:1])))
+    assert same_drafter(identity(here), identity(there)) and not same_drafter(identity(here), identity(other))
+    assert describe_drafter(identity(here)) == f"store {here} (sha256 {identity(here)['sha256']})"
+    assert identity(None, "recycle")["source"] == "recycle"  # not "ngram 1-3", as a free kind's once was

@@ -80,9 +80,10 @@ def parse_answers(path: Path, data: bytes, vocab_size: int) -> list[tuple[list[i
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        ids, start = answer_fields(line, vocab_size)
-        if isinstance(ids, str):
-            raise UserError(f"store {path}, line {number}: {ids}")
+        try:
+            ids, start = answer_fields(line, vocab_size)
+        except ValueError as problem:
+            raise UserError(f"store {path}, line {number}: {problem}") from None
         lead = max(start - MAX_MATCH, 0)
         answers.append((ids[lead:], start - lead))
     if not answers:
@@ -90,19 +91,19 @@ def parse_answers(path: Path, data: bytes, vocab_size: int) -> list[tuple[list[i
     return answers
 
 
-def answer_fields(line: str, vocab_size: int) -> tuple[list[int] | str, int]:
-    """(ids, start) of one line, or (what is wrong with it, 0)."""
+def answer_fields(line: str, vocab_size: int) -> tuple[list[int], int]:
+    """(ids, start) of one line; ValueError saying what is wrong with it."""
     try:
         record = json.loads(line)
     except ValueError as exc:
-        return f"not JSON ({exc})", 0
+        raise ValueError(f"not JSON ({exc})") from None
     ids = record.get("ids") if isinstance(record, dict) else None
     start = record.get("start", 0) if isinstance(record, dict) else None
     if not (isinstance(ids, list) and all(type(t) is int for t in ids)):
-        return "expected an object whose 'ids' lists token ids", 0
+        raise ValueError("expected an object whose 'ids' lists token ids")
     if not (type(start) is int and 0 <= start < len(ids)):
-        return f"'start' must be a position in 'ids' (0 to {len(ids) - 1}), got {start!r}", 0
+        raise ValueError(f"'start' must be a position in 'ids' (0 to {len(ids) - 1}), got {start!r}")
     outside = next((t for t in ids if not 0 <= t < vocab_size), None)
     if outside is not None:
-        return f"token id {outside} is outside the target's vocabulary (0 to {vocab_size - 1}): another tokenizer's answers?", 0
+        raise ValueError(f"token id {outside} is outside the target's vocabulary (0 to {vocab_size - 1}): another tokenizer's answers?")
     return ids, start

@@ -24,7 +24,7 @@ from ruamel.yaml.comments import CommentedMap
 from ..atomic import updating, write_atomically
 from ..errors import UserError
 from . import fields
-from .registry import PairSpec, yaml_problem
+from .registry import NGRAM, PairSpec, yaml_problem
 
 HEADER = (
     "specdec calibration profiles, written by `specdec calibrate-k --write` (one section per pair and target dtype).\n"
@@ -157,34 +157,46 @@ def drafter_identity(pair: PairSpec) -> dict[str, object]:
         identity["sha256"] = head_hash(spec.head)
     elif spec.model is not None:
         identity["source"] = str(spec.model.source)
-    else:
+    elif spec.answers is not None:  # a store: its answers, by their hash as a head's weights
+        identity["source"] = str(spec.answers)
+        identity["sha256"] = file_hash(spec.answers)
+    elif spec.kind == NGRAM:
         identity["source"] = f"ngram {spec.min_ngram}-{spec.max_ngram}"
+    else:
+        identity["source"] = spec.kind
     return identity
 
 
-def head_hash(directory: Path) -> str:
-    """The first 16 hex digits of the sha256 of a head's weights ('missing' when there are none)."""
-    weights = Path(directory) / "head.safetensors"
-    if not weights.is_file():
+def file_hash(path: Path) -> str:
+    """The first 16 hex digits of a file's sha256 ('missing' when there is none)."""
+    path = Path(path)
+    if not path.is_file():
         return "missing"
     digest = hashlib.sha256()
-    with weights.open("rb") as handle:
+    with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()[:16]
 
 
+def head_hash(directory: Path) -> str:
+    """The hash of a head's weights (its path differs between checkouts; its weights do not)."""
+    return file_hash(Path(directory) / "head.safetensors")
+
+
 def same_drafter(a: dict, b: dict) -> bool:
-    """Same kind and lookup; a head by its weights' hash, anything else by its source."""
+    """Same kind and lookup; a head by its weights' hash, a store by its file's, anything else by its source."""
     if a.get("kind") != b.get("kind") or bool(a.get("lookup")) != bool(b.get("lookup")):
         return False
-    key = "sha256" if a.get("kind") == "head" else "source"
+    key = "sha256" if a.get("kind") in ("head", "store") else "source"
     return str(a.get(key)) == str(b.get(key))
 
 
 def describe_drafter(identity: dict) -> str:
     kind = identity.get("kind", "?")
-    text = f"head {identity.get('source')} (sha256 {identity.get('sha256')})" if kind == "head" else str(identity.get("source"))
+    text = str(identity.get("source"))
+    if kind in ("head", "store"):
+        text = f"{kind} {text} (sha256 {identity.get('sha256')})"
     return f"{text} after prompt lookup" if identity.get("lookup") else text
 
 
