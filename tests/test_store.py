@@ -89,6 +89,8 @@ def test_the_table_is_built_once_kept_in_the_cache_and_the_same_every_time(tmp_p
     (entry / "keys.npy").write_bytes(kept["keys.npy"][:20])  # cut short: built again, byte for byte the same
     opened_table(path, 10)
     assert {p.name: p.read_bytes() for p in entry.iterdir()} == kept
+    with pytest.raises(UserError, match="token id 6 is outside the target's vocabulary"):
+        opened_table(path, 6)  # the kept table was checked against another vocabulary: checked again
 
 
 @pytest.mark.parametrize("lines, compress, message", [

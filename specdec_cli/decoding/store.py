@@ -50,14 +50,16 @@ class Table:
                 return int(row), n
         return -1, 0
 
-    def continuation(self, tail: list[int], k: int) -> tuple[list[int], int]:
-        """Up to ``k`` tokens after ``tail`` and the first match's length (suffix.continuation's rule)."""
+    def continuation(self, tail: list[int], k: int, factor: float = SPEC_FACTOR,
+                     floor: float = MIN_PROBABILITY) -> tuple[list[int], int]:
+        """Up to ``k`` tokens after ``tail`` and the first match's length (suffix.continuation's rule:
+        no longer than ``factor`` times the match, while the product of shares stays ≥ ``floor``)."""
         row, matched = self.longest(tail)
-        limit = min(k, int(SPEC_FACTOR * matched))
+        limit = min(k, int(factor * matched))
         found, chance, tail = [], 1.0, list(tail)
         while len(found) < limit and row >= 0:
             chance *= float(self.shares[row])
-            if chance < MIN_PROBABILITY:
+            if chance < floor:
                 break
             found.append(int(self.successors[row]))
             tail.append(found[-1])

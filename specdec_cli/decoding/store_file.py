@@ -9,7 +9,7 @@ before an answer are indexed, as leads into it.
 Reading it is a user's file and is checked: a missing, unreadable or damaged file, or a token id
 outside the target's vocabulary, is one line naming the file and the line, before any prompt runs.
 The table (store.build_table: 2.5 s for half a million tokens) is kept under ``stores/`` in the cache,
-keyed by the file's bytes and the n-gram lengths, written whole or not at all (runtime/staging.py),
+keyed by the file's bytes, the n-gram lengths and the target's vocabulary size, written whole or not at all (runtime/staging.py),
 and mapped at later starts (under a millisecond). A kept table that does not load is built again.
 """
 
@@ -37,13 +37,14 @@ PARTS = ("keys", "successors", "shares")
 def opened_table(path: Path, vocab_size: int) -> Table:
     """The table of the answers in ``path``, from the cache when it holds it, else built (and kept)."""
     data = read_bytes(path)
-    key = hashlib.sha256(f"{FORMAT}|{MIN_MATCH}|{MAX_MATCH}|".encode() + data).hexdigest()[:16]
+    # the vocabulary too: a table is kept only for the targets whose ids its answers were checked against
+    key = hashlib.sha256(f"{FORMAT}|{MIN_MATCH}|{MAX_MATCH}|{vocab_size}|".encode() + data).hexdigest()[:16]
     root = open_cache() / "stores"
     entry = root / key
-    try:
-        return Table(*(np.load(entry / f"{part}.npy", mmap_mode="r") for part in PARTS))
-    except (OSError, ValueError):
-        shutil.rmtree(entry, ignore_errors=True)  # none kept yet, or one cut short: built again
+    table = kept_table(entry)
+    if table is not None:
+        return table
+    shutil.rmtree(entry, ignore_errors=True)  # none kept yet, or one damaged: built again
     answers = parse_answers(path, data, vocab_size)
     log.info(f"indexing the store's {sum(len(t) - lead for t, lead in answers):,} answer tokens (once: kept in {root})")
     table = build_table(answers)
@@ -56,6 +57,15 @@ def opened_table(path: Path, vocab_size: int) -> Table:
         if not entry.is_dir():
             log.warning(f"the store's table is not kept, so it is built again at every start: {unwritable(entry, exc)}")
     return table
+
+
+def kept_table(entry: Path) -> Table | None:
+    """The table kept in ``entry``, mapped; None when there is none or its parts do not fit together."""
+    try:
+        table = Table(*(np.load(entry / f"{part}.npy", mmap_mode="r") for part in PARTS))
+    except (OSError, ValueError):
+        return None
+    return table if len(table.keys) == len(table.successors) == len(table.shares) else None
 
 
 def read_bytes(path: Path) -> bytes:
