@@ -69,11 +69,14 @@ def test_the_default_pair_decodes_every_unseen_prompt_without_leaving_the_lean_f
     stats = [json.loads(line)["stats"] for line in result.stdout.splitlines()]
     assert len(stats) == 80 and [s["fallback_forwards"] for s in stats] == [0] * 80
     assert "fallback_forwards" not in result.stderr
+    if mode[1] == "auto":  # the pair's store stands beside the head and lookup, and drafts
+        assert sum(n for s in stats for source, n in s["drafted_by"].items() if source.startswith("store")) > 0
 
 
 SAMPLED = ["--temperature", "0.8", "--seed", "3", "--max-new-tokens", "24"]
 MODES = {"plain": ["-k", "0"], "K 4": ["-k", "4"], "auto": ["-k", "auto"], "head": ["--drafter", "head", "-k", "3"],
-         "ngram": ["--drafter", "ngram", "-k", "4"], "model": ["--drafter", "model", "-k", "4"], "tree": ["--tree", "6"],
+         "ngram": ["--drafter", "ngram", "-k", "4"], "model": ["--drafter", "model", "-k", "4"],
+         "store": ["--drafter", "store", "-k", "4"], "tree": ["--tree", "6"],
          "one thread": ["-k", "4", "--threads", "1"], "two threads": ["-k", "auto", "--threads", "2"]}
 
 
