@@ -21,9 +21,8 @@ import gzip
 import json
 
 import torch
-from free_drafter_replay import kept, walk
+from free_drafter_replay import block_cost, kept, walk
 
-from specdec_cli.decoding.blocks import relative_costs
 from specdec_cli.decoding.drafters import NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.loaded_pair import load_pair
@@ -68,10 +67,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
     runtime = load_pair(load_registry().pair(None))
-    costs = relative_costs(runtime.block_costs, runtime.block_plan)
-
-    def cost(nodes: int) -> float:
-        return 1.0 if nodes == 0 else costs.get(nodes, max(costs.values()) + 0.12 * (nodes - max(costs)))
+    cost = block_cost(runtime)
 
     store, filled = filled_store(args.tokens)
     plain = SpeculativeEngine(runtime.target.model, None, runtime.eos_token_ids, runtime.block_plan)
