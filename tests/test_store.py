@@ -126,3 +126,36 @@ def test_a_profile_knows_a_store_by_its_answers_not_its_path(tmp_path):
     assert same_drafter(identity(here), identity(there)) and not same_drafter(identity(here), identity(other))
     assert describe_drafter(identity(here)) == f"store {here} (sha256 {identity(here)['sha256']})"
     assert identity(None, "recycle")["source"] == "recycle"  # not "ngram 1-3", as a free kind's once was
+
+
+def test_a_pairs_store_drafts_from_the_command_line_and_a_mode_without_one_is_one_line(pair_dir, tmp_path, cache):
+    """models.yaml names the store under `drafters:`: `--drafter store` and `-k auto` (the store beside
+    lookup) give plain decoding's tokens and draft from it; a bench mode of a store the pair has not
+    is refused in the mode's words."""
+    from typer.testing import CliRunner
+
+    from conftest import one_line_error
+    from specdec_cli.cli import app
+
+    def generate(*args):
+        result = CliRunner().invoke(app, ["generate", "--models", str(models), "--raw", "--json", "--max-new-tokens", "24",
+                                          *args, "the cat sat on"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    models = tmp_path / "models.yaml"
+    models.write_text(f"default: p\npairs:\n  p:\n    target: {pair_dir / 'target'}\n    draft: {{kind: ngram, free: [store]}}\n"
+                      "    drafters: {store: answers.jsonl.gz}\n    k: 3\n")
+    plain = generate("-k", "0")
+    answers_file(tmp_path / "answers.jsonl.gz", [json.dumps({"ids": plain["token_ids"]})])  # the answer, stored
+    for mode in (["--drafter", "store", "-k", "3"], ["-k", "auto"]):
+        run = generate(*mode)
+        assert run["token_ids"] == plain["token_ids"] and run["stats"]["accepted"] > 0
+    assert any(source.startswith("store") for source in run["stats"]["drafted_by"]), run["stats"]  # auto's
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "the cat"}\n')
+    result = CliRunner().invoke(app, ["bench", "--models", str(pair_dir / "models.yaml"), "--pair", "tiny-ngram", "--prompts",
+                                      str(prompts), "--modes", "plain,store:3", "--max-new-tokens", "4"])
+    assert one_line_error(result) == ("mode store:3 needs a store, and pair 'tiny-ngram' has none "
+                                      "(list one under `drafters:` in models.yaml)")
