@@ -91,3 +91,18 @@ def test_an_ngram_export_keeps_the_lookup_bounds_the_bench_measured(pair_dir, tm
     config = report["speculative_config"]
     assert (config["prompt_lookup_min"], config["prompt_lookup_max"]) == (2, 4)  # the pair's own are 1-3
     assert "prompt lookup 2-4 as the engine bench measured it (the pair's own bounds are 1-3)" in report["notes"]
+
+
+def test_the_free_drafters_beside_the_pairs_drafter_are_named_as_not_exported(pair_dir, tmp_path):
+    """A pair whose `-k auto` weighs a store beside prompt lookup exports its lookup, and says the store
+    stays specdec's own rather than dropping it without a word."""
+    models = tmp_path / "models.yaml"
+    models.write_text(f"default: p\npairs:\n  p:\n    target: {pair_dir / 'target'}\n    draft: {{kind: ngram, free: [recycle, store]}}\n"
+                      "    drafters: {store: answers.jsonl}\n")
+    rows = [("vllm-plain", 1, 20.0), ("vllm-ngram:4", 1, 30.0)]
+    result = CliRunner(env={"SPECDEC_PROFILE": str(tmp_path / "no-profile.yaml")}).invoke(
+        app, ["export", "--models", str(models), "--engine", "vllm", "--json", "--from-bench", str(bench(tmp_path, rows))])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["speculative_config"]["method"] == "ngram"
+    assert "what `-k auto` weighs beside the pair's drafter (recycle, store) is specdec's own: not exported" in report["notes"]
