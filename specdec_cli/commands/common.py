@@ -34,7 +34,7 @@ ModelsOption = Annotated[
 ]
 TargetOption = Annotated[Optional[str], typer.Option("--target", metavar="SOURCE", help="Override the pair's target: hf:ID, package:PKG/FILE, a directory or a .gguf.")]
 DraftOption = Annotated[Optional[str], typer.Option("--draft", metavar="SOURCE", help="Override the pair's draft: a model source as for --target, a head directory from train-draft, or 'ngram'.")]
-DrafterOption = Annotated[Optional[str], typer.Option("--drafter", metavar="KIND", help="Drafter kind: 'model' (the pair's draft model), 'head' (its draft head), or one that needs no weights and is always there: " + free_kinds.described() + "; the pair's default `draft:` or one listed under `drafters:`.")]
+DrafterOption = Annotated[Optional[str], typer.Option("--drafter", metavar="KIND", help="Drafter kind: 'model' (the pair's draft model), 'head' (its draft head), or one that needs no weights: " + free_kinds.described() + "; the pair's default `draft:` or one listed under `drafters:` (those without a file are always there).")]
 PromptsOption = Annotated[Path, typer.Option("--prompts", metavar="FILE", help="Prompt file: one prompt per line, plain text or JSON with 'prompt' and optional 'id', 'scenario'.")]
 MaxNewTokensOption = Annotated[int, typer.Option("--max-new-tokens", metavar="N", help="Most new tokens per answer (per prompt, and per K or mode where there are several).")]
 TemperatureOption = Annotated[float, typer.Option("--temperature", metavar="T", help="0 decodes greedily; above 0 samples (speculative sampling keeps the target's distribution).")]

@@ -40,5 +40,5 @@ BESIDE = tuple(name for name, kind in KINDS.items() if kind.beside)  # what `fre
 
 def described() -> str:
     """Every free kind as help text lists them: 'ngram' (prompt lookup), ..."""
-    return ", ".join(f"'{kind.name}' ({kind.what}{'; where the pair names its file' if kind.needs_source else ''})"
+    return ", ".join(f"'{kind.name}' ({kind.what}{': the file the pair names under drafters:' if kind.needs_source else ''})"
                      for kind in KINDS.values())
