@@ -24,3 +24,7 @@ done
 # ones, whose answers the store holds: priors.json
 python3 benchmarks/free_drafter_priors.py --prompts examples/calibration-prompts.jsonl benchmarks/bench-prompts.jsonl \
   benchmarks/random-prompts.jsonl examples/equivalence-prompts.jsonl benchmarks/lossy-prompts.jsonl
+
+# The batch job as a user runs it, one process each, alternating -k 0 and the default (whole-process
+# seconds in batch-jobs-process.txt):
+#   time specdec generate --json [-k 0] < benchmarks/batch-jobs.jsonl > out.jsonl
