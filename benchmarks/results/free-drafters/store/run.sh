@@ -28,3 +28,7 @@ python3 benchmarks/free_drafter_priors.py --prompts examples/calibration-prompts
 # The batch job as a user runs it, one process each, alternating -k 0 and the default (whole-process
 # seconds in batch-jobs-process.txt):
 #   time specdec generate --json [-k 0] < benchmarks/batch-jobs.jsonl > out.jsonl
+
+# The suffix memory beside the store too (models-store-and-suffix.yaml: the packaged models.yaml with
+# `free: [store, suffix]`), alternating with the packaged pair: suffix-trial-*.json (`--modes plain,auto`
+# on the unseen prompts) and suffix-trial-batch-process.txt (whole-process seconds of the batch job).
