@@ -71,7 +71,8 @@ def main() -> None:
     if args.rules:  # (factor, floor, depth) over the shipped answers
         table = build_table(stored(VARIANTS["greedy"]))
         runs = {f"factor {f}, floor {p}, depth {d}": (table, f, p, d)
-                for f, p, d in ((1, 0.1, 4), (1.5, 0.1, 4), (2, 0.1, 4), (1, 0.05, 4), (1, 0.2, 4), (2, 0.05, 6), (1, 0.1, 6))}
+                for f, p, d in ((1, 0.1, 4), (1.5, 0.1, 4), (2, 0.1, 4), (1, 0.05, 4), (1, 0.2, 4), (1, 0.3, 4),
+                                (1, 0.4, 4), (1, 0.5, 4), (2, 0.05, 6), (1, 0.1, 6))}
     else:
         runs = {"lookup alone": (None, 1, 0.1, args.depth),
                 **{name: (build_table(stored(parts)), 1, 0.1, args.depth) for name, parts in VARIANTS.items()}}
