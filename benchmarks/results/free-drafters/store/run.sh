@@ -32,3 +32,7 @@ python3 benchmarks/free_drafter_priors.py --prompts examples/calibration-prompts
 # The suffix memory beside the store too (models-store-and-suffix.yaml: the packaged models.yaml with
 # `free: [store, suffix]`), alternating with the packaged pair: suffix-trial-*.json (`--modes plain,auto`
 # on the unseen prompts) and suffix-trial-batch-process.txt (whole-process seconds of the batch job).
+
+# A floor of 0.4 on the store's drafts (its continuation(..., floor=0.4) in StoreDrafter.propose, its
+# priors replayed again: priors-floor04.json), alternating with the packaged pair, `--modes plain,auto`:
+# floor-trial-*.json.
