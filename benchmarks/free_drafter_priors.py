@@ -54,10 +54,10 @@ def main() -> None:
     args = parser.parse_args()
     runtime = load_pair(load_registry().pair(None))
     plain = SpeculativeEngine(runtime.target.model, None, runtime.eos_token_ids, runtime.block_plan)
-    recycle = RecycleDrafter(runtime.target.model.config.get_text_config().vocab_size)
-    memory = SuffixDrafter()
+    vocab = runtime.target.model.config.get_text_config().vocab_size
+    recycle, memory = RecycleDrafter(vocab), SuffixDrafter()
     store = runtime.pair.alternate("store")
-    others = (recycle, memory, *([StoreDrafter.for_pair(store, recycle.table.shape[0])] if store else []))
+    others = (recycle, memory, *([StoreDrafter.for_pair(store, vocab)] if store else []))
     kept, judged = defaultdict(lambda: [0] * args.k), defaultdict(lambda: [0] * args.k)
     prompts = [p for path in args.prompts for p in read_file(path)]
     for prompt in prompts:

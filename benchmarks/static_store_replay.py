@@ -34,14 +34,17 @@ from specdec_cli.prompts import read_file
 POLICIES = ("lookup", "store", "lookup2_else_store", "lookup2_else_store4", "oracle")
 
 
-def stored_answers(limit: int) -> list[tuple[list[int], int]]:
-    """The stored greedy answers, up to ``limit`` answer tokens: each as its tokens from MAX_MATCH
-    before the answer on, and how many of them lead into it (as the memory remembers an answer)."""
+def stored_answers(limit: int | None = None, parts: set[tuple[str, str]] | None = None) -> list[tuple[list[int], int]]:
+    """The stored answers of these (directory, kind) parts of examples/answers/ (by default every greedy
+    one), up to ``limit`` answer tokens: each as its tokens from MAX_MATCH before the answer on, and how
+    many of them lead into it (as the memory remembers an answer)."""
     found, filled = [], 0
     for path in sorted(glob.glob("examples/answers/*/*.jsonl.gz")):
+        directory = path.split("/")[-2]
         for line in gzip.open(path, "rt"):
             record = json.loads(line)
-            if record.get("kind") != "greedy" or filled >= limit:
+            wanted = record.get("kind") == "greedy" if parts is None else (directory, record.get("kind")) in parts
+            if not wanted or (limit is not None and filled >= limit):
                 continue
             ids, start = record["ids"], record.get("start", 0)
             lead = max(start - MAX_MATCH, 0)

@@ -15,12 +15,11 @@ draft's estimated chance, a deeper chain). Untimed.
 from __future__ import annotations
 
 import argparse
-import glob
-import gzip
 import json
 
 import torch
 from free_drafter_replay import block_cost, kept, walk
+from static_store_replay import stored_answers
 
 from specdec_cli.decoding.drafters import NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
@@ -36,20 +35,6 @@ VARIANTS = {"greedy": {("answers", "greedy"), ("conversations", "greedy"), ("han
             "greedy+sampled": {("answers", "greedy"), ("conversations", "greedy"), ("handwritten", "greedy"),
                                ("answers", "sampled"), ("conversations", "sampled"), ("handwritten", "sampled")}}
 VARIANTS["everything"] = VARIANTS["greedy+sampled"] | {("requests", "sampled"), ("followups", "sampled")}
-
-
-def stored(parts: set[tuple[str, str]]) -> list[tuple[list[int], int]]:
-    """The answers of these (directory, kind) parts, as the store indexes them."""
-    found = []
-    for path in sorted(glob.glob("examples/answers/*/*.jsonl.gz")):
-        directory = path.split("/")[-2]
-        for line in gzip.open(path, "rt"):
-            record = json.loads(line)
-            if (directory, record.get("kind")) in parts:
-                ids, start = record["ids"], record.get("start", 0)
-                lead = max(start - MAX_MATCH, 0)
-                found.append((ids[lead:], start - lead))
-    return found
 
 
 def main() -> None:
@@ -69,13 +54,13 @@ def main() -> None:
         answers.append((ids, [t for e in plain.generate(ids, k=0, max_new_tokens=args.max_new_tokens) for t in e.emitted]))
     report = {"prompts": args.prompts, "answers": len(answers), "variants": {}}
     if args.rules:  # (factor, floor, depth) over the shipped answers
-        table = build_table(stored(VARIANTS["greedy"]))
+        table = build_table(stored_answers(parts=VARIANTS["greedy"]))
         runs = {f"factor {f}, floor {p}, depth {d}": (table, f, p, d)
                 for f, p, d in ((1, 0.1, 4), (1.5, 0.1, 4), (2, 0.1, 4), (1, 0.05, 4), (1, 0.2, 4), (1, 0.3, 4),
                                 (1, 0.4, 4), (1, 0.5, 4), (2, 0.05, 6), (1, 0.1, 6))}
     else:
         runs = {"lookup alone": (None, 1, 0.1, args.depth),
-                **{name: (build_table(stored(parts)), 1, 0.1, args.depth) for name, parts in VARIANTS.items()}}
+                **{name: (build_table(stored_answers(parts=parts)), 1, 0.1, args.depth) for name, parts in VARIANTS.items()}}
     for name, (table, factor, floor, depth) in runs.items():
         rounds = spent = tokens = 0
         for ids, answer in answers:

@@ -185,18 +185,19 @@ def head_hash(directory: Path) -> str:
 
 
 def same_drafter(a: dict, b: dict) -> bool:
-    """Same kind and lookup; a head by its weights' hash, a store by its file's, anything else by its source."""
+    """Same kind and lookup; a drafter with a hash (a head's weights, a store's answers) by it, anything
+    else by its source."""
     if a.get("kind") != b.get("kind") or bool(a.get("lookup")) != bool(b.get("lookup")):
         return False
-    key = "sha256" if a.get("kind") in ("head", "store") else "source"
+    key = "sha256" if "sha256" in a else "source"
     return str(a.get(key)) == str(b.get(key))
 
 
 def describe_drafter(identity: dict) -> str:
     kind = identity.get("kind", "?")
     text = str(identity.get("source"))
-    if kind in ("head", "store"):
-        text = f"{kind} {text} (sha256 {identity.get('sha256')})"
+    if "sha256" in identity:
+        text = f"{kind} {text} (sha256 {identity['sha256']})"
     return f"{text} after prompt lookup" if identity.get("lookup") else text
 
 
