@@ -36,3 +36,7 @@ python3 benchmarks/free_drafter_priors.py --prompts examples/calibration-prompts
 # A floor of 0.4 on the store's drafts (its continuation(..., floor=0.4) in StoreDrafter.propose, its
 # priors replayed again: priors-floor04.json), alternating with the packaged pair, `--modes plain,auto`:
 # floor-trial-*.json.
+
+# The store's drafts tagged `-split` where their first token had no majority (split-variant.diff applied,
+# its priors replayed with the command above: priors-split.json), alternating with the packaged pair,
+# `--modes plain,auto`, split default default split: split-trial-*.json.
