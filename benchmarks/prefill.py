@@ -1,4 +1,5 @@
-"""A prompt's forward on the int4 kernels against dense weights (runtime/dense_prefill.py: bfloat16 or float32, by CPU).
+"""A prompt's forward on the int4 kernels against dense weights (runtime/dense_prefill.py: bfloat16 or float32, by CPU;
+made here even where this CPU's default keeps prompts on the kernels).
 
     OMP_NUM_THREADS=2 python3 benchmarks/prefill.py --prompts benchmarks/unseen-sample.jsonl
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -28,6 +30,7 @@ def main() -> None:
     parser.add_argument("--prompts", required=True)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    os.environ.setdefault("SPECDEC_DENSE_PREFILL", "1")  # the copies, also where prompts would stay on the kernels
     runtime = load_pair(load_registry().pair(None))
     lean = getattr(runtime.target.model.forward, "__self__", None)
     dense = getattr(lean, "prompt_layers", None)

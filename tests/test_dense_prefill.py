@@ -81,9 +81,15 @@ def test_decoding_after_a_dense_prompt_is_lossless_and_transformers_continues_it
 def test_the_cpu_picks_the_prompt_weights_and_the_environment_overrides_it(monkeypatch):
     for setting, expected in (("0", None), ("bfloat16", torch.bfloat16), ("float32", torch.float32)):
         monkeypatch.setenv("SPECDEC_DENSE_PREFILL", setting)
-        assert dense_prefill.dense_dtype() == expected
-    by_cpu = torch.bfloat16 if dense_prefill.fast_bfloat16() else torch.float32  # emulated bfloat16 is slow
-    monkeypatch.setenv("SPECDEC_DENSE_PREFILL", "1")
-    assert dense_prefill.dense_dtype() == by_cpu
+        assert [dense_prefill.dense_dtype(path) for path in ("avx512", "avx2", "")] == [expected] * 3
     monkeypatch.delenv("SPECDEC_DENSE_PREFILL")
-    assert dense_prefill.dense_dtype() == by_cpu
+    # CPUs as torch's probes describe them: what specdec's kernels run on, and what prompts then run on
+    for name, cpu, avx512, avx2, torchs in (
+            ("AMX", {"_is_amx_tile_supported", "_is_avx512_bf16_supported"}, torch.bfloat16, torch.bfloat16, torch.bfloat16),
+            ("AVX-512 BF16, no AMX", {"_is_avx512_bf16_supported"}, None, torch.bfloat16, torch.bfloat16),
+            ("neither (emulated bfloat16 is slow)", set(), None, torch.float32, torch.float32)):
+        monkeypatch.setattr(dense_prefill, "supported", cpu.__contains__)
+        assert [dense_prefill.dense_dtype(path) for path in ("avx512", "avx2", "")] == [avx512, avx2, torchs], name
+        monkeypatch.setenv("SPECDEC_DENSE_PREFILL", "1")  # copies wherever, in the CPU's dtype
+        assert dense_prefill.dense_dtype("avx512") == (torch.bfloat16 if cpu else torch.float32), name
+        monkeypatch.delenv("SPECDEC_DENSE_PREFILL")

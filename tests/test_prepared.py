@@ -154,13 +154,14 @@ def test_the_default_pairs_mapped_int4_target_equals_a_fresh_build_bit_for_bit()
 
     from specdec_cli.runtime import dense_prefill
     float_model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
-    built, dense = loading._quantised(float_model, "int4", Path(directory) / gguf_file, dense_prefill.dense_dtype(),
-                                      native_kernels.available(cache_root()))
+    native = native_kernels.available(cache_root())
+    prompt_dtype = dense_prefill.dense_dtype(native_kernels.cpu_path() if native else "")  # as load chose
+    built, dense = loading._quantised(float_model, "int4", Path(directory) / gguf_file, prompt_dtype, native)
     built = loading._finish(built, dense, True).eval()
     ids = torch.randint(20, 40000, (1, 40), generator=torch.Generator().manual_seed(3))
     outputs = []
     with torch.inference_mode():
-        for model in (built, mapped):  # a prompt (dense copies), a token, a verify block of 8
+        for model in (built, mapped):  # a prompt (on dense copies where this CPU takes them), a token, a block of 8
             cache = DynamicCache(config=model.config)
             outputs.append([model(ids[:, :30], cache=cache, use_cache=True, logits_to_keep=1).logits,
                             model(ids[:, 30:31], cache=cache, use_cache=True).logits,

@@ -39,7 +39,7 @@ def test_default_pair_speculative_output_equals_plain_decoding(dtype):
 
 def computed_by(dtype: str) -> dict:
     """What the default pair's target runs on here: specdec's kernels for int4 (unless told to use
-    torch's) with prompts on dense copies, torch's for float32."""
+    torch's) with prompts on dense copies where this CPU takes them, torch's for float32."""
     import os
 
     import torch
@@ -50,7 +50,7 @@ def computed_by(dtype: str) -> dict:
     if dtype == "float32":
         return {"kernels": torch_kernels, "prefill": "as decoding", "threads": torch.get_num_threads()}
     native = not os.environ.get("SPECDEC_TORCH_KERNELS") and native_kernels.cpu_path()
-    prefill = dense_prefill.dense_dtype()
+    prefill = dense_prefill.dense_dtype(native or "")
     return {"kernels": f"specdec-{native_kernels.cpu_path()}" if native else torch_kernels,
             "prefill": str(prefill).removeprefix("torch.") if prefill is not None else "as decoding",
             "threads": torch.get_num_threads()}

@@ -156,8 +156,8 @@ def quantised_target(spec: ModelSpec, directory: str, gguf_path: Path | None,
     needs the same target meanwhile waits, then maps what the first wrote, instead of spending a minute
     and 0.6 GB of writes on the same file beside it."""
     lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
-    dense_dtype = dense_prefill.dense_dtype() if lean else None
     native = native_kernels.available(open_cache())
+    dense_dtype = dense_prefill.dense_dtype(native_kernels.cpu_path() if native else "") if lean else None
     key = _prepared_key(spec, directory, gguf_path, dense_dtype, native)
     path = _prepared_path(key, Path(directory).name) if key else None
     if path is None:

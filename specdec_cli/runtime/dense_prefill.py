@@ -6,14 +6,19 @@ compute-bound. A CPU with AMX (or AVX-512 BF16) runs oneDNN's bfloat16 matmul se
 gate/up at 37 rows took 1.0 ms in int4 and 0.3 ms in bfloat16, at 512 rows 12.9 ms against 1.1 ms.
 Elsewhere bfloat16 is emulated (slower than int4), but float32 BLAS still beats the int4 kernel from
 a few dozen rows on (an AVX2 EPYC: 37 rows 1.4 against 1.8 ms, 512 rows 10.9 against 23.1 ms), for
-twice bfloat16's memory (~425 MB of copies for this project's target, ~215 MB in bfloat16).
+twice bfloat16's memory (~425 MB of copies for this project's target, ~215 MB in bfloat16). Those
+were torch's int4 kernels. specdec's own on AVX-512 VNNI multiply int8 codes at 64 a cycle and beat
+bfloat16 without AMX at every prompt length measured (an AVX-512 BF16 EPYC: 38 tokens 35 against
+59 ms, 413 tokens 427 against 447 ms; docs/performance.md, "A prompt's forward"): there prompts stay
+on the kernels and no copies are made.
 
 So a forward on an empty cache that asks for its last row's logits only — a prompt; a verify block
 scores every row — runs its linears on those copies, taken from the float model before
 quantisation (for a GGUF target, its own blocks de-quantised), and its attention as one causal
 call. Plain and speculative decoding share that forward, so their outputs stay identical; the
 prompt's positions differ from the kernels' arithmetic by round-off. ``SPECDEC_DENSE_PREFILL=0``
-turns it off, ``=1`` on with the CPU's dtype, ``=bfloat16`` / ``=float32`` picks the dtype.
+turns it off, ``=1`` on with the CPU's dtype (also where the kernels would run prompts),
+``=bfloat16`` / ``=float32`` picks the dtype.
 """
 
 from __future__ import annotations
@@ -28,26 +33,31 @@ import torch
 DENSE_FROM = {torch.bfloat16: 8, torch.float32: 20}
 
 
-def dense_dtype() -> torch.dtype | None:
-    """The dtype of a prompt's weights on this CPU, or None to keep the kernels'."""
+def dense_dtype(kernel_path: str = "") -> torch.dtype | None:
+    """The dtype of a prompt's weights on this CPU, or None to keep the kernels'. ``kernel_path``:
+    the CPU path of specdec's kernels where the target runs on them (native_kernels.cpu_path), else ""."""
     setting = os.environ.get("SPECDEC_DENSE_PREFILL")
     if setting == "0":
         return None
     if setting in ("bfloat16", "float32"):
         return getattr(torch, setting)
+    if setting != "1" and kernel_path == "avx512" and not supported("_is_amx_tile_supported"):
+        return None
     return torch.bfloat16 if fast_bfloat16() else torch.float32
 
 
 def fast_bfloat16() -> bool:
     """AMX or AVX-512 BF16: without them oneDNN emulates bfloat16, slower than the int4 kernel."""
-    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
-        check = getattr(torch.cpu, probe, None)
-        try:
-            if check is not None and check():
-                return True
-        except (RuntimeError, AttributeError):
-            continue
-    return False
+    return supported("_is_amx_tile_supported") or supported("_is_avx512_bf16_supported")
+
+
+def supported(probe: str) -> bool:
+    """torch's answer to one of its ``torch.cpu._is_*_supported`` probes; False where it has none."""
+    check = getattr(torch.cpu, probe, None)
+    try:
+        return bool(check is not None and check())
+    except (RuntimeError, AttributeError):
+        return False
 
 
 def dense_weights(model, dtype: torch.dtype) -> list[tuple[torch.Tensor, ...]] | None:

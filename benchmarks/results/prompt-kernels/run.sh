@@ -1,0 +1,8 @@
+#!/bin/bash
+# A prompt's forward on specdec's kernels against the bfloat16 copies, on an AVX-512 VNNI + BF16 CPU
+# without AMX, from the repository root, idle machine (../shared/tools/quiet-check before each run).
+# Per prompt, one process, both ways (prefill-avx512.txt):
+OMP_NUM_THREADS=2 python3 benchmarks/prefill.py --prompts benchmarks/unseen-sample.jsonl
+# End to end, alternating kernels dense dense kernels (SPECDEC_DENSE_PREFILL=0 for the kernels, as the
+# default now chooses on such a CPU; unset for the copies, as the default chose before): bench-*.json
+python3 -m specdec_cli bench --prompts benchmarks/unseen-prompts.jsonl --max-new-tokens 64 --modes plain,auto --threads 2 --json
