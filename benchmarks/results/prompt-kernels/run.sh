@@ -6,3 +6,6 @@ OMP_NUM_THREADS=2 python3 benchmarks/prefill.py --prompts benchmarks/unseen-samp
 # End to end, alternating kernels dense dense kernels (SPECDEC_DENSE_PREFILL=0 for the kernels, as the
 # default now chooses on such a CPU; unset for the copies, as the default chose before): bench-*.json
 python3 -m specdec_cli bench --prompts benchmarks/unseen-prompts.jsonl --max-new-tokens 64 --modes plain,auto --threads 2 --json
+# Two more runs of the default as it now is (bench-5-kernels.json, bench-6-kernels.json), and its
+# equivalence on the equivalence prompts (verify-equivalence.json):
+python3 -m specdec_cli verify-equivalence --prompts examples/equivalence-prompts.jsonl -k 1,3,5 --json
