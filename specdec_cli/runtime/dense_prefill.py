@@ -8,8 +8,8 @@ Elsewhere bfloat16 is emulated (slower than int4), but float32 BLAS still beats 
 a few dozen rows on (an AVX2 EPYC: 37 rows 1.4 against 1.8 ms, 512 rows 10.9 against 23.1 ms), for
 twice bfloat16's memory (~425 MB of copies for this project's target, ~215 MB in bfloat16). Those
 were torch's int4 kernels. specdec's own on AVX-512 VNNI multiply int8 codes at 64 a cycle and beat
-bfloat16 without AMX at every prompt length measured (an AVX-512 BF16 EPYC: 38 tokens 35 against
-59 ms, 413 tokens 427 against 447 ms; docs/performance.md, "A prompt's forward"): there prompts stay
+bfloat16 without AMX at every prompt length measured (an AVX-512 BF16 EPYC: 38 tokens 28 against
+49 ms, 413 tokens 296 against 365 ms; docs/performance.md, "A prompt's forward"): there prompts stay
 on the kernels and no copies are made.
 
 So a forward on an empty cache that asks for its last row's logits only — a prompt; a verify block
