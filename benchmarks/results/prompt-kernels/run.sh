@@ -9,3 +9,5 @@ python3 -m specdec_cli bench --prompts benchmarks/unseen-prompts.jsonl --max-new
 # Two more runs of the default as it now is (bench-5-kernels.json, bench-6-kernels.json), and its
 # equivalence on the equivalence prompts (verify-equivalence.json):
 python3 -m specdec_cli verify-equivalence --prompts examples/equivalence-prompts.jsonl -k 1,3,5 --json
+# The batch job as a user runs it, one process each (batch-jobs-process.txt, seconds; the first run
+# prepared the target):  time specdec generate --json [-k 0] < benchmarks/batch-jobs.jsonl > out.jsonl
