@@ -26,8 +26,8 @@ from transformers import DynamicCache
 
 from specdec_cli.decoding.kv import crop_cache, reserved_cache
 from specdec_cli.pairs.loading import load
-from specdec_cli.runtime.lean_forward import LeanLlama
 from specdec_cli.pairs.registry import load_registry, override
+from specdec_cli.runtime.lean_forward import LeanLlama
 
 PROMPT = "Explain in a few sentences why the sky is blue, and what changes at sunset."
 GROUPS = {  # aten op -> group; anything else is "other ops"
