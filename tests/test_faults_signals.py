@@ -40,6 +40,16 @@ main()
 """
 
 
+@pytest.fixture(autouse=True)
+def sigint_reaches_the_children():
+    """A test run started in the background by a shell without job control (`(pytest &)`) ignores
+    SIGINT, and a child inherits that: Ctrl-C would never reach specdec. A handler set here is reset
+    to the default in every child, as a terminal's Ctrl-C finds it."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def start(command: list[str]) -> subprocess.Popen:
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
