@@ -11,3 +11,11 @@ python3 -m specdec_cli bench --prompts benchmarks/unseen-prompts.jsonl --max-new
 python3 -m specdec_cli verify-equivalence --prompts examples/equivalence-prompts.jsonl -k 1,3,5 --json
 # The batch job as a user runs it, one process each (batch-jobs-process.txt, seconds; the first run
 # prepared the target):  time specdec generate --json [-k 0] < benchmarks/batch-jobs.jsonl > out.jsonl
+# Low acceptance, sampled: the random prompts at temperature 0.7 and 1.0, one sample a prompt, the
+# default as it now is (low-t0.7.json, low-t1.0.json, low-t1.0-b.json, low-t1.0-c.json):
+python3 -m specdec_cli bench --prompts benchmarks/random-prompts.jsonl --max-new-tokens 64 --temperature 1.0 \
+  --modes plain,auto --threads 2 --json
+# and four samples a prompt, kernels copies copies kernels at seed 0, then copies kernels at seed 1
+# (SPECDEC_DENSE_PREFILL=bfloat16 for the copies): low-t1.0-samples4-seed*-*.json
+python3 -m specdec_cli bench --prompts benchmarks/random-prompts.jsonl --max-new-tokens 64 --temperature 1.0 \
+  --samples 4 --seed 0 --modes plain,auto --threads 2 --json
