@@ -139,3 +139,38 @@ def test_calibrate_k_sweeps_tree_budgets_and_writes_what_they_did(pair_dir, tmp_
     assert sibling_prior(written, "code") == tuple(tree["scenarios"]["code"]["siblings"])
     ngram = invoke(pair_dir, "calibrate-k", "--pair", "tiny-alt", "--prompts", str(prompts), "--tree", "3")
     assert ngram.exit_code == 2 and "--tree needs a draft head, and pair 'tiny-alt' drafts with 'ngram'" in ngram.output
+
+
+def test_a_lossy_rule_is_refused_on_every_mode_that_drafts_trees(pair_dir, tmp_path):
+    """`ngram+tree` wraps the head's trees in prompt lookup: the wrapper must not hide them."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "abcabcabc"}\n')
+    for modes, extra in (("ngram+tree:6@top:3", ()), ("tree:6@top:3", ()), ("auto+tree@lenient:2", ()),
+                         ("head:2,ngram+tree:6", ("--accept", "top:3"))):
+        result = invoke(pair_dir, "bench", "--pair", "tiny-alt", "--prompts", str(prompts), "--max-new-tokens", "4",
+                        "--json", "--modes", modes, *extra)
+        assert result.exit_code == 2, (modes, result.output)
+        assert "applies to chains of drafts; trees are verified exactly" in " ".join(result.stderr.split()), modes
+        assert result.stdout == ""
+
+
+def test_the_engine_refuses_a_lossy_rule_for_a_tree_however_it_is_wrapped(target):
+    import pytest
+    from specdec_cli.decoding.drafters import NgramDrafter
+    from specdec_cli.decoding.engine import SpeculativeEngine
+    from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config
+    from specdec_cli.decoding.loaded_pair import composed
+    from specdec_cli.decoding.rules import parse_rule
+    from specdec_cli.errors import UserError
+
+    head = HeadDrafter(DraftHead(head_config(target)), target)
+    for lookup in (False, True):
+        for beside in ((), (NgramDrafter(),)):
+            drafter = composed(head, lookup, tree=True, beside=beside)
+            assert drafter.drafts_trees and drafter.uses_target_features, drafter.name
+            assert drafter.feature_layers == head.feature_layers
+            engine = SpeculativeEngine(target, drafter, {1})
+            with pytest.raises(UserError, match="trees are verified exactly"):
+                list(engine.generate([0, 5, 6, 7], k=4, max_new_tokens=4, rule=parse_rule("top:3")))
+    chain = composed(head, True, beside=(NgramDrafter(),))  # a chain stays a chain
+    assert not chain.drafts_trees and chain.uses_target_features

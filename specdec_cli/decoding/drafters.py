@@ -204,7 +204,32 @@ def lookup_source(n: int) -> str:
     return "lookup" if n >= 3 else f"lookup-{n}"
 
 
-class LookupFirst(Drafter):
+class Composite(Drafter):
+    """A drafter made of others. What the engine must know of it (it needs the target's features, it
+    drafts trees, how many successors it reads) is derived from its parts, never copied: a wrapper
+    cannot hide what it wraps, and a tree inside lookup is still refused a lossy rule."""
+
+    def components(self) -> tuple[Drafter, ...]:
+        raise NotImplementedError
+
+    @property
+    def uses_target_features(self) -> bool:
+        return any(d.uses_target_features for d in self.components())
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return next((d.feature_layers for d in self.components() if d.uses_target_features), (-1,))
+
+    @property
+    def drafts_trees(self) -> bool:
+        return any(d.drafts_trees for d in self.components())
+
+    @property
+    def successors_k(self) -> int:
+        return max(d.successors_k for d in self.components())
+
+
+class LookupFirst(Composite):
     """Prompt lookup where the text repeats itself, a learned drafter everywhere else.
 
     A lookup hit costs nothing to draft and runs long (code edits, quoting); the learned drafter
@@ -219,7 +244,9 @@ class LookupFirst(Drafter):
         # tagged by their length; it weighs them against the learned drafter on its own estimates.
         self.any_match = NgramDrafter(max_ngram=self.lookup.max_ngram, min_ngram=1)
         self.name = f"ngram+{learned.name}"
-        self.uses_target_features = learned.uses_target_features
+
+    def components(self) -> tuple[Drafter, ...]:
+        return self.lookup, self.any_match, self.learned
 
     def reset(self) -> None:
         self.lookup.reset()
@@ -238,7 +265,7 @@ class LookupFirst(Drafter):
         return (self.any_match,), self.learned
 
 
-class Beside(Drafter):
+class Beside(Composite):
     """A drafter with free drafters beside it that only a schedule weighing drafters each round
     (``-k auto``) asks: a fixed K drafts with ``main`` alone, as before. Every one of them observes
     every round, drafting or not: the ones that learn from the target learn all the time."""
@@ -248,16 +275,16 @@ class Beside(Drafter):
             raise ValueError("only free drafters are offered beside another")
         self.main, self.beside = main, tuple(beside)
         self.name = main.name
-        self.uses_target_features, self.feature_layers = main.uses_target_features, main.feature_layers
-        self.drafts_trees = main.drafts_trees
-        self.successors_k = max([main.successors_k, *(d.successors_k for d in beside)])
+
+    def components(self) -> tuple[Drafter, ...]:
+        return self.main, *self.beside
 
     def reset(self) -> None:
-        for drafter in (self.main, *self.beside):
+        for drafter in self.components():
             drafter.reset()
 
     def observe(self, verified: Verified) -> None:
-        for drafter in (self.main, *self.beside):
+        for drafter in self.components():
             drafter.observe(verified)
 
     def propose(self, context, k, sampling, noise, gate=None) -> Draft:

@@ -36,7 +36,7 @@ from ..pairs.meta import META_FILE, read_meta, write_meta  # noqa: F401 (read_me
 from ..runtime.quantize import QUANTISED, native_linear, output_weight, quantise_model, quantised_weight
 from ..runtime.reserved_cache import appends
 from ..runtime.rowwise_attention import ROWWISE_UP_TO, on_native_kernels, visible_keys
-from .drafters import Draft, Drafter, autoregress, common_prefix
+from .drafters import Composite, Draft, Drafter, autoregress, common_prefix
 from .head_files import WEIGHTS_FILE, build_head, read_head
 from .head_layer import default_rotary, layer_config, layer_skeleton
 from .control.gate import DraftGate
@@ -378,16 +378,17 @@ class HeadDrafter(Drafter):
         return full
 
 
-class HeadTree(Drafter):
+class HeadTree(Composite):
     """A HeadDrafter drafting trees: the engine's K is the node budget (``generate --tree N``)."""
 
-    uses_target_features = True
-    drafts_trees = True
+    drafts_trees = True  # whatever the head it wraps says: here it drafts nothing but trees
 
     def __init__(self, head: HeadDrafter, width: int = TreeShape.width, depth: int = TreeShape.depth):
         self.head, self.width, self.depth = head, width, depth
-        self.feature_layers = head.feature_layers
         self.name = f"{head.name}-tree"
+
+    def components(self) -> tuple[Drafter, ...]:
+        return (self.head,)
 
     def reset(self) -> None:
         self.head.reset()

@@ -29,6 +29,7 @@ from ..decoding.acceptance import AcceptRule, SamplingParams, parse_rule
 from ..decoding.drafters import NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
 from ..decoding.events import RoundCounts
+from ..decoding.rules import check_tree_rule
 from ..decoding.kv import input_device
 from ..decoding.loaded_pair import LoadedPair, composed, free_drafter, load_pair
 from ..errors import UserError
@@ -47,6 +48,7 @@ ENGINE_KINDS = ("plain", "spec", *FREE_KINDS, "head", "ngram+spec", "ngram+head"
                 "auto+tree", "auto+free", "auto-free", "tree", "ngram+tree")
 MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", *ENGINE_KINDS[1:])
 TREE_KINDS = ("tree", "ngram+tree")  # the pair's head drafting trees of at most K nodes
+DRAFTS_TREES = (*TREE_KINDS, "auto+tree")  # modes whose rounds may verify a tree
 # adaptive K; auto+tree weighs the head's trees too (`generate --tree auto`), auto-ungated drafts without the gate,
 # auto+free weighs every free drafter the pair has beside its own (recycle, suffix, its store), auto-free none but its lookup
 AUTO_KINDS = ("auto", "auto-ungated", "auto+tree", "auto+free", "auto-free")
@@ -106,6 +108,8 @@ def parse_modes(text: str) -> list[Mode]:
                             "ngram+spec, ngram+head, auto), not to plain decoding or transformers' generate")
         if kind not in MODE_KINDS:
             raise UserError(f"unknown mode {item!r}; modes: {mode_names()}")
+        if kind in DRAFTS_TREES:
+            _check_tree_rule(full, rule)
         if kind in WITHOUT_K:
             if k:
                 raise UserError(f"mode {kind!r} takes no K")
@@ -127,8 +131,20 @@ def with_rule(modes: list[Mode], rule: AcceptRule) -> list[Mode]:
     """``bench --accept RULE``: every speculative mode of this loop also runs under the rule."""
     if rule.lossless:
         return modes
+    for mode in modes:
+        if mode.kind in DRAFTS_TREES:
+            _check_tree_rule(f"{mode} (--accept {rule})", rule)
     extra = [Mode(m.kind, m.k, rule) for m in modes if m.kind in ENGINE_KINDS and m.kind != "plain" and m.rule.lossless]
     return list(dict.fromkeys(modes + extra))
+
+
+def _check_tree_rule(mode: str, rule: AcceptRule) -> None:
+    """A mode that may verify trees is refused a lossy rule before anything runs, as `generate --tree`
+    is (the engine refuses it too, from the drafter it is built with, whatever wraps the tree)."""
+    try:
+        check_tree_rule(rule)
+    except UserError as exc:
+        raise UserError(f"mode {mode}: {exc}") from None
 
 
 @dataclass

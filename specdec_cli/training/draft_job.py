@@ -10,6 +10,7 @@ reports through a ``Reporter``.
 from __future__ import annotations
 
 import json
+import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,8 @@ from .loop import Budget, HeadStudent, ModelStudent, Trainer, draft_from_target,
 
 KINDS = ("model", "head")
 DEFAULT_LR = {"model": 1e-4, "head": 1e-3}
+DATA_KEYS = ("kind", "target", "seed", "top_k", "prompts", "heldout", "top_vocab", "examples")  # _make_data()'s
+STATE_KEYS = ("student", "optimizer", "step", "rng", "torch_rng", "history")  # Trainer.checkpoint()'s
 
 
 class Reporter(Protocol):
@@ -81,18 +84,22 @@ class JobSettings:
 def run(settings: JobSettings, reporter: Reporter) -> dict:
     settings.check()
     checkpoint = settings.out / "checkpoint"
-    if not settings.resume and (checkpoint / "data.pt").is_file():
+    if not settings.resume and any((checkpoint / name).is_file() for name in ("data.pt", "state.pt")):
         raise UserError(f"{settings.out} holds a checkpoint: pass --resume to continue it, or choose another --out")
     if settings.resume and not (checkpoint / "data.pt").is_file():
         raise UserError(f"nothing to resume: no checkpoint in {checkpoint}")
+    # read before the target loads: a file that is not specdec's is refused at once
+    resumed = load_checkpoint(checkpoint / "data.pt", DATA_KEYS) if settings.resume else None
+    state = (load_checkpoint(checkpoint / "state.pt", STATE_KEYS)
+             if settings.resume and (checkpoint / "state.pt").is_file() else None)
     reporter.phase("loading the target", None)
     target = load(settings.target)
     torch.manual_seed(settings.seed)
     identity = target_identity(target.model, target.source)
     eos = eos_ids(target.tokenizer, target.model.generation_config)
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos)
-    if settings.resume:
-        data = _resumed_data(checkpoint, settings, identity)
+    if resumed is not None:
+        data = _resumed_data(resumed, checkpoint, settings, identity)
     elif settings.data_from:
         data = _reused_data(settings, target, identity, eos, pad, reporter)
         checkpoint.mkdir(parents=True, exist_ok=True)
@@ -102,8 +109,8 @@ def run(settings: JobSettings, reporter: Reporter) -> dict:
         checkpoint.mkdir(parents=True, exist_ok=True)
         save_atomically(data, checkpoint / "data.pt")
     trainer = _trainer(data, target, settings, pad)
-    if (checkpoint / "state.pt").is_file():
-        trainer.restore(torch.load(checkpoint / "state.pt", weights_only=False))
+    if state is not None:
+        trainer.restore(state)
 
     def save_state():
         save_atomically(trainer.checkpoint(), checkpoint / "state.pt")
@@ -187,7 +194,7 @@ def _reused_data(settings: JobSettings, target: LoadedModel, identity: dict, eos
     source = settings.data_from / "checkpoint" / "data.pt"
     if not source.is_file():
         raise UserError(f"--data-from {settings.data_from}: no checkpoint/data.pt there (it must be another train-draft --out)")
-    data = torch.load(source, weights_only=True)
+    data = load_checkpoint(source, DATA_KEYS)
     if data["target"]["fingerprint"] != identity["fingerprint"]:
         raise UserError(f"--data-from {settings.data_from}: its answers come from target {data['target']['source']}, not this one")
     examples = data["examples"]
@@ -206,12 +213,28 @@ def _reused_data(settings: JobSettings, target: LoadedModel, identity: dict, eos
             "made": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
-def _resumed_data(checkpoint: Path, settings: JobSettings, identity: dict) -> dict:
-    data = torch.load(checkpoint / "data.pt", weights_only=True)
+def _resumed_data(data: dict, checkpoint: Path, settings: JobSettings, identity: dict) -> dict:
     if data["kind"] != settings.kind:
         raise UserError(f"the checkpoint in {checkpoint} trains a {data['kind']!r} drafter, not {settings.kind!r}")
     if data["target"]["fingerprint"] != identity["fingerprint"]:
         raise UserError(f"the checkpoint in {checkpoint} was made with target {data['target']['source']}, not this one")
+    return data
+
+
+def load_checkpoint(path: Path, keys: tuple[str, ...] = ()) -> dict:
+    """A checkpoint file read as data only: tensors, numbers, strings and containers. Anyone can place a
+    file in --out or --data-from, and a full unpickle would run whatever code it names; a file that is
+    more than data is not one specdec wrote, and is refused unread."""
+    try:
+        data = torch.load(path, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{path}: not a checkpoint specdec wrote ({reason}); it was not loaded: "
+                        "remove it, or choose another --out") from None
+    missing = [key for key in keys if key not in data] if isinstance(data, dict) else ["a mapping"]
+    if missing:
+        raise UserError(f"{path}: not a checkpoint specdec wrote (it lacks {', '.join(missing)}); "
+                        "remove it, or choose another --out")
     return data
 
 
