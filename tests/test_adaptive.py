@@ -180,6 +180,15 @@ def test_a_one_token_lookup_match_starts_off_and_a_longer_one_on_beside_a_learne
     assert schedule.sources["lookup"].on
 
 
+def test_an_offered_drafter_the_priors_do_not_name_is_free_not_priced_as_a_model():
+    """What is offered is a free drafter's ready draft, whatever its name: a new free kind without a
+    line in the priors costs nothing to draft, as lookup does, not the model's share of a forward."""
+    schedule = AdaptiveK(Prior(3, 0.5, 0.3, COSTS), main="head")
+    schedule.plan({"brand-new": 4, "lookup": 4}, "head", 8)
+    assert schedule.sources["brand-new"].c == 0.0 == schedule.sources["lookup"].c
+    assert schedule.sources["head"].c == pytest.approx(0.3)
+
+
 def test_controller_keeps_one_schedule_per_scenario_and_reseeds_from_a_new_profile():
     def profile(code_k):
         section = ScenarioProfile(k=code_k, verdict=SPECULATE, best_k=code_k, speedup=1.5, alpha=0.8, c=0.0,

@@ -100,7 +100,7 @@ class AdaptiveK(KSchedule):
         for name, cap in (*offers.items(), (learned, room)):
             if not name or cap < 1:
                 continue
-            source = self._source(name)
+            source = self._source(name, free=name in offers)
             if source.on:
                 # Until its own rounds say otherwise, a drafter runs at the K the profile measured best.
                 untried = source.draft_s_per_token is None and source.level_s is None and source.k <= cap
@@ -336,14 +336,16 @@ class AdaptiveK(KSchedule):
     def k(self) -> int:
         return self._source(self.main).k
 
-    def _source(self, name: str) -> Source:
+    def _source(self, name: str, free: bool = False) -> Source:
+        """The estimates of drafter ``name``, made on first sight. ``free``: it was offered, a ready draft
+        that costs nothing to find, whether or not the priors know its name."""
         if name not in self.sources:
             rates = self.prior.free_rates(name)
             if rates is not None and name != self.main:  # beside the main drafter: its own rates by position
                 acceptance = Acceptance(rates[0], positions=rates)
             else:
                 acceptance = Acceptance(self.prior.alpha)
-            source = Source(acceptance, 0.0 if rates is not None else self.prior.c, 1, self.prior.k > 0,
+            source = Source(acceptance, 0.0 if free or rates is not None else self.prior.c, 1, self.prior.k > 0,
                             siblings=Siblings(self.prior.siblings))
             self.sources[name] = source
             k, rate = self.best(name, self.k_max)
