@@ -18,6 +18,7 @@ import torch
 
 from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.loaded_pair import load_pair
+from specdec_cli.decoding.schedule import Take
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 
@@ -29,12 +30,12 @@ class Recorded(AdaptiveK):
     """The controller as it is, remembering what it predicted for the round it chose."""
 
     def plan(self, offers, learned, room):
-        k, name = super().plan(offers, learned, room)
-        if name and k and name in self.sources:
-            self.predicted = (name, k, *self.round(name, k))
+        plan = super().plan(offers, learned, room)
+        if plan.take in (Take.OFFER, Take.LEARNED) and plan.k:  # a chain: what round() predicts
+            self.predicted = (plan.source, plan.k, *self.round(plan.source, plan.k))
         else:
             self.predicted = ("-", 0, 1.0, self.verify_s(0) + self.overhead_s())
-        return k, name
+        return plan
 
 
 def main() -> None:

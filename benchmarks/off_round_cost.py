@@ -16,6 +16,7 @@ import time
 
 from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.engine import SpeculativeEngine
+from specdec_cli.decoding.schedule import Plan
 from specdec_cli.decoding.control.priors import Prior
 from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.pairs.registry import load_registry
@@ -28,7 +29,7 @@ class AlwaysOff(AdaptiveK):
 
     def plan(self, offers, learned, room):
         super().plan(offers, learned, room)
-        return 0, None
+        return Plan.nothing()
 
 
 def seconds_per_round(engine, ids, schedule, max_new_tokens) -> tuple[float, int]:

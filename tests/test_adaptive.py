@@ -7,6 +7,7 @@ import pytest
 from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.control.controller import AdaptiveController
 from specdec_cli.decoding.engine import RoundEvent
+from specdec_cli.decoding.schedule import Plan, Take
 from specdec_cli.decoding.control.estimates import Acceptance, probe_wait
 from specdec_cli.decoding.control.priors import Prior
 from specdec_cli.decoding.control.speedup import (
@@ -40,7 +41,7 @@ def survive(k: int, alpha: float, rng: random.Random) -> int:
 
 def main_k(schedule: AdaptiveK) -> int:
     """The K a schedule plans for its main drafter when prompt lookup offers nothing."""
-    return schedule.plan({}, schedule.main, schedule.k_max)[0]
+    return schedule.plan({}, schedule.main, schedule.k_max).k
 
 
 def drive(schedule: AdaptiveK, alpha: float, rounds: int, rng: random.Random) -> list[int]:
@@ -122,7 +123,8 @@ def test_each_round_picks_lookups_match_the_learned_drafter_or_nothing_on_separa
     picks = []
     for i in range(300):
         offer = [0, 5, 2, 0, 7][i % 5]
-        k, source = schedule.plan({"lookup": offer} if offer else {}, "head", 8)
+        plan = schedule.plan({"lookup": offer} if offer else {}, "head", 8)
+        k, source = plan.k, plan.source or None
         alpha = 0.95 if source == "lookup" else 0.2
         schedule.observe(event(k, survive(k, alpha, rng), c=0.0 if source == "lookup" else 0.2, source=source or ""))
         picks.append((offer, k, source))
@@ -143,7 +145,8 @@ def test_the_learned_drafter_wins_where_lookups_matches_are_poor():
     schedule = AdaptiveK(Prior(3, 0.7, 0.05, COSTS), main="head")
     picks = []
     for _ in range(200):
-        k, source = schedule.plan({"lookup-1": 4}, "head", 8)
+        plan = schedule.plan({"lookup-1": 4}, "head", 8)
+        k, source = plan.k, plan.source or None
         alpha = 0.1 if source == "lookup-1" else 0.85
         schedule.observe(event(k, survive(k, alpha, rng), c=0.0 if source == "lookup-1" else 0.05, source=source or ""))
         picks.append(source)
@@ -173,7 +176,7 @@ def test_a_one_token_lookup_match_starts_off_and_a_longer_one_on_beside_a_learne
     """Replayed on the target's answers a one-token match's first guess held 19 % of the time: below
     break-even, so it waits for a probe instead of costing the first rounds of every prompt."""
     schedule = AdaptiveK(Prior(3, 0.5, 0.2, {1: 1.22, 2: 1.34, 3: 1.57, 4: 2.17}), main="head")  # a CPU's
-    assert schedule.plan({"lookup-1": 3}, "head", 8) == (3, "head")
+    assert schedule.plan({"lookup-1": 3}, "head", 8) == Plan(3, Take.LEARNED, "head")
     assert not schedule.sources["lookup-1"].on and schedule.sources["lookup-1"].wait >= 4
     assert schedule.sources["lookup-1"].acceptance.rates(2) == pytest.approx(Prior.free_rates("lookup-1")[:2])
     schedule.plan({"lookup": 3}, "head", 8)

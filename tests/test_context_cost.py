@@ -14,6 +14,7 @@ from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.control.estimates import per_cached_token
 from specdec_cli.decoding.control.priors import Prior
 from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter
+from specdec_cli.decoding.schedule import Plan
 from specdec_cli.decoding.engine import FixedK, RoundEvent, SpeculativeEngine
 
 ONE = 0.01  # seconds of a one-token forward over an empty cache, in these synthetic rounds
@@ -100,11 +101,11 @@ def test_drafting_that_pays_over_a_short_context_is_declined_over_a_long_one():
         for k in (0, 1, 2, 3):
             schedule.observe(event(k, min(k, 2), cached=50))
     schedule.context(50)
-    assert schedule.plan({}, "draft", 8)[0] >= 2
+    assert schedule.plan({}, "draft", 8).k >= 2
     schedule.context(4000)
-    assert schedule.plan({}, "draft", 8) == (0, None)
+    assert schedule.plan({}, "draft", 8) == Plan.nothing()
     schedule.context(50)
-    assert schedule.plan({}, "draft", 8)[0] >= 2
+    assert schedule.plan({}, "draft", 8).k >= 2
 
 
 def test_the_engine_tells_the_schedule_each_rounds_context_and_the_event_records_it(target, similar):

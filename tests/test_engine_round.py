@@ -13,7 +13,7 @@ from specdec_cli.decoding import engine as engine_module
 from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.drafters import Draft, Drafter, LookupFirst, ModelDrafter
 from specdec_cli.decoding.engine import FixedK, KSchedule, SpeculativeEngine
-from specdec_cli.decoding.schedule import AS_IS
+from specdec_cli.decoding.schedule import Plan, Take
 from specdec_cli.decoding.tree import TreeShape
 
 
@@ -85,7 +85,7 @@ def test_the_interfaces_declare_their_optional_parts_with_defaults():
         drafter.propose_tree(torch.tensor(PROMPT), TreeShape(4))
     schedule = FixedK(3)
     assert isinstance(schedule, KSchedule) and not schedule.reads_offer and not schedule.trees
-    assert schedule.gate("head", 3) is None and schedule.plan({"lookup": 2}, "head", 8) == (3, AS_IS)
+    assert schedule.gate("head", 3) is None and schedule.plan({"lookup": 2}, "head", 8) == Plan(3, Take.AS_IS)
 
 
 def test_a_schedule_that_reads_no_offer_plans_every_round_without_one(target, similar):
@@ -95,7 +95,7 @@ def test_a_schedule_that_reads_no_offer_plans_every_round_without_one(target, si
 
         def plan(self, offers, learned, room):
             self.seen.append((offers, learned))
-            return 2, AS_IS
+            return Plan(2, Take.AS_IS)
 
     schedule = AsIs()
     drafter = LookupFirst(ModelDrafter(similar, target.config.vocab_size))

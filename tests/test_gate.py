@@ -13,6 +13,7 @@ from specdec_cli.decoding.engine import KSchedule, RoundEvent, SpeculativeEngine
 from specdec_cli.decoding.control.estimates import Acceptance, Calibration
 from specdec_cli.decoding.control.gate import DraftGate, gated_rounds
 from specdec_cli.decoding.control.priors import Prior
+from specdec_cli.decoding.schedule import Plan, Take
 
 COSTS = (1.0, 1.16, 1.31, 1.5)  # verify seconds of 0..3 drafts: the int4 target's block costs
 
@@ -130,7 +131,7 @@ class GatedLearned(KSchedule):
         self.fixed, self.stopped = gate, 0
 
     def plan(self, offers, learned, room):
-        return min(2, room), learned
+        return Plan(min(2, room), Take.LEARNED, learned)
 
     def gate(self, name, k):
         return self.fixed

@@ -12,6 +12,7 @@ from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter
 from specdec_cli.decoding.engine import KSchedule, SpeculativeEngine
 from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config
+from specdec_cli.decoding.schedule import Plan, Take
 
 PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]
 
@@ -30,10 +31,10 @@ class Scripted(KSchedule):
         self.round += 1
         self.seen.append((offer, offer_source, learned))
         if what == "offer" and offer:
-            return min(3, offer), offer_source
+            return Plan(min(3, offer), Take.OFFER, offer_source)
         if what == "learned":
-            return min(3, room), learned
-        return 0, None
+            return Plan(min(3, room), Take.LEARNED, learned)
+        return Plan.nothing()
 
     def observe(self, event):
         pass
@@ -106,8 +107,8 @@ def test_choosing_between_lookup_and_the_learned_drafter_keeps_the_targets_exact
             offer_source, offer = next(iter(offers.items()), (None, 0))  # the first free drafter's
             self.seen.append((offer, offer_source, learned))
             if offer and rng.random() < 0.5:
-                return min(2, offer), offer_source
-            return min(2, room), learned
+                return Plan(min(2, offer), Take.OFFER, offer_source)
+            return Plan(min(2, room), Take.LEARNED, learned)
 
     sampling, prompt = SamplingParams(1.0), SMALL_PROMPT + SMALL_PROMPT[:2]  # "3 4" recurs: lookup offers "5"
     schedule = Coin([])

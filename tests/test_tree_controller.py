@@ -17,7 +17,8 @@ from specdec_cli.decoding.engine import KSchedule, RoundEvent, SpeculativeEngine
 from specdec_cli.decoding.control.estimates import Acceptance, Siblings
 from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config
 from specdec_cli.decoding.control.priors import Prior
-from specdec_cli.decoding.tree import best_first, expected_accepted, expected_tree, judgements, shape_of, tree_source
+from specdec_cli.decoding.schedule import Plan, Take
+from specdec_cli.decoding.tree import best_first, expected_accepted, expected_tree, judgements, shape_of
 from specdec_cli.pairs.profile import PairProfile, ScenarioProfile
 
 RATES = {(1, 0): 0.5, (1, 1): 0.3, (2, 0): 0.4, (2, 1): 0.2, (3, 0): 0.4}
@@ -96,12 +97,13 @@ def simulate(schedule: AdaptiveK, true_rate, cost, rounds: int, seed: int = 0) -
     the controller plans, the world answers with the round it would have seen. Returns what it chose."""
     rng, chosen = random.Random(seed), []
     for _ in range(rounds):
-        k, source = schedule.plan({}, "head", 8)
+        plan = schedule.plan({}, "head", 8)
+        k = plan.k
         if not k:
             schedule.observe(plain_event())
             chosen.append("off")
             continue
-        tree = source == tree_source("head")
+        tree = plan.take is Take.TREE
         parents = expected_tree(true_rate, k, 4, 5)[1] if tree else list(range(-1, k))
         depths, ranks = shape_of(parents)
         path, node = [], 0
@@ -187,12 +189,12 @@ class Planned(KSchedule):
         what = self.script[self.round % len(self.script)]
         self.round += 1
         if what == "offer" and offer:
-            return min(3, offer), offer_source
+            return Plan(min(3, offer), Take.OFFER, offer_source)
         if what == "learned":
-            return min(3, room), learned
+            return Plan(min(3, room), Take.LEARNED, learned)
         if what == "tree":
-            return min(6, room), tree_source(learned)
-        return 0, None
+            return Plan(min(6, room), Take.TREE, learned)
+        return Plan.nothing()
 
     def choose(self):
         raise AssertionError("plan is called")
@@ -226,8 +228,7 @@ def test_the_controllers_tree_rounds_keep_the_targets_exact_distribution():
 
     class Coin(Planned):
         def plan(self, offers, learned, room):
-            offer_source, offer = next(iter(offers.items()), (None, 0))  # the first free drafter's
-            return (min(2, room), learned) if rng.random() < 0.3 else (6, tree_source(learned))
+            return Plan(min(2, room), Take.LEARNED, learned) if rng.random() < 0.3 else Plan(6, Take.TREE, learned)
 
     sampling, prompt = SamplingParams(1.0), SMALL_PROMPT
     assert_lossless(target, LookupFirst(head), sampling, k=Coin([]), prompt=prompt)

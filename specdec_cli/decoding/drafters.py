@@ -98,7 +98,7 @@ class Drafter:
     hidden states named in ``feature_layers`` (by default the last one, post-norm) of every position
     that became confirmed, in cache order. ``drafts_trees``: ``propose`` returns trees
     (Draft.parents), and K is its node budget, not its depth. ``propose_tree``: a learned drafter
-    that also drafts a tree when a schedule names one (tree.tree_source).
+    that also drafts a tree when a schedule plans one (schedule.Take.TREE).
     """
 
     name: str

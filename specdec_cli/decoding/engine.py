@@ -31,8 +31,8 @@ from .drafters import Draft, Drafter, Verified, parts, top_ids
 from .events import CONTEXT, EOS, MAX_NEW_TOKENS, RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
 from .rules import check_tree_rule
-from .schedule import AS_IS, FixedK, KSchedule
-from .tree import Tree, TreeShape, greedy_tree_accept, tree_source, verify_tree
+from .schedule import FixedK, KSchedule, Take
+from .tree import Tree, TreeShape, greedy_tree_accept, verify_tree
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -200,26 +200,29 @@ class SpeculativeEngine:
 
     def _chosen(self, schedule: KSchedule, tokens, offers: dict[str, Draft], room: int, sampling,
                 noise) -> tuple[int, Draft]:
-        """The K and draft the schedule chooses among the offers, the learned drafter and none."""
+        """The K and draft of the schedule's plan among the offers, the learned drafter and none."""
         learned = self._learned.name if self._learned is not None else None
-        want, source = schedule.plan({name: len(offer) for name, offer in offers.items()}, learned, room)
-        tree = (source == AS_IS and self.drafts_trees) or (learned is not None and source == tree_source(learned))
+        plan = schedule.plan({name: len(offer) for name, offer in offers.items()}, learned, room)
+        tree = plan.take is Take.TREE or (plan.take is Take.AS_IS and self.drafts_trees)
         # A chain's K is its depth; a tree's is its node count, however shallow (paths past the budget are cut).
-        want = max(0, min(want, MAX_K if room else 0) if tree else min(want, room))
-        if want == 0 or source is None or self.drafter is None:
-            return (0 if source is None else want), Draft.empty()
-        if source in offers and want <= len(offers[source]):
-            return want, offers[source].first(want)
-        if source == AS_IS:
+        want = max(0, min(plan.k, MAX_K if room else 0) if tree else min(plan.k, room))
+        if plan.take is Take.NOTHING or want == 0 or self.drafter is None:
+            return (0 if plan.take is Take.NOTHING else want), Draft.empty()
+        if plan.take is Take.OFFER:
+            offer = offers.get(plan.source)
+            if offer is None or want > len(offer):
+                raise ValueError(f"schedule took {want} tokens of {plan.source!r}'s offer; offered "
+                                 + (", ".join(f"{name!r} ({len(o)} tokens)" for name, o in offers.items()) or "nothing"))
+            return want, offer.first(want)
+        if plan.take is Take.AS_IS:
             draft = self.drafter.propose(tokens, want, sampling, noise)
-        elif source == learned:
-            gate = schedule.gate(source, want)  # the drafter stops where its guesses stop paying (gate.py)
+        elif self._learned is None:
+            raise ValueError(f"schedule chose the learned drafter ({plan.take.value}); this drafter has none")
+        elif plan.take is Take.LEARNED:
+            gate = schedule.gate(plan.source, want)  # the drafter stops where its guesses stop paying (gate.py)
             draft = self._learned.propose(tokens, want, sampling, noise, gate=gate)
-        elif tree:
-            draft = self._learned.propose_tree(tokens, TreeShape(want))
         else:
-            offered = ", ".join(f"{name!r} ({len(offer)} tokens)" for name, offer in offers.items()) or "nothing free"
-            raise ValueError(f"schedule chose drafter {source!r} for {want} tokens; offered {offered} and {learned!r}")
+            draft = self._learned.propose_tree(tokens, TreeShape(want))
         if draft.parents is None:
             return want, draft.first(want)
         if len(draft) > want:

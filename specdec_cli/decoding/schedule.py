@@ -8,33 +8,53 @@ them overrides them (the adaptive controller, control/adaptive.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from .control.gate import DraftGate
 from .events import RoundEvent
 
 
-AS_IS = "as-is"  # plan's source for the drafter as it is, whatever it combines: a fixed K's
+class Take(Enum):
+    """Where a round's draft comes from."""
+
+    NOTHING = "nothing"  # plain decoding this round
+    AS_IS = "as-is"  # the drafter as it is, whatever it combines (a fixed K's): k tokens, or a tree drafter's k nodes
+    OFFER = "offer"  # a free drafter's ready draft, its first k tokens
+    LEARNED = "learned"  # the learned drafter (a model or a head): a chain of at most k, gated where the schedule says
+    TREE = "tree"  # the learned drafter's tree of at most k nodes (a head's)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One round's draft as a schedule decides it: how many tokens (a tree's: nodes), from where, and
+    the drafter the estimates are kept under (the offer's source, or the learned drafter's name)."""
+
+    k: int
+    take: Take
+    source: str = ""
+
+    @classmethod
+    def nothing(cls) -> "Plan":
+        return cls(0, Take.NOTHING)
 
 
 class KSchedule:
     """Plans each round's draft and sees how the round went (a fixed K, or an adaptive controller).
 
-    ``plan(offers, learned, room) -> (k, source)`` names the round's drafter and its K: ``AS_IS``,
-    the drafter as it is (k tokens, or a tree drafter's k nodes); the learned drafter (``learned``, a
-    model or head: k tokens); a free drafter's ready draft (``offers``: source → its length, of which
-    it takes the first k; shown only to a schedule that ``reads_offer``, else empty); naming
-    ``tree_source(learned)``, the learned drafter's tree of at most k nodes (a head's); or None,
-    nothing. ``room`` is the deepest chain the token budget still uses. ``context(cached)``, called
-    before each plan, says how long a context the round's block will attend over (what it costs).
-    ``gate(source, k)`` may then bound a chain by the drafter's confidence (gate.py). Each round's
-    draft still comes whole from one drafter, with its q, so acceptance is unchanged. ``trees``:
-    ``plan`` may name a tree, which no lossy acceptance rule applies to.
+    ``plan(offers, learned, room) -> Plan`` chooses among the drafter as it is, a free drafter's
+    ready draft (``offers``: source → its length; shown only to a schedule that ``reads_offer``, else
+    empty), the learned drafter (``learned``, its name: a chain, or its tree) and nothing. ``room``
+    is the deepest chain the token budget still uses. ``context(cached)``, called before each plan,
+    says how long a context the round's block will attend over (what it costs). ``gate(source, k)``
+    may then bound a chain by the drafter's confidence (gate.py). Each round's draft still comes whole
+    from one drafter, with its q, so acceptance is unchanged. ``trees``: ``plan`` may choose a tree,
+    which no lossy acceptance rule applies to.
     """
 
     reads_offer: bool = False
     trees: bool = False
 
-    def plan(self, offers: dict[str, int], learned: str | None, room: int) -> tuple[int, str | None]:
+    def plan(self, offers: dict[str, int], learned: str | None, room: int) -> Plan:
         raise NotImplementedError
 
     def context(self, cached: int) -> None:
@@ -54,5 +74,5 @@ class FixedK(KSchedule):
 
     k: int
 
-    def plan(self, offers: dict[str, int], learned: str | None, room: int) -> tuple[int, str]:
-        return self.k, AS_IS
+    def plan(self, offers: dict[str, int], learned: str | None, room: int) -> Plan:
+        return Plan(self.k, Take.AS_IS)

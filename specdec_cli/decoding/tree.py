@@ -113,11 +113,6 @@ class TreeShape:
     depth: int = 5
 
 
-def tree_source(learned: str) -> str:
-    """What a schedule's ``plan`` names to have the learned drafter draft a tree (its K the budget)."""
-    return f"{learned}-tree"
-
-
 def best_nodes(scores: list[float], parents: list[int], n: int) -> list[int]:
     """The ``n`` candidates with the highest cumulative log-probability, in creation order.
 

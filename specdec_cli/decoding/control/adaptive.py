@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from ...limits import MAX_K
 from ..events import RoundCounts, RoundEvent
-from ..schedule import KSchedule
-from ..tree import TreeShape, best_first, judgements, shape_of, tree_source
+from ..schedule import KSchedule, Plan, Take
+from ..tree import TreeShape, best_first, judgements, shape_of
 from .estimates import Acceptance, Calibration, Siblings, per_cached_token, probe_wait, smooth
 from .gate import DraftGate, gated_rounds
 from .priors import Prior
@@ -90,35 +90,35 @@ class AdaptiveK(KSchedule):
 
     # --- the decision ----------------------------------------------------------------------------
 
-    def plan(self, offers: dict[str, int], learned: str | None, room: int) -> tuple[int, str | None]:
-        """This round's (K, drafter): the on-drafter with the most tokens per second if it beats
-        plain decoding, else a probe that is due, else (0, None). Free drafters' ready drafts are
-        weighed first, in the order offered, the learned drafter last."""
+    def plan(self, offers: dict[str, int], learned: str | None, room: int) -> Plan:
+        """This round's plan: the on-drafter with the most tokens per second if it beats plain
+        decoding, else a probe that is due, else nothing. Free drafters' ready drafts are weighed
+        first, in the order offered, the learned drafter last."""
         self.probing = None
-        best_rate, best = self.plain_rate(), (0, None)
+        best_rate, best = self.plain_rate(), Plan.nothing()
         due = []
         for name, cap in (*offers.items(), (learned, room)):
             if not name or cap < 1:
                 continue
-            source = self._source(name, free=name in offers)
+            take = Take.OFFER if name in offers else Take.LEARNED
+            source = self._source(name, free=take is Take.OFFER)
             if source.on:
                 # Until its own rounds say otherwise, a drafter runs at the K the profile measured best.
                 untried = source.draft_s_per_token is None and source.level_s is None and source.k <= cap
                 k, rate = (source.k, max(self.rate(name, source.k), best_rate * 1.001)) if untried else self.best(name, cap)
                 if rate > best_rate:
-                    best_rate, best = rate, (k, name)
+                    best_rate, best = rate, Plan(k, take, name)
                 if not untried and self.weighs_trees(name):
                     nodes, tree_rate = self.best_tree(name, self.tree_max)  # paths past the budget are cut
                     if tree_rate > best_rate:
-                        best_rate, best = tree_rate, (nodes, tree_source(name))
+                        best_rate, best = tree_rate, Plan(nodes, Take.TREE, name)
             else:
                 source.wait -= 1
                 if source.wait <= 0:
-                    due.append((name, cap))
-        if best[1] is None and due:
-            name, cap = due[0]
-            self.probing = name
-            return min(self.probe_k, cap), name
+                    due.append(Plan(min(self.probe_k, cap), take, name))
+        if best.take is Take.NOTHING and due:
+            self.probing = due[0].source
+            return due[0]
         return best
 
     def context(self, cached: int) -> None:
