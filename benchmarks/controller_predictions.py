@@ -1,8 +1,8 @@
 """Does `auto` know what its rounds will give? For every round the adaptive controller chose, the tokens
 and seconds it predicted for that drafter and K (``AdaptiveK.round``) against what the round gave, by
 drafter and K, over the tuning prompts (never the unseen ones), twice through, one process, greedy, 64
-tokens. Run on an idle machine (../shared/tools/quiet-check); prints what
-benchmarks/results/free-drafters/controller-predictions.txt keeps.
+tokens. Run on an idle machine (../shared/tools/quiet-check); prints the table that docs/notebook.md
+quotes ("Does `auto` know what its rounds give?").
 
     python3 benchmarks/controller_predictions.py [PROMPTS.jsonl ...]
 """

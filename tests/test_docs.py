@@ -1,5 +1,7 @@
 """The project's own text: files describe the project, never who worked on it when; the README stays a
-short user's guide that links the docs; `specdec --version` answers from the package metadata."""
+short user's guide that links the docs (all but the measurement notebook); benchmarks/ keeps a guide to
+its scripts and only the result files a figure cites; `specdec --version` answers from the package
+metadata."""
 
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("specdec_cli", "docs", "benchmarks", "tests", "README.md")
 TERM = "ses" + "sion"  # spelt in two halves so that this file passes its own scan
+# The record of past runs and experiments: not part of the user's guide (the README does not link it), and
+# the result files it names may be ones that only git history keeps.
+NOTEBOOK = "docs/notebook.md"
+CITED = re.compile(r"benchmarks/[\w./*+-]*\w")
 WORD = re.compile(TERM, re.IGNORECASE)
 
 # Legitimate uses, each with its reason. Files: (glob, reason); lines: (regex, reason).
@@ -96,9 +102,17 @@ def test_readme_is_short_and_links_every_doc():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 300
     docs = sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md"))
-    assert {"docs/design.md", "docs/precision.md", "docs/performance.md", "docs/training.md"} <= set(docs)
-    missing = [doc for doc in docs if f"]({doc}" not in readme]
+    assert {"docs/design.md", "docs/precision.md", "docs/performance.md", "docs/training.md", NOTEBOOK} <= set(docs)
+    missing = [doc for doc in docs if doc != NOTEBOOK and f"]({doc}" not in readme]
     assert not missing, f"README.md does not link {missing}"
+    assert f"]({NOTEBOOK}" not in readme, "the notebook is a record, not documentation"
+
+
+def test_performance_page_stays_a_users_page():
+    """Figures with their commands, no lab notebook: short, and no commit ids in its prose."""
+    text = (ROOT / "docs/performance.md").read_text()
+    assert len(text.splitlines()) <= 250
+    assert not re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", text)  # a commit id
 
 
 def test_doc_links_to_repository_files_resolve():
@@ -113,15 +127,60 @@ def test_doc_links_to_repository_files_resolve():
     assert not broken, "\n".join(broken)
 
 
+def user_pages() -> list[Path]:
+    """The pages a user reads: the READMEs and every doc but the notebook."""
+    docs = [path for path in sorted((ROOT / "docs").glob("*.md")) if path.relative_to(ROOT).as_posix() != NOTEBOOK]
+    return [ROOT / "README.md", *docs, ROOT / "specdec_cli/trained/README.md", ROOT / "benchmarks/README.md"]
+
+
 def test_cited_benchmark_files_exist():
     """Every `benchmarks/...` path the README and docs cite (globs included) names files that exist."""
     missing = []
-    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "specdec_cli/trained/README.md",
-                 ROOT / "benchmarks/README.md"]:
-        for cited in re.findall(r"benchmarks/[\w./*+-]*\w", page.read_text()):
+    for page in user_pages():
+        for cited in CITED.findall(page.read_text()):
             if not list(ROOT.glob(cited)) and not (ROOT / cited).exists():
                 missing.append(f"{page.relative_to(ROOT)}: {cited}")
     assert not missing, "\n".join(missing)
+
+
+def uncited_results(root: Path, cited: set[str]) -> list[str]:
+    """Result files under benchmarks/ (results/, archive/, export/ less its scripts) that no cited path,
+    glob or folder names."""
+    found = []
+    for folder in ("results", "archive", "export"):
+        for path in sorted((root / "benchmarks" / folder).rglob("*")):
+            name = path.relative_to(root).as_posix()
+            if path.is_file() and path.suffix != ".py" and not any(
+                    name == c or fnmatch.fnmatch(name, c) or name.startswith(c + "/") for c in cited):
+                found.append(name)
+    return found
+
+
+def test_benchmarks_keep_only_cited_results():
+    """A result file stays while a figure in a user's page cites it; git history keeps the rest."""
+    cited = {c for page in user_pages() for c in CITED.findall(page.read_text())}
+    stale = uncited_results(ROOT, cited)
+    assert not stale, "no user page cites these (cite them or delete them):\n" + "\n".join(stale)
+
+
+def test_the_result_check_catches_an_uncited_file(tmp_path):
+    for name in ["results/a.json", "results/runs/1.json", "results/runs/2.json", "results/glob-1.json",
+                 "archive/old.json", "export/tool.py", "export/gap.json"]:
+        (tmp_path / "benchmarks" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "benchmarks" / name).write_text("{}\n")
+    cited = {"benchmarks/results/a.json", "benchmarks/results/runs", "benchmarks/results/glob-*.json"}
+    assert uncited_results(tmp_path, cited) == ["benchmarks/archive/old.json", "benchmarks/export/gap.json"]
+
+
+def test_benchmarks_readme_describes_every_script_and_prompt_file():
+    """benchmarks/README.md is a hand-written guide: it names every script and prompt file there."""
+    guide = (ROOT / "benchmarks/README.md").read_text()
+    bench = ROOT / "benchmarks"
+    names = sorted(path.relative_to(bench).as_posix()
+                   for pattern in ("*.py", "*.sh", "*.jsonl", "*.txt", "export/*.py") for path in bench.glob(pattern))
+    assert "block_costs.py" in names and "unseen-prompts.jsonl" in names
+    missing = [name for name in names if f"`{name}`" not in guide]
+    assert not missing, f"benchmarks/README.md does not describe {missing}"
 
 
 def test_version_prints_the_projects_version_without_loading_torch():
