@@ -5,15 +5,17 @@ from __future__ import annotations
 import atexit
 import errno
 import os
+import signal
 import sys
 
 from .commands import interrupt
 
 
-def _interrupted() -> int:
-    """Ctrl-C, wherever it came: one line saying what was kept (commands/interrupt.py), and exit code 130."""
-    print(f"specdec: {interrupt.line()}", file=sys.stderr, flush=True)
-    return 130
+def _interrupted(stop: KeyboardInterrupt | None = None) -> int:
+    """Ctrl-C, wherever it came: one line saying what was kept (commands/interrupt.py), and exit code 130;
+    SIGTERM (interrupt.Terminated) the same line and 143, as a process that SIGTERM ends exits."""
+    print(f"specdec: {interrupt.line(stop)}", file=sys.stderr, flush=True)
+    return 128 + (signal.SIGTERM if isinstance(stop, interrupt.Terminated) else signal.SIGINT)
 
 
 try:  # Ctrl-C while the commands' modules load ends as it does anywhere else, not in a traceback
@@ -40,15 +42,17 @@ except KeyboardInterrupt:
 class SpecdecGroup(TyperGroup):
     """Every way out of a command through one door: usage errors as one `specdec: error:` line with
     exit 2, a reader that closed the pipe as a quiet exit 0, Ctrl-C as one line saying what the command
-    kept (commands/interrupt.py) with exit 130, whatever the command was."""
+    kept (commands/interrupt.py) with exit 130, and SIGTERM the same way with exit 143, whatever the
+    command was."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         interrupt.begin()
+        previous = _take_sigterm()
         try:
             code = super().main(args, prog_name or "specdec", complete_var, standalone_mode=False, **extra)
             _flush_stdout()
-        except KeyboardInterrupt:
-            code = _interrupted()
+        except KeyboardInterrupt as stop:
+            code = _interrupted(stop)
         except click_errors.NoArgsIsHelpError as exc:
             print(exc.ctx.get_help() if exc.ctx else "")
             code = 0
@@ -66,6 +70,8 @@ class SpecdecGroup(TyperGroup):
             error_line(f"could not write to stdout: {exc}")
             code = 2
             _stdout_to_devnull()
+        finally:
+            _give_back_sigterm(previous)
         code = code if isinstance(code, int) else 0
         if standalone_mode:
             sys.exit(code)
@@ -81,13 +87,30 @@ class SpecdecGroup(TyperGroup):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt:  # caught here, as typer's own handler turns it into exit 130 without a word
-            raise typer.Exit(_interrupted()) from None
+        except KeyboardInterrupt as stop:  # caught here, as typer's own handler turns it into exit 130 without a word
+            raise typer.Exit(_interrupted(stop)) from None
         except OSError as exc:
             # Caught here because click's own handler turns a broken pipe into exit code 1.
             if isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE:
                 return _quiet_after_broken_pipe()
             raise
+
+
+def _take_sigterm():
+    """While a command runs, SIGTERM raises interrupt.Terminated: without a handler the process died
+    at once, and a run with --memory lost this run's answers. A SIGTERM the caller chose to ignore stays
+    ignored; and the handler is given back after, so that a test runner that invokes commands keeps its own."""
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            return signal.signal(signal.SIGTERM, interrupt.on_sigterm)
+    except ValueError:  # not the main thread: signals are the main thread's
+        pass
+    return None
+
+
+def _give_back_sigterm(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _usage_message(exc: click_errors.UsageError) -> str:
@@ -210,8 +233,8 @@ def main() -> None:
         code = 0
     except SystemExit as exit:
         code = exit.code
-    except KeyboardInterrupt:  # before the group's door opens (typer building the command) or after it shut
-        code = _interrupted()
+    except KeyboardInterrupt as stop:  # before the group's door opens (typer building the command) or after it shut
+        code = _interrupted(stop)
     if "torch" not in sys.modules:
         sys.exit(code)
     if not isinstance(code, int):

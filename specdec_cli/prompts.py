@@ -2,18 +2,25 @@
 
 Each non-blank line is one prompt: plain text, or a JSON object with ``prompt`` and optional
 ``id`` and ``scenario`` (a line whose first character is ``{`` is read as JSON), and ``answer`` for a
-task whose output can be checked (measure/tasks.py).
+task whose output can be checked (measure/tasks.py). An ``id`` is a string, an integer, a finite number,
+true, false or null: it is written back in JSON results, where NaN, Infinity, lists and objects have no
+place (a list or object could also be no one's idea of a name).
+
+A line that is no prompt, and a prompt the target's context cannot hold, are a BadPrompt: a file of
+prompts (bench, calibrate-k, verify-equivalence) fails on it before anything runs; generate's stream
+says it, writes its error object, and goes on to the next line (``parse_lines(..., go_on=True)``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from .errors import PromptTooLong, UserError
+from .errors import JsonTooLarge, PromptTooLong, UserError, loads
 
 
 @dataclass(frozen=True)
@@ -23,6 +30,7 @@ class Prompt:
     scenario: str | None = None
     answer: str | None = None
     where: str | None = None  # its line, "stdin line 4", where it came from a file or a pipe
+    line: int | None = None  # that line's number
 
     @property
     def label(self) -> str:
@@ -30,18 +38,37 @@ class Prompt:
         return f"prompt {self.id}" + (f" ({self.where})" if self.where else "")
 
 
-def parse_lines(lines: Iterable[str], origin: str = "stdin") -> Iterator[Prompt]:
-    """Prompts one at a time, so a long-running pipe is served as it arrives."""
+class BadPrompt(UserError):
+    """One prompt that cannot be answered: its line is no prompt, or the context cannot hold it. The
+    message names it and its line; ``as_json`` is the object generate's --json writes in its place."""
+
+    def __init__(self, message: str, reason: str, id: str | int, line: int | None):
+        super().__init__(message)
+        self.reason, self.id, self.line = reason, id, line
+
+    def as_json(self) -> dict:
+        return {"id": self.id, "line": self.line, "error": self.reason}
+
+
+def parse_lines(lines: Iterable[str], origin: str = "stdin", go_on: bool = False) -> Iterator[Prompt | BadPrompt]:
+    """Prompts one at a time, so a long-running pipe is served as it arrives. A line that is no prompt
+    raises its BadPrompt, or with ``go_on`` (a stream) is yielded as one, and the lines after it follow."""
     count = 0
     for number, line in enumerate(_text(lines, origin), start=1):
         line = line.rstrip("\r\n")
         if not line.strip():
             continue
         count += 1
-        if line.lstrip().startswith("{"):
-            yield _from_json(line, number, origin, count)
-        else:
-            yield Prompt(count, line, where=f"{origin} line {number}")
+        if not line.lstrip().startswith("{"):
+            yield Prompt(count, line, where=f"{origin} line {number}", line=number)
+            continue
+        try:
+            item = _from_json(line, number, origin, count)
+        except BadPrompt as bad:
+            if not go_on:
+                raise
+            item = bad
+        yield item
     if count == 0:
         raise UserError(f"no prompts in {origin}")
 
@@ -86,7 +113,7 @@ def named(prompt: Prompt) -> Iterator[None]:
     try:
         yield
     except PromptTooLong as exc:
-        raise UserError(f"{prompt.label}: {exc}") from None
+        raise BadPrompt(f"{prompt.label}: {exc}", str(exc), prompt.id, prompt.line) from None
 
 
 def check_fit(prompts: Sequence[Prompt], encoded: Sequence[Sequence[int]], context: int | None) -> None:
@@ -98,12 +125,31 @@ def check_fit(prompts: Sequence[Prompt], encoded: Sequence[Sequence[int]], conte
 
 
 def _from_json(line: str, number: int, origin: str, count: int) -> Prompt:
+    def bad(reason: str, id: str | int = count) -> BadPrompt:
+        return BadPrompt(f"{origin} line {number}: {reason}", reason, id, number)
+
     try:
-        record = json.loads(line)
+        record = loads(line)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{origin} line {number}: malformed JSON ({exc.msg})") from None
-    if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"].strip():
-        raise UserError(f"{origin} line {number}: a JSON prompt line needs a non-empty string field 'prompt'")
+        raise bad(f"malformed JSON ({exc.msg})") from None
+    except JsonTooLarge as exc:
+        raise bad(f"JSON {exc}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts; the advice after ':' is Python's
+        raise bad(f"malformed JSON ({str(exc).split(':')[0]})") from None
+    if not isinstance(record, dict):
+        raise bad("a JSON prompt line needs a non-empty string field 'prompt'")
+    id = record.get("id", count)
+    if isinstance(id, (list, dict)) or (isinstance(id, float) and not math.isfinite(id)):
+        raise bad(f"its 'id' must be a string or a finite number, not {_kind(id)}")
+    if not isinstance(record.get("prompt"), str) or not record["prompt"].strip():
+        raise bad("a JSON prompt line needs a non-empty string field 'prompt'", id)
     scenario, answer = record.get("scenario"), record.get("answer")
-    return Prompt(record.get("id", count), record["prompt"], None if scenario is None else str(scenario),
-                  None if answer is None else str(answer), f"{origin} line {number}")
+    return Prompt(id, record["prompt"], None if scenario is None else str(scenario),
+                  None if answer is None else str(answer), f"{origin} line {number}", number)
+
+
+def _kind(value) -> str:
+    """What a refused id is, in JSON's words (1e309 reads as infinity)."""
+    if isinstance(value, float):
+        return "NaN" if math.isnan(value) else "an infinite number"
+    return "a list" if isinstance(value, list) else "an object"

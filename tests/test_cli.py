@@ -85,8 +85,6 @@ def test_sampling_is_reproducible_with_a_seed(models):
         (["--temperature", "-1", "x"], None, "--temperature must be 0 or more"),
         (["--top-p", "0", "x"], None, "--top-p must be in (0, 1]"),
         (["x" * 300], None, "the prompt is 300 tokens; the target's context holds 256"),
-        ([], "ok\n{not json\n", "stdin line 2: malformed JSON"),
-        ([], '{"id": 3}\n', "stdin line 1: a JSON prompt line needs a non-empty string field 'prompt'"),
         ([], "\n  \n", "no prompts in stdin"),
         (["--drafter", "magic", "x"], None, "unknown drafter 'magic'"),
         (["--pair", "tiny-ngram", "--drafter", "model", "x"], None, "has no draft model"),

@@ -1,5 +1,6 @@
-"""Ctrl-C and the context limit, said plainly: an interrupted command exits 130 with one line saying
-what it kept, and an answer the target's context cut short says so (stats, live view, stderr)."""
+"""Ctrl-C, SIGTERM and the context limit, said plainly: an interrupted command exits 130 (SIGTERM: 143)
+with one line saying what it kept, and an answer the target's context cut short says so (stats, live
+view, stderr)."""
 
 from __future__ import annotations
 
@@ -50,14 +51,17 @@ def sigint_reaches_the_children():
     signal.signal(signal.SIGINT, before)
 
 
+STOPS = [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]  # Ctrl-C, and docker stop's
+
+
 def start(command: list[str]) -> subprocess.Popen:
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def interrupt(process: subprocess.Popen) -> tuple[int, str, str]:
-    """SIGINT, as Ctrl-C sends it; the exit code and what was left on stdout and stderr."""
-    process.send_signal(signal.SIGINT)
+def interrupt(process: subprocess.Popen, sig: int = signal.SIGINT) -> tuple[int, str, str]:
+    """SIGINT, as Ctrl-C sends it (or ``sig``); the exit code and what was left on stdout and stderr."""
+    process.send_signal(sig)
     try:
         out, err = process.communicate(timeout=60)
     except subprocess.TimeoutExpired:
@@ -88,6 +92,35 @@ def test_ctrl_c_between_prompts_says_how_many_were_answered_and_written(models):
     assert code == 130 and out == ""
     assert err.splitlines() == ["specdec: interrupted while reading the next prompt; "
                                 "2 prompts answered, their results were written"]
+
+
+@pytest.mark.parametrize("sig, code, word", STOPS, ids=["ctrl-c", "sigterm"])
+def test_a_stop_after_an_answer_keeps_it_in_the_memory_file_and_says_so(models, tmp_path, sig, code, word):
+    """Ctrl-C said "the memory file is left as it was" after save() had updated it. SIGTERM (docker stop,
+    systemd, timeout) had no handler: the run died at once, the memory file never written, exit 143
+    without a word."""
+    path = tmp_path / "memory.json"
+    process = start([*SPECDEC, "generate", "--models", models, "--pair", "tiny-alt", "--drafter", "suffix", "-k", "3",
+                     "--json", "--max-new-tokens", "3", "--memory", str(path)])
+    process.stdin.write("first\n")
+    process.stdin.flush()
+    assert json.loads(process.stdout.readline())["prompt"] == "first"
+    stopped, out, err = interrupt(process, sig)  # it waits for a second prompt on stdin
+    assert stopped == code and out == ""
+    assert err.splitlines() == [f"specdec: {word} while reading the next prompt; 1 prompt answered, its result was "
+                                f"written; {path} keeps this run's answers"]
+    assert len(json.loads(path.read_text())["answers"]) == 1
+
+
+def test_sigterm_before_any_answer_leaves_the_memory_file_as_it_was(models, tmp_path):
+    path = tmp_path / "memory.json"
+    path.write_text("")
+    process = start([sys.executable, "-c", SLOW_LOAD, "generate", "--models", models, "--pair", "tiny-alt",
+                     "--drafter", "suffix", "-k", "3", "--memory", str(path), "hello"])
+    assert process.stderr.readline() == "loaded\n"
+    code, out, err = interrupt(process, signal.SIGTERM)
+    assert code == 143 and out == "" and path.read_text() == ""
+    assert err.splitlines() == ["specdec: terminated while loading the pair; nothing was written"]
 
 
 def test_ctrl_c_as_specdec_starts_is_one_line_not_a_traceback(models):
@@ -127,14 +160,16 @@ def engine_url():
     server.server_close()
 
 
-def test_ctrl_c_ends_watch_with_130_and_what_it_showed(engine_url):
-    """It was exit 0, as if watching had ended by itself."""
+@pytest.mark.parametrize("sig, code, word", STOPS, ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_ends_watch_with_130_and_what_it_showed(engine_url, sig, code, word):
+    """It was exit 0, as if watching had ended by itself; SIGTERM, 143 without a word. Every command
+    takes SIGTERM as it takes Ctrl-C (cli.py)."""
     process = start([*SPECDEC, "watch", engine_url, "--json", "--interval", "1"])
     assert json.loads(process.stdout.readline())["url"] == engine_url
-    code, out, err = interrupt(process)  # during the next reading's interval
+    stopped, out, err = interrupt(process, sig)  # during the next reading's interval
     shown = 1 + len(out.splitlines())
-    assert code == 130
-    assert err.splitlines() == [f"specdec: interrupted while watching {engine_url}; "
+    assert stopped == code
+    assert err.splitlines() == [f"specdec: {word} while watching {engine_url}; "
                                 + ("1 reading was shown" if shown == 1 else f"{shown} readings were shown")]
 
 
@@ -187,17 +222,22 @@ def test_live_view_shows_a_full_context():
 
 
 def test_a_prompt_longer_than_the_context_is_named_with_its_line(models, tmp_path):
-    """The error said the prompt's length alone: which of many prompts it was, the reader had to find."""
+    """The error said the prompt's length alone: which of many prompts it was, the reader had to find.
+    On stdin the stream goes on past it (tests/test_faults_stream.py), exit 1; on the command line, exit 2."""
     lines = "ok\n\n" + "x" * 300 + "\n"
     result = runner.invoke(app, ["generate", "--models", models, "--json", "--max-new-tokens", "2"], input=lines)
-    assert result.exit_code == 2
-    assert [json.loads(line)["prompt"] for line in result.stdout.splitlines()] == ["ok"]  # the prompt before it
+    assert result.exit_code == 1
+    assert [json.loads(line).get("prompt") for line in result.stdout.splitlines()] == ["ok", None]  # then its error object
     assert " ".join(result.stderr.split()) == ("specdec: error: prompt 2 (stdin line 3): the prompt is 300 tokens; "
                                                "the target's context holds 256")
     lines = '{"id": "long", "prompt": "' + "x" * 300 + '"}\n'
     result = runner.invoke(app, ["generate", "--models", models, "--max-new-tokens", "2"], input=lines)
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert "specdec: error: prompt long (stdin line 1): the prompt is 300 tokens" in " ".join(result.stderr.split())
+    result = runner.invoke(app, ["generate", "--models", models, "--max-new-tokens", "2", "x" * 300])
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == ("specdec: error: prompt 1: the prompt is 300 tokens; "
+                                               "the target's context holds 256")
 
 
 @pytest.mark.parametrize("command", [["bench", "--modes", "plain"], ["verify-equivalence", "-k", "1"],

@@ -57,7 +57,7 @@ def test_watch_names_a_server_that_does_not_answer():
     assert done.returncode == 2
     assert error_lines(done.stderr) == [f"specdec: error: no server answers at http://127.0.0.1:{port}: [Errno 111] Connection refused"]
     bad = run("watch", "127.0.0.1:8000", "--once")
-    assert error_lines(bad.stderr) == ["specdec: error: --server '127.0.0.1:8000': give a URL such as http://127.0.0.1:8000"]
+    assert error_lines(bad.stderr) == ["specdec: error: URL '127.0.0.1:8000': give a URL such as http://127.0.0.1:8000"]
 
 
 LOOP = "applies to this loop's {}, not to a serving engine's (--engine, --server)"

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from ..runtime import threads as thread_policy
 from . import interrupt
+from . import own_files
 from ..atomic import check_writable, write_atomically
 from ..pairs.profile import open_profile
 from ..pairs.registry import FREE_KINDS, HEAD, MODEL, STORE, PairSpec
@@ -33,6 +34,8 @@ from .common import (
     ThreadsOption,
     accept_rule,
     check_count,
+    check_seed,
+    check_threads,
     check_sampling_options,
     invocation,
     lossy_message,
@@ -109,7 +112,7 @@ def bench_command(
     --markdown could not be written, or a server died mid-run (the levels finished are written).
     """
     check_count("--max-new-tokens", max_new_tokens, 1)
-    check_count("--threads", threads, 1)
+    check_threads(threads)
     if engine or server or reference:  # a serving engine under load: commands/engine_bench.py
         refuse_given(LOOP_ONLY, "applies to this loop's bench, not to a serving engine's (--engine, --server)")
         if not engine:
@@ -123,9 +126,10 @@ def bench_command(
     refuse_given(ENGINE_ONLY, "applies to a serving engine's bench: give --engine or --server")
     check_sampling_options(temperature, 0, 1.0)
     check_count("--samples", samples, 1)
+    check_seed(seed, samples, f"--samples {samples}")
     rule = accept_rule(accept)
     if markdown:
-        check_writable(markdown, "--markdown")
+        check_writable(markdown, "--markdown", ours=own_files.markdown_page)
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft, dtype=dtype)
 

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from ..runtime import threads as thread_policy
 from . import interrupt
+from . import own_files
 from ..atomic import check_writable
 from ..decoding.control.speedup import SPECULATE
 from ..decoding.rules import check_tree_rule
@@ -39,6 +40,8 @@ from .common import (
     TreeBudgetsOption,
     accept_rule,
     check_count,
+    check_seed,
+    check_threads,
     check_tree_drafter,
     check_sampling_options,
     parse_k_list,
@@ -87,7 +90,8 @@ def calibrate_k(
     """
     check_sampling_options(temperature, 0, 1.0)
     check_count("--max-new-tokens", max_new_tokens, 1)
-    check_count("--threads", threads, 1)
+    check_threads(threads)
+    check_seed(seed)
     if profile and not write:
         raise UserError("--profile names the file for --write; add --write")
     rule = accept_rule(accept)
@@ -97,13 +101,13 @@ def calibrate_k(
     if write and not rule.lossless:
         raise UserError(f"--write keeps K for lossless decoding; a K measured under the lossy rule {rule} is not written")
     if plot:
-        check_writable(plot, "--plot")
+        check_writable(plot, "--plot", ours=own_files.image)
         _check_plotting()
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
     if budgets:
         check_tree_drafter(spec)
-    destination = check_writable(profile_path(profile, spec), "--profile") if write else None
+    destination = check_writable(profile_path(profile, spec), "--profile", ours=own_files.profile) if write else None
     if destination is not None:
         read_profiles(destination)  # a damaged profile stops us now, not after the measuring
 

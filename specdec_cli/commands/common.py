@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import shlex
 import sys
 from datetime import datetime, timezone
@@ -17,9 +18,10 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import UserError
-from ..limits import MAX_K
+from ..limits import MAX_K, SEEDS
 from ..pairs import free_kinds
 from ..pairs.registry import HEAD, PairSpec, load_registry, override
+from ..runtime.threads import THREADS_PER_CORE, most_threads
 
 if TYPE_CHECKING:
     from ..decoding.acceptance import SamplingParams
@@ -38,17 +40,20 @@ DrafterOption = Annotated[Optional[str], typer.Option("--drafter", metavar="KIND
 PromptsOption = Annotated[Path, typer.Option("--prompts", metavar="FILE", help="Prompt file: one prompt per line, plain text or JSON with 'prompt' and optional 'id', 'scenario'.")]
 MaxNewTokensOption = Annotated[int, typer.Option("--max-new-tokens", metavar="N", help="Most new tokens per answer (per prompt, and per K or mode where there are several).")]
 TemperatureOption = Annotated[float, typer.Option("--temperature", metavar="T", help="0 decodes greedily; above 0 samples (speculative sampling keeps the target's distribution).")]
-SeedOption = Annotated[int, typer.Option("--seed", metavar="N", help="Seed for sampling: it fixes the text, whatever K and drafter; each prompt starts from it.")]
+SeedOption = Annotated[int, typer.Option("--seed", metavar="N", help="Seed for sampling, 0 to 2^64 - 1: it fixes the text, whatever K and drafter; each prompt starts from it.")]
 RawOption = Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the model's chat template.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Results as JSON on stdout instead of text and tables.")]
 ProfileOption = Annotated[Optional[str], typer.Option("--profile", metavar="FILE", help="Calibration profile. Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")]
 TreeOption = Annotated[Optional[str], typer.Option("--tree", metavar="N|auto", help=f"Draft a tree of at most N nodes (1 to {MAX_K}) with the pair's draft head and verify it in one forward, instead of a chain of K (-k). auto: adaptive K (-k auto) may also choose trees, round by round.")]
-ThreadsOption = Annotated[Optional[int], typer.Option("--threads", metavar="N", help="Torch CPU threads (default: OMP_NUM_THREADS, else torch's choice, one per core).")]
+ThreadsOption = Annotated[Optional[int], typer.Option("--threads", metavar="N", help=f"Torch CPU threads, at most {THREADS_PER_CORE} per core (default: OMP_NUM_THREADS, else torch's choice, one per core).")]
 TreeBudgetsOption = Annotated[Optional[str], typer.Option("--tree", metavar="N,N,...", help=f"Also measure the pair's draft head drafting trees of these node budgets (1 to {MAX_K}), beside the chains of K; --write keeps what they did for -k auto's trees.")]
 DtypeOption = Annotated[Optional[str], typer.Option("--dtype", metavar="DTYPE", help="Target precision: float32, bfloat16, int8 or int4 (weight-only, on a CPU; an int4 GGUF keeps its own blocks), float16, auto. Default: the pair's `dtype:`.")]
 ConcurrencyOption = Annotated[Optional[str], typer.Option("--concurrency", metavar="N,N,...", help="Serving engine: requests kept in flight, one level each (default 1,4).")]
 AcceptOption = Annotated[str, typer.Option("--accept", metavar="RULE", help="Acceptance rule: exact (the default: lossless) or a LOSSY relaxed rule, lenient:L, typical:EPS,DELTA or top:N, whose output is no longer the target's and is flagged as such (README: 'Why specdec is lossless by default').")]
 
+# The least temperature that samples: logits divided by a smaller one overflow float32 (1e-320 made
+# every probability nan); at this one logits up to 1e32 still fit, and sampling is all but greedy already.
+LEAST_TEMPERATURE = 1e-6
 WRITE_FAILED = 3  # the result went to stdout, but a file that was asked for could not be written
 
 
@@ -103,6 +108,37 @@ def check_count(option: str, value: int | None, least: int) -> None:
         raise UserError(f"{option} must be at least {least}, got {value}")
 
 
+def check_number(option: str, value: float | None, least: float, most: float | None = None, *, above: bool = False) -> None:
+    """A float option is a finite number in its range (above ``least`` where ``above``, else from it;
+    up to ``most``): nan fails no ``value < least`` test and inf passes every lower bound, so a check
+    of the bounds alone lets both through, into a traceback or random tokens."""
+    if value is None or (math.isfinite(value) and (value > least if above else value >= least)
+                         and (most is None or value <= most)):
+        return
+    if most is not None:
+        words = f"in ({least:g}, {most:g}]" if above else f"from {least:g} to {most:g}"
+    else:
+        words = f"above {least:g} and finite" if above else f"{least:g} or more and finite"
+    raise UserError(f"{option} must be {words}, got {value}")
+
+
+def check_seed(seed: int, runs: int = 1, runs_option: str = "") -> None:
+    """Seeds are 64 bits (limits.SEEDS): each from 0 to 2⁶⁴ − 1 fixes its own text, and one beyond
+    would stand for another (2⁶⁴ for 0, −1 for 2⁶⁴ − 1). A command that runs seeds seed … seed +
+    ``runs`` − 1 (``runs_option`` says how many) keeps the last of them in range too."""
+    most = SEEDS - max(runs, 1)
+    if not 0 <= seed <= most:
+        given = f" with {runs_option}" if runs > 1 else ""
+        raise UserError(f"--seed must be from 0 to {most}{given} (seeds are 64 bits), got {seed}")
+
+
+def check_threads(threads: int | None) -> None:
+    """--threads: from 1 to a few per core (runtime/threads.py says why it has a bound)."""
+    most = most_threads()
+    if threads is not None and not 1 <= threads <= most:
+        raise UserError(f"--threads must be from 1 to {most} ({THREADS_PER_CORE} per core here), got {threads}")
+
+
 def write_output(option: str, path: Path, write: Callable[[], object]) -> bool:
     """Write a file at the end of a run; a failure is one error line, not the loss of the result,
     which has gone to stdout already. Returns whether the file was written."""
@@ -141,8 +177,10 @@ def refuse_given(names: tuple[str, ...], why: str) -> None:
 
 def invocation(command: str) -> dict[str, str]:
     """A result's manifest begins with what made it: the command line as given (``specdec COMMAND``
-    when it was called without one) and the UTC date."""
-    given = sys.argv[1:]
+    when it was called without one), less any URL's password, and the UTC date."""
+    from ..serving.client import USERINFO
+
+    given = [USERINFO.sub(r"\1", arg) for arg in sys.argv[1:]]
     return {"command": "specdec " + shlex.join(given) if given else f"specdec {command}",
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
@@ -219,12 +257,12 @@ def sampling_params(temperature: float, top_k: int, top_p: float) -> SamplingPar
 
 def check_sampling_options(temperature: float, top_k: int, top_p: float) -> None:
     """The sampling options' bounds, checked without importing torch."""
-    if temperature < 0:
-        raise UserError(f"--temperature must be 0 or more, got {temperature}")
+    check_number("--temperature", temperature, 0)
+    if 0 < temperature < LEAST_TEMPERATURE:
+        raise UserError(f"--temperature must be 0 (greedy) or {LEAST_TEMPERATURE:g} or more, got {temperature}")
     if top_k < 0:
         raise UserError(f"--top-k must be 0 or more, got {top_k}")
-    if not 0 < top_p <= 1:
-        raise UserError(f"--top-p must be in (0, 1], got {top_p}")
+    check_number("--top-p", top_p, 0, 1, above=True)
 
 
 

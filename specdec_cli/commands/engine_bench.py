@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from . import own_files
 from ..atomic import check_writable, write_atomically
 from ..errors import UserError
 from ..prompts import read_file
@@ -56,9 +57,9 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
     slos = load_bench.parse_slos(slo)
     default = f"{load_bench.plain_mode(engine)},{load_bench.mode_prefix(engine)}ngram:4" if engine else ""
     chosen = load_bench.parse_modes(modes or default, engine) if engine else []  # plain and lookup at K 4
-    for path, option in ((markdown, "--markdown"), (plot, "--plot")):
+    for path, option, ours in ((markdown, "--markdown", own_files.markdown_page), (plot, "--plot", own_files.image)):
         if path:
-            check_writable(path, option)
+            check_writable(path, option, ours=ours)
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
     thread_policy.apply(threads)  # before torch: the own loop's threads, the servers' count (serving/environment.py)
@@ -84,7 +85,7 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
         else:
             targets = {}
             if reference:
-                plain = attach(reference)
+                plain = attach(reference, "--reference")
                 targets[load_bench.plain_mode(plain.dialect)] = load_bench.Target(plain)
             targets["server"] = load_bench.Target(attach(server))
             manifest["engine"] = {"attached": {name: t.endpoint.url for name, t in targets.items()}}

@@ -14,6 +14,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from . import own_files
 from ..atomic import check_writable, write_atomically
 from ..errors import UserError
 from ..limits import MAX_K, NEAR_TIE_TOLERANCE
@@ -50,7 +51,7 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
     if tolerance is not None and tolerance <= 0:
         raise UserError(f"--tolerance must be above 0, got {tolerance}")
     if report:
-        check_writable(report, "--report")
+        check_writable(report, "--report", ours=own_files.verify_report)
     tolerance = tolerance or ENGINE_TOLERANCE.get(engine, NEAR_TIE_TOLERANCE["float32"])
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
@@ -76,7 +77,8 @@ def engine_verify(*, engine, server, reference, spec_text, prompts: Path, concur
             label = modes[1].name
             manifest["engine"] = engine_entry(servers)
         else:
-            plain_end, spec_end, label = attach(reference), attach(server), server
+            plain_end, spec_end = attach(reference, "--reference"), attach(server)
+            label = spec_end.url  # the URL without its password
             manifest["engine"] = {"attached": {plain_mode(plain_end.dialect): plain_end.url, "server": spec_end.url}}
         levels = {}
         try:

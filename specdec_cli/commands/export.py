@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from . import own_files
 from ..atomic import check_writable, write_atomically
 from ..errors import UserError
 from .common import (
@@ -63,7 +64,7 @@ def export(
     if from_bench is not None and not from_bench.is_file():
         raise UserError(f"--from-bench file not found: {from_bench}")
     if out is not None:
-        check_writable(out, "--out")
+        check_writable(out, "--out", ours=own_files.engine_config)
     spec = resolve_pair(models, pair)
     pair_profile, path = load_profile(profile, spec, warning_line, required=from_bench is None)
     plan = make_plan(engine, spec, pair_profile, path, shares, from_bench, draft_dir, drafter)

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from . import own_files
 from ..atomic import check_writable
 from ..errors import UserError
 from ..runtime import threads as thread_policy
@@ -40,7 +41,7 @@ def export_head_command(
     """
     if not directory.is_dir():
         raise UserError(f"head directory not found: {directory}")
-    check_writable(out, "--out", directory=True)
+    check_writable(out, "--out", directory=True, ours=own_files.eagle3_export)
     thread_policy.apply(None)  # before torch loads: it runs the target
     from ..export.head_export import export_head as write
     from ..pairs.loading import load

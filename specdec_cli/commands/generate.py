@@ -15,13 +15,14 @@ import typer
 
 from ..runtime import threads as thread_policy
 from ..decoding.rules import check_tree_rule
+from ..decoding.suffix_file import recognise
 from . import interrupt
 from ..atomic import check_writable
 from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
 from ..pairs.registry import SUFFIX
-from ..prompts import Prompt, named, parse_lines
+from ..prompts import BadPrompt, Prompt, named, parse_lines
 from .common import (
     AcceptOption,
     DrafterOption,
@@ -40,8 +41,11 @@ from .common import (
     WRITE_FAILED,
     accept_rule,
     check_count,
+    check_seed,
+    check_threads,
     check_tree_drafter,
     check_sampling_options,
+    error_line,
     parse_k,
     parse_tree,
     resolve_pair,
@@ -52,6 +56,8 @@ from .common import (
     warning_line,
     write_output,
 )
+
+PROMPTS_FAILED = 1  # exit code: some prompts of the stream failed, each said on stderr (and in --json); the rest ran
 
 if TYPE_CHECKING:
     from ..decoding.control.controller import AdaptiveController
@@ -96,7 +102,8 @@ def generate(
     # Everything that needs no model is checked before torch is imported (under a second).
     check_sampling_options(temperature, top_k, top_p)
     check_count("--max-new-tokens", max_new_tokens, 1)
-    check_count("--threads", threads, 1)
+    check_threads(threads)
+    check_seed(seed)
     fixed_k = parse_k(k, allow_auto=True)
     rule = accept_rule(accept)
     tree = parse_tree(tree, k)
@@ -108,7 +115,7 @@ def generate(
     if tree is not None:
         check_tree_drafter(spec)
     if memory is not None:
-        memory = check_writable(memory, "--memory")
+        memory = check_writable(memory, "--memory", ours=recognise)  # a file that is no memory file is left alone
         if isinstance(fixed_k, int) and (fixed_k == 0 or spec.drafter.kind != SUFFIX):
             raise UserError("--memory keeps the suffix memory, which a fixed -k or --tree drafts with only under "
                             "--drafter suffix (and K above 0); use -k auto or --drafter suffix")
@@ -132,15 +139,25 @@ def generate(
     if isinstance(tree, int):
         runtime.drafter = runtime.tree_drafter()
 
+    failed = 0
     with _memory_kept(runtime, controller, memory):
         finished, warned = 0, False
         interrupt.now("reading the prompts")
         for item in prompts:
+            if isinstance(item, BadPrompt):  # a line of the stream that is no prompt
+                failed += _failed(item, json_lines, finished)
+                continue
             interrupt.now(f"answering {item.label}", interrupt.answered(finished))
             if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
                 controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
             k_for_item = controller.schedule(item.scenario) if controller else fixed_k
-            result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule, tree)
+            try:
+                result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule, tree)
+            except BadPrompt as bad:  # longer than the context
+                if item.line is None:  # the command line's one prompt: the mistake is the command's, exit 2
+                    raise
+                failed += _failed(bad, json_lines, finished)
+                continue
             if view is not None and _stdout_is_a_file():
                 view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
             result["stats"]["computed_by"] = computed_by
@@ -153,13 +170,31 @@ def generate(
             finished += 1  # said before it is printed: a reader that has the result is told it was written
             interrupt.now("reading the next prompt", interrupt.answered(finished))
             if json_lines:
-                print(json.dumps(result, ensure_ascii=False), flush=True)
+                print(json_line(result), flush=True)
             else:  # always, terminal or not: copy, tee and script get the clean answer
                 print(result["text"], flush=True)
                 if result["stats"]["stop"] == CONTEXT:  # --json says it in the stats
                     warning_line(context_cut(item, result["stats"]["new_tokens"], runtime.engine.context_length))
             if view is not None:
                 view.show_summary()
+    if failed:
+        raise typer.Exit(PROMPTS_FAILED)
+
+
+def json_line(record: dict) -> str:
+    """One result or error object as --json writes it: valid JSON always (no NaN, no Infinity), so that
+    a reader's parser never stops at a line; prompts.py refuses the ids that would need them."""
+    return json.dumps(record, ensure_ascii=False, allow_nan=False)
+
+
+def _failed(bad: BadPrompt, json_lines: bool, finished: int) -> int:
+    """A prompt of the stream that cannot be answered: its line on stderr, its error object in --json
+    (``{"id", "line", "error"}``), and the stream goes on. Returns 1, for the count of failures."""
+    error_line(str(bad))
+    if json_lines:
+        print(json_line(bad.as_json()), flush=True)
+    interrupt.now("reading the next prompt", interrupt.answered(finished))
+    return 1
 
 
 @contextmanager
@@ -173,9 +208,12 @@ def _memory_kept(runtime: LoadedPair, controller, path: Path | None) -> Iterator
     try:
         yield
     finally:
-        interrupt.now(f"adding this run's answers to {kept.path}", "the memory file is left as it was")
+        # A stop keeps what it kept before, and the memory file as it was until save() has replaced it.
+        doing, before = interrupt.current()
+        interrupt.now(f"adding this run's answers to {kept.path}", f"{before}; the memory file is left as it was")
         if not write_output("--memory", kept.path, kept.save):
             raise typer.Exit(WRITE_FAILED)
+        interrupt.now(doing, f"{before}; {kept.path} keeps this run's answers" if kept.saved else before)
 
 
 def _memory_file(runtime: LoadedPair, controller, path: Path):
@@ -277,11 +315,12 @@ def _controller(spec, fixed_k, watcher: ProfileWatcher | None, console, say: boo
     return runtime.controller(watcher.profile, trees)
 
 
-def _prompts(argument: str | None) -> Iterable[Prompt]:
+def _prompts(argument: str | None) -> Iterable[Prompt | BadPrompt]:
+    """The command line's prompt, or stdin's stream: a line there that is no prompt comes as its BadPrompt."""
     if argument is not None and argument != "-":
         if not argument.strip():
             raise UserError("the prompt is empty")
         return [Prompt(1, argument)]
     if argument is None and stdin_is_interactive():
         raise UserError("no prompt: give one as an argument, or pipe prompts on stdin (one per line)")
-    return parse_lines(sys.stdin, "stdin")
+    return parse_lines(sys.stdin, "stdin", go_on=True)

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import interrupt
 from ..runtime import threads as thread_policy
+from . import own_files
 from ..atomic import check_writable
 from .common import (
     DtypeOption,
@@ -21,8 +22,12 @@ from .common import (
     PromptsOption,
     RawOption,
     TargetOption,
+    LEAST_TEMPERATURE,
     ThreadsOption,
     check_count,
+    check_number,
+    check_seed,
+    check_threads,
     resolve_pair,
     stderr_console,
     user_errors,
@@ -90,10 +95,15 @@ def train_draft(
     (and, for a head, its hidden states), and the drafter learns them within --steps/--minutes.
     Use the result with `--draft OUT` (a head: `--drafter head --draft OUT`) or in models.yaml.
     """
-    check_count("--threads", threads, 1)
+    check_threads(threads)
+    check_seed(seed)
+    check_number("--minutes", minutes, 0)
+    check_number("--lr", lr, 0, above=True)
+    if sampled:
+        check_number("--temperature", temperature, LEAST_TEMPERATURE)
     check_count("--layers", layers, 1)
     check_count("--hidden-size", hidden_size, 1)
-    check_writable(out, "--out", directory=True)
+    check_writable(out, "--out", directory=True, ours=own_files.training_run)
     spec = resolve_pair(models, pair, target, dtype=dtype)  # the target answers and gives features at this precision
 
     thread_policy.apply(threads)  # before torch loads

@@ -23,6 +23,7 @@ from rich.text import Text
 
 from ..runtime import threads as thread_policy
 from . import interrupt
+from . import own_files
 from ..atomic import check_writable, write_atomically
 from ..errors import UserError
 from ..limits import MAX_K, NEAR_TIE_TOLERANCE, SAMPLING_PROMPTS, SAMPLING_TOKENS
@@ -41,9 +42,13 @@ from .common import (
     PromptsOption,
     RawOption,
     TargetOption,
+    LEAST_TEMPERATURE,
     ThreadsOption,
     accept_rule,
     check_count,
+    check_number,
+    check_seed,
+    check_threads,
     check_tree_drafter,
     parse_k_list,
     plain_console,
@@ -107,7 +112,8 @@ def verify_equivalence(
     --report could not be written.
     """
     check_count("--max-new-tokens", max_new_tokens, 1)
-    check_count("--threads", threads, 1)
+    check_threads(threads)
+    check_number("--tolerance", tolerance, 0, above=True)
     if engine or server or reference:  # a serving engine's speculative output against its plain output: commands/engine_verify.py
         refuse_given(("k", "tree", "draws", "temperature", "seed", "drafter", "dtype", "accept"),
                      "applies to this loop's check, not to a serving engine's (--engine, --server)")
@@ -116,14 +122,13 @@ def verify_equivalence(
                              raw=raw, json_out=json_out, report=report, models=models, pair=pair, target=target,
                              draft=draft, threads=threads)
     refuse_given(("spec_mode", "concurrency"), "applies to a serving engine's check: give --engine or --server")
-    if tolerance is not None and tolerance <= 0:
-        raise UserError(f"--tolerance must be above 0, got {tolerance}")
     if draws < 0:
         raise UserError(f"--sampling must be 0 (off) or a number of draws, got {draws}")
-    if draws and temperature <= 0:
-        raise UserError(f"--temperature must be above 0 for --sampling, got {temperature}")
+    if draws:
+        check_number("--temperature", temperature, LEAST_TEMPERATURE)
+    check_seed(seed, draws, f"--sampling {draws}")
     if report:
-        check_writable(report, "--report")
+        check_writable(report, "--report", ours=own_files.verify_report)
     ks = parse_k_list(tree, "--tree", least=1) if tree is not None else parse_k_list(k)
     rule = accept_rule(accept)  # a lossy rule runs, shows its divergences, and exits 1
     items = read_file(prompts)

@@ -18,7 +18,9 @@ from rich.text import Text
 
 from . import interrupt
 from ..errors import UserError, read_json
-from .common import plain_console, resolve_pair, stderr_console, user_errors
+from .common import check_number, plain_console, resolve_pair, stderr_console, user_errors
+
+MOST_INTERVAL_S = 86400.0  # a reading a day; far beyond it time.sleep overflows (past 2⁶³ ns), and nan or inf was a traceback
 
 
 @user_errors
@@ -47,8 +49,7 @@ def watch(
     from ..serving.drift import recommendation
     from ..serving.watch_figures import acceptance_scope, figures, judgement
 
-    if interval <= 0:
-        raise UserError(f"--interval must be above 0, got {interval}")
+    check_number("--interval", interval, 0, MOST_INTERVAL_S, above=True)
     if profile is not None and export is None:
         raise UserError("--profile judges drift from an export's recommendation: give --export FILE too")
     bench_curve = _read_curve(curve) if curve else None
@@ -63,7 +64,7 @@ def watch(
         endpoint = Endpoint(found[0]["url"])
         mode = mode or found[0]["mode"]
     else:
-        endpoint = attach(url)
+        endpoint = attach(url, "URL")
 
     def reading(before):
         time.sleep(interval)

@@ -6,6 +6,7 @@ Kept free of torch so that a bad ``--accept`` is refused before any model loads;
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import UserError
@@ -46,6 +47,8 @@ def parse_rule(text: str, origin: str = "--accept") -> AcceptRule:
         values = tuple(float(v) for v in rest.split(",")) if colon else ()
     except ValueError:
         raise bad from None
+    if not all(math.isfinite(v) for v in values):  # lenient:inf would keep every draft: random tokens
+        raise UserError(f"{origin} {text!r}: its numbers must be finite; expected {RULE_SYNTAX}")
     if kind == LENIENT and len(values) == 1 and values[0] >= 1:
         return AcceptRule(LENIENT, values)
     if kind == TYPICAL and len(values) == 2 and all(0 < v <= 1 for v in values):

@@ -10,21 +10,22 @@ Reading it is a user's file and is checked: a missing, unreadable or damaged fil
 outside the target's vocabulary, is one line naming the file and the line, before any prompt runs.
 The table (store.build_table: 2.5 s for half a million tokens) is kept under ``stores/`` in the cache,
 keyed by the file's bytes, the n-gram lengths and the target's vocabulary size, written whole or not at all (runtime/staging.py),
-and mapped at later starts (under a millisecond). A kept table that does not load is built again.
+and mapped at later starts (a few milliseconds, its successors checked). A kept table that does not load,
+or whose successors are not the target's token ids, is built again with one warning.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import os
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import UserError, loads
 from ..notices import log
 from ..pairs.cache_dir import open_cache, unwritable
 from ..runtime import staging
@@ -41,7 +42,7 @@ def opened_table(path: Path, vocab_size: int) -> Table:
     key = hashlib.sha256(f"{FORMAT}|{MIN_MATCH}|{MAX_MATCH}|{vocab_size}|".encode() + data).hexdigest()[:16]
     root = open_cache() / "stores"
     entry = root / key
-    table = kept_table(entry)
+    table = kept_table(entry, vocab_size)
     if table is not None:
         return table
     shutil.rmtree(entry, ignore_errors=True)  # none kept yet, or one damaged: built again
@@ -59,13 +60,39 @@ def opened_table(path: Path, vocab_size: int) -> Table:
     return table
 
 
-def kept_table(entry: Path) -> Table | None:
-    """The table kept in ``entry``, mapped; None when there is none or its parts do not fit together."""
+def kept_table(entry: Path, vocab_size: int) -> Table | None:
+    """The table kept in ``entry``, mapped; None when none is kept, or when the kept one is damaged
+    (then with one warning, as the cache's other damaged entries: it is built again)."""
+    if not entry.is_dir():
+        return None
     try:
         table = Table(*(np.load(entry / f"{part}.npy", mmap_mode="r") for part in PARTS))
-    except (OSError, ValueError):
-        return None
-    return table if len(table.keys) == len(table.successors) == len(table.shares) else None
+        damage = table_damage(table, vocab_size)
+    except (OSError, EOFError, ValueError) as exc:
+        damage = f"{type(exc).__name__}: {exc}"
+    if damage is None:
+        return table
+    log.warning(f"the store's kept table {entry} is damaged ({damage}); building it again")
+    return None
+
+
+DTYPES = {"keys": np.uint64, "successors": np.int32, "shares": np.float32}  # as build_table makes them
+
+
+def table_damage(table: Table, vocab_size: int) -> str | None:
+    """What is wrong with a kept table (one clause), or None. Its parts are columns of build_table's
+    dtypes and of one length, and every successor is one of the target's token ids: a draft outside
+    the vocabulary would stop generate mid-answer (an IndexError in the target's embedding). Reading
+    the successors once costs a few milliseconds for half a million answer tokens."""
+    for part, dtype in DTYPES.items():
+        column = getattr(table, part)
+        if column.ndim != 1 or column.dtype != dtype:
+            return f"its {part} are {column.dtype} of shape {column.shape}, not a column of {np.dtype(dtype)}"
+    if not len(table.keys) == len(table.successors) == len(table.shares):
+        return "its parts differ in length"
+    if len(table.successors) and not 0 <= int(table.successors.min()) <= int(table.successors.max()) < vocab_size:
+        return f"successors outside the target's vocabulary (0 to {vocab_size - 1})"
+    return None
 
 
 def read_bytes(path: Path) -> bytes:
@@ -84,8 +111,9 @@ def parse_answers(path: Path, data: bytes, vocab_size: int) -> list[tuple[list[i
     """Each answer as (its tokens from MAX_MATCH before its start, how many of them lead into it)."""
     try:
         text = (gzip.decompress(data) if str(path).endswith(".gz") else data).decode("utf-8")
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise UserError(f"store {path}: damaged ({type(exc).__name__}: {exc}); write it again") from None
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:  # a bad header, a cut or a corrupt body
+        kind = "zlib" if isinstance(exc, zlib.error) else type(exc).__name__  # zlib's class is named "error"
+        raise UserError(f"store {path}: damaged ({kind}: {exc}); write it again") from None
     answers = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -104,7 +132,7 @@ def parse_answers(path: Path, data: bytes, vocab_size: int) -> list[tuple[list[i
 def answer_fields(line: str, vocab_size: int) -> tuple[list[int], int]:
     """(ids, start) of one line; ValueError saying what is wrong with it."""
     try:
-        record = json.loads(line)
+        record = loads(line)
     except ValueError as exc:
         raise ValueError(f"not JSON ({exc})") from None
     ids = record.get("ids") if isinstance(record, dict) else None

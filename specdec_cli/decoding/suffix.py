@@ -25,14 +25,12 @@ from collections import deque
 
 import torch
 
+from ..limits import MEMORY_TOKENS  # answer tokens remembered: ~42 MiB at most (limits.py says why there)
 from .drafters import Draft, Drafter, Verified
 
 MIN_MATCH, MAX_MATCH = 2, 8
 MIN_PROBABILITY = 0.1
 SPEC_FACTOR = 1.0
-# Answer tokens remembered (leads included): 2.1 kB a token where every n-gram is new (tracemalloc,
-# 8 levels of tuple keys and count dicts), so at most ~42 MiB; about 300 answers of 64 tokens.
-MEMORY_TOKENS = 20_000
 
 
 class SuffixDrafter(Drafter):

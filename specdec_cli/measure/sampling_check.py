@@ -24,6 +24,7 @@ from ..decoding.engine import SpeculativeEngine
 from .equivalence import MISMATCH, NEAR_TIE, Decoded, Divergence, Locator, reference_decode
 from ..limits import SAMPLING_PROMPTS as PROMPTS  # prompts sampled, tokens per continuation
 from ..limits import SAMPLING_TOKENS as TOKENS
+from ..limits import SEEDS
 
 ALPHA = 0.01  # family-wise: split evenly over all tests (Bonferroni)
 REFERENCE_SEEDS = 1_000_003  # transformers' draws use seeds from here: no draw shares a seed with the race's
@@ -171,8 +172,8 @@ def draw(engine: SpeculativeEngine, ids: list[int], k: int, n: int, first_seed: 
 
 
 def reference_draws(engine: SpeculativeEngine, ids: list[int], n: int, first_seed: int, temperature: float) -> list[tuple]:
-    """N continuations of TOKENS tokens by transformers' sampler."""
-    return [tuple(reference_decode(engine, ids, TOKENS, temperature=temperature, seed=seed)[0].tokens)
+    """N continuations of TOKENS tokens by transformers' sampler; its seeds wrap past 2⁶⁴ - 1, which torch's generator takes last."""
+    return [tuple(reference_decode(engine, ids, TOKENS, temperature=temperature, seed=seed % SEEDS)[0].tokens)
             for seed in range(first_seed, first_seed + n)]
 
 

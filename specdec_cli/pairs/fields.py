@@ -7,11 +7,42 @@ mapping belongs a traceback far from the file. Each is one UserError instead, na
 from __future__ import annotations
 
 import math
+import reprlib
+from itertools import islice
 
 from ..errors import UserError
 from ..limits import MAX_K
 
 RECALIBRATE = "recalibrate with `specdec calibrate-k --write`"
+
+
+class _Short(reprlib.Repr):
+    """reprlib's bounds, also for the dict, list and str subclasses round-trip YAML reads (reprlib
+    would repr those whole, then cut), with a mapping's keys in the file's order. A string (a path,
+    a drafter's description) is shown whole up to 200 characters."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxstring, self.maxother, self.maxlevel, self.maxdict, self.maxlist = 200, 200, 3, 6, 6
+
+    def repr1(self, x, level):
+        for kind in (dict, list, tuple, str):
+            if isinstance(x, kind) and type(x) is not kind:
+                return getattr(self, f"repr_{kind.__name__}")(x, level)
+        return super().repr1(x, level)
+
+    def repr_dict(self, x, level):
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in islice(x.items(), self.maxdict)]
+        return "{" + ", ".join(items + (["..."] if len(x) > self.maxdict else [])) + "}"
+
+
+def shown(value) -> str:
+    """``value``'s repr for a message, cut short: a value a file hands in may be any size."""
+    return _Short().repr(value)
 
 
 def _whole(value, low: int, high: float = math.inf) -> bool:
@@ -29,19 +60,19 @@ def _finite(value) -> bool:
 def known_keys(mapping: dict, known: tuple[str, ...], where: str) -> None:
     unknown = sorted(str(key) for key in mapping if key not in known)
     if unknown:
-        raise UserError(f"{where}: unknown key {unknown[0]!r}; the keys are {', '.join(known)}")
+        raise UserError(f"{where}: unknown key {shown(unknown[0])}; the keys are {', '.join(known)}")
 
 
 def k_value(value, where: str) -> int:
     if not _whole(value, 0, MAX_K):
-        raise UserError(f"{where}: K must be an integer from 0 to {MAX_K}, got {value!r}")
+        raise UserError(f"{where}: K must be an integer from 0 to {MAX_K}, got {shown(value)}")
     return value
 
 
 def flag(body: dict, key: str, where: str) -> bool:
     value = body.get(key, False)
     if not isinstance(value, bool):
-        raise UserError(f"{where}: '{key}' is true or false, got {value!r}")
+        raise UserError(f"{where}: '{key}' is true or false, got {shown(value)}")
     return value
 
 
@@ -49,14 +80,14 @@ def text(body: dict, key: str, where: str, default: str | None = None, what: str
     """A string value (YAML would hand a list or a mapping on to str() without a word)."""
     value = body.get(key, default)
     if value is not None and not isinstance(value, str):
-        raise UserError(f"{where}: '{key}' must be {what}, got {value!r}")
+        raise UserError(f"{where}: '{key}' must be {what}, got {shown(value)}")
     return value
 
 
 def whole_number(body: dict, key: str, where: str, default: int, low: int = 1) -> int:
     value = body.get(key, default)
     if not _whole(value, low):
-        raise UserError(f"{where}: '{key}' must be a whole number from {low}, got {value!r}")
+        raise UserError(f"{where}: '{key}' must be a whole number from {low}, got {shown(value)}")
     return value
 
 
@@ -66,7 +97,7 @@ def device_map(body: dict, where: str) -> str | dict:
     device = (str, int)
     if isinstance(value, bool) or not (isinstance(value, device) or (
             isinstance(value, dict) and all(isinstance(v, device) and not isinstance(v, bool) for v in value.values()))):
-        raise UserError(f"{where}: 'device_map' must be a device or a mapping of modules to devices, got {value!r}")
+        raise UserError(f"{where}: 'device_map' must be a device or a mapping of modules to devices, got {shown(value)}")
     return value
 
 
@@ -82,7 +113,7 @@ def required(body: dict, key: str, where: str):
 def k_field(body: dict, key: str, where: str, default: int | None = None) -> int:
     value = body.get(key, default) if default is not None else required(body, key, where)
     if not _whole(value, 0, MAX_K):
-        raise UserError(f"{where}: '{key}' must be a whole number from 0 to {MAX_K}, got {value!r}")
+        raise UserError(f"{where}: '{key}' must be a whole number from 0 to {MAX_K}, got {shown(value)}")
     return int(value)
 
 
@@ -92,7 +123,7 @@ def number(body: dict, key: str, where: str, default: float | None = None, low: 
     value = body.get(key, default) if default is not None else required(body, key, where)
     if not _finite(value) or not low <= value <= high:
         bounds = f"from {low:g} to {high:g}" if high < math.inf else f"of at least {low:g}"
-        raise UserError(f"{where}: '{key}' must be a number {bounds}, got {value!r}")
+        raise UserError(f"{where}: '{key}' must be a number {bounds}, got {shown(value)}")
     return float(value)
 
 
@@ -102,14 +133,14 @@ def costs(body: dict, where: str) -> dict[int, float]:
     value = {} if value is None else value
     if not isinstance(value, dict) or not all(
             _whole(k, 0) and _finite(v) and v > 0 for k, v in value.items()):
-        raise UserError(f"{where}: 'verify_cost' must map each K to a positive number, got {value!r}")
+        raise UserError(f"{where}: 'verify_cost' must map each K to a positive number, got {shown(value)}")
     return {int(k): float(v) for k, v in value.items()}
 
 
 def choice(body: dict, key: str, where: str, choices: tuple[str, ...], default: str) -> str:
     value = body.get(key, default)
     if value not in choices:
-        raise UserError(f"{where}: '{key}' must be one of {', '.join(choices)}, got {value!r}")
+        raise UserError(f"{where}: '{key}' must be one of {', '.join(choices)}, got {shown(value)}")
     return value
 
 
@@ -119,12 +150,12 @@ def mapping(body: dict, key: str, where: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise UserError(f"{where}: '{key}' must be a mapping, got {value!r}")
+        raise UserError(f"{where}: '{key}' must be a mapping, got {shown(value)}")
     return value
 
 
 def string(body: dict, key: str, where: str, default: str = "") -> str:
     value = body.get(key, default)
     if not isinstance(value, str):
-        raise UserError(f"{where}: '{key}' must be a string, got {value!r}")
+        raise UserError(f"{where}: '{key}' must be a string, got {shown(value)}")
     return str(value)

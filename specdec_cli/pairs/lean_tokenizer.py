@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .fields import shown
+
 SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # tokenizer_config.json keys that change nothing a decode-only command does with the tokenizer
 # (bounds, sides and input names of padding and truncation, which it never asks for), or checked below.
@@ -35,12 +37,12 @@ def config_refusal(config: dict, files: set[str]) -> str | None:
     """Why transformers would make more of tokenizer_config.json (and the files beside it) than the
     Tokenizer in tokenizer.json, or None."""
     if config.get("tokenizer_class") != "TokenizersBackend":
-        return f"its tokenizer_class is {config.get('tokenizer_class')!r}, not TokenizersBackend"
+        return f"its tokenizer_class is {shown(config.get('tokenizer_class'))}, not TokenizersBackend"
     extra = sorted(set(config) - PLAIN_KEYS)
     if extra:
-        return f"tokenizer_config.json sets {extra[0]!r}"
+        return f"tokenizer_config.json sets {shown(extra[0])}"
     if config.get("backend", "tokenizers") != "tokenizers":
-        return f"its backend is {config['backend']!r}"
+        return f"its backend is {shown(config['backend'])}"
     for key in ("clean_up_tokenization_spaces", "split_special_tokens"):
         if config.get(key):
             return f"tokenizer_config.json sets {key}"
@@ -61,7 +63,7 @@ def backend_refusal(backend, special: dict[str, str]) -> str | None:
     for name, content in special.items():
         token = added.get(content)
         if token is None or not token.special or token.normalized or token.lstrip or token.rstrip or token.single_word:
-            return f"its {name} {content!r} is not one of tokenizer.json's special tokens as transformers adds them"
+            return f"its {name} {shown(content)} is not one of tokenizer.json's special tokens as transformers adds them"
     if backend.truncation is not None or backend.padding is not None:
         return "tokenizer.json truncates or pads"
     if backend.post_processor is None:

@@ -18,13 +18,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ruamel.yaml import YAML, YAMLError
+from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 
 from ..atomic import updating, write_atomically
 from ..errors import UserError
 from . import fields
-from .registry import NGRAM, PairSpec, yaml_problem
+from .registry import NGRAM, PairSpec
+from .yaml_input import load
 
 HEADER = (
     "specdec calibration profiles, written by `specdec calibrate-k --write` (one section per pair and target dtype).\n"
@@ -50,6 +51,8 @@ def open_profile(explicit: str | Path | None, pair: PairSpec, warn=lambda messag
     """The pair's profile, read and watched; a profile named on the command line must exist, since
     silently running without it would measure something other than what was asked for."""
     path = profile_path(explicit, pair)
+    if explicit and path.is_dir():
+        raise UserError(f"profile file {path} is a directory; name the profile (a YAML file) itself")
     if explicit and not path.is_file():
         raise UserError(f"profile file not found: {path}")
     return ProfileWatcher(path, pair, warn)
@@ -92,15 +95,16 @@ class PairProfile:
         """Why this profile does not fit the pair (one clause), or None when it does; ``computed_by``:
         the loaded target's kernels, which must be those the profile was measured on."""
         if self.target != str(pair.target.source):
-            return f"calibrated with other models: target {self.target!r} then, {str(pair.target.source)!r} now"
+            return (f"calibrated with other models: target {fields.shown(self.target)} then, "
+                    f"{fields.shown(str(pair.target.source))} now")
         if self.dtype != pair.target.dtype:
             return f"calibrated with the target at another precision: {self.dtype} then, {pair.target.dtype} now"
         mine = drafter_identity(pair)
         if not self.drafter:
             return "it names no drafter (written by an older specdec); recalibrate with `specdec calibrate-k --write`"
         if not same_drafter(self.drafter, mine):
-            return (f"calibrated with another drafter: {describe_drafter(self.drafter)!r} then, "
-                    f"{describe_drafter(mine)!r} now")
+            return (f"calibrated with another drafter: {fields.shown(describe_drafter(self.drafter))} then, "
+                    f"{fields.shown(describe_drafter(mine))} now")
         other = kernels_mismatch(self.computed_by, computed_by or {})
         if other:
             return f"{other}; recalibrate with `specdec calibrate-k --write`"
@@ -218,17 +222,14 @@ def read_profiles(path: Path) -> dict[str, PairProfile]:
 
 
 def _load(path: Path):
-    try:
-        return YAML(typ="rt").load(path.read_text(encoding="utf-8"))
-    except (YAMLError, UnicodeDecodeError) as exc:
-        raise UserError(yaml_problem(path, exc)) from None
+    return load(path, typ="rt")
 
 
 def _pair(path: Path, name: str, body) -> PairProfile:
-    where = f"{path}: profile of pair {name!r}"
+    where = f"{path}: profile of pair {fields.shown(name)}"
     if not isinstance(body, dict) or not isinstance(body.get("scenarios"), dict):
         raise UserError(f"{where} needs a 'scenarios' mapping")
-    scenarios = {str(s): _scenario(f"{where} scenario {s!r}", v) for s, v in body["scenarios"].items()}
+    scenarios = {str(s): _scenario(f"{where} scenario {fields.shown(s)}", v) for s, v in body["scenarios"].items()}
     overall = _scenario(f"{where} overall", body["overall"]) if body.get("overall") is not None else None
     return PairProfile(
         pair=name,

@@ -7,6 +7,7 @@ per-scenario K and placement, and optionally the calibration profile file (``pro
 
 A pair may also list other drafters under ``drafters:`` (kind → drafter), so that trained drafters
 stay selectable (``--drafter KIND``, bench's modes) while ``draft:`` stays the one used by default.
+The file is read within bounds (yaml_input.py: its size, what its aliases expand to, its depth).
 Relative paths in the file are taken against the directory of the file itself, symlinks resolved:
 the repository's top-level ``models.yaml`` links to the packaged one, and both must find the
 drafters shipped next to the packaged one.
@@ -18,13 +19,12 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ruamel.yaml import YAML, YAMLError
-
 from ..errors import UserError
 from . import free_kinds
-from .fields import device_map, flag, k_value, known_keys, text, whole_number
+from .fields import device_map, flag, k_value, known_keys, shown, text, whole_number
 from .meta import read_meta
 from .sources import ModelSource, resolve_path
+from .yaml_input import load
 
 PACKAGED_REGISTRY = Path(__file__).parents[1] / "models.yaml"
 MODEL = "model"
@@ -113,20 +113,13 @@ def registry_path(explicit: str | Path | None = None) -> Path:
     for candidate in (explicit, os.environ.get("SPECDEC_MODELS")):
         if candidate:
             path = Path(candidate)
+            if path.is_dir():
+                raise UserError(f"models file {path} is a directory; name the YAML file (models.yaml) itself")
             if not path.is_file():
                 raise UserError(f"models file not found: {path}")
             return path
     local = Path("models.yaml")
     return local if local.is_file() else PACKAGED_REGISTRY
-
-
-def yaml_problem(path: Path, exc: Exception) -> str:
-    """`FILE, line L, column C: not valid YAML (what the parser found)`: where to look, in one line."""
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    context = getattr(exc, "context", None)
-    return f"{path}{where}: not valid YAML ({problem}{f' {context}' if context else ''})"
 
 
 FILE_KEYS = ("default", "pairs")
@@ -138,24 +131,19 @@ DRAFT_KEYS = {HEAD: ("kind", "source", "lookup", "free"), MODEL: ("kind", *MODEL
 
 def load_registry(explicit: str | Path | None = None) -> Registry:
     path = registry_path(explicit)
-    try:
-        data = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
-    except YAMLError as exc:
-        raise UserError(yaml_problem(path, exc)) from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+    data = load(path)
     if not isinstance(data, dict) or not isinstance(data.get("pairs"), dict) or not data["pairs"]:
         raise UserError(f"{path}: expected a mapping with a non-empty 'pairs' section")
     known_keys(data, FILE_KEYS, str(path))
     pairs = {name: _parse_pair(path, str(name), body) for name, body in data["pairs"].items()}
     default = str(data.get("default") or next(iter(pairs)))
     if default not in pairs:
-        raise UserError(f"{path}: default pair {default!r} is not among the pairs")
+        raise UserError(f"{path}: default pair {shown(default)} is not among the pairs")
     return Registry(path, default, pairs)
 
 
 def _parse_pair(path: Path, name: str, body) -> PairSpec:
-    where = f"{path}: pair {name!r}"
+    where = f"{path}: pair {shown(name)}"
     base = path.resolve().parent  # through the symlink: where the file and its drafters really are
     if not isinstance(body, dict) or "target" not in body or "draft" not in body:
         raise UserError(f"{where} needs 'target' and 'draft'")
@@ -170,7 +158,7 @@ def _parse_pair(path: Path, name: str, body) -> PairSpec:
         target=parse_model(body["target"], dtype, where + " target", base),
         drafter=drafter,
         k=k_value(body.get("k", 4), where),
-        scenarios={str(s): k_value(v, f"{where} scenario {s!r}") for s, v in scenarios.items()},
+        scenarios={str(s): k_value(v, f"{where} scenario {shown(s)}") for s, v in scenarios.items()},
         description=text(body, "description", where, default=""),
         pad_blocks=flag(body, "pad_blocks", where),
         adaptive=flag(body, "adaptive", where),
@@ -192,7 +180,7 @@ def _alternates(listed, default: DrafterSpec, dtype: str, where: str, base: Path
     found = {default.kind: default}
     for kind, value in listed.items():
         if kind not in DRAFTER_KINDS:
-            raise UserError(f"{where}: unknown drafter kind {kind!r} under 'drafters'; use {', '.join(DRAFTER_KINDS)}")
+            raise UserError(f"{where}: unknown drafter kind {shown(kind)} under 'drafters'; use {', '.join(DRAFTER_KINDS)}")
         if kind in free_kinds.KINDS and free_kinds.KINDS[kind].needs_source and isinstance(value, str):
             value = {"kind": kind, "source": value}  # drafters: {store: FILE}
         spec = parse_drafter(value, dtype, f"{where} drafters.{kind}", base)
@@ -215,7 +203,7 @@ def parse_model(value, dtype: str = "float32", where: str = "model", base: Path 
     known_keys(value, MODEL_KEYS, where)
     dtype = str(value.get("dtype", dtype))
     if dtype not in DTYPES:
-        raise UserError(f"{where}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        raise UserError(f"{where}: dtype {shown(dtype)} is not one of {', '.join(DTYPES)}")
     return ModelSpec(ModelSource.parse(text(value, "source", where), base), dtype, device_map(value, where))
 
 
@@ -240,7 +228,7 @@ def _drafter_mapping(value: dict, dtype: str, where: str, base: Path | None) -> 
     ``{source: ...}`` may name a head directory, as a string does."""
     kind = value.get("kind", MODEL)
     if kind not in DRAFTER_KINDS:
-        raise UserError(f"{where}: 'kind' must be one of {', '.join(DRAFTER_KINDS)}, got {kind!r}")
+        raise UserError(f"{where}: 'kind' must be one of {', '.join(DRAFTER_KINDS)}, got {shown(kind)}")
     known_keys(value, DRAFT_KEYS[kind], where)
     lookup, beside = flag(value, "lookup", where), free_beside(value, kind, where)
     if kind == NGRAM:
@@ -273,7 +261,7 @@ def free_beside(value: dict, kind: str, where: str) -> tuple[str, ...]:
     allowed = tuple(k for k in free_kinds.BESIDE if k != kind)
     for name in listed:
         if name not in allowed or listed.count(name) > 1:
-            raise UserError(f"{where}: 'free' lists {name!r}; it may list {', '.join(allowed)}, each once")
+            raise UserError(f"{where}: 'free' lists {shown(name)}; it may list {', '.join(allowed)}, each once")
     return tuple(listed)
 
 

@@ -109,6 +109,19 @@ def choose_before_torch() -> None:
     _chosen_by = f"specdec ({busy:.1f} cores busy at start)"
 
 
+# `--threads` takes at most THREADS_PER_CORE threads a core. More threads than cores only take turns
+# on them, and every op waits at its barrier for the last one descheduled (one busy core took the
+# int4 target from 36 to 2 tok/s, above), so a few per core leave room to measure oversubscription
+# on purpose and nothing past that helps; thousands break OpenMP itself: 5,000 hung, 20,000 ended in
+# a libgomp error and 60,000 in a segfault.
+THREADS_PER_CORE = 4
+
+
+def most_threads() -> int:
+    """The largest `--threads` this machine takes: THREADS_PER_CORE for each of its cores."""
+    return THREADS_PER_CORE * (os.cpu_count() or 1)
+
+
 def apply(threads: int | None) -> None:
     """A computing command's threads, before it imports torch: the look at the machine
     (``choose_before_torch``), then `--threads N`, torch's intra-op thread count (None keeps torch's own)."""

@@ -6,14 +6,16 @@ turn the prompt cache off."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
+import re
 import socket
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from ..errors import UserError, json_type
 
@@ -34,6 +36,7 @@ class NotAnEngine(UserError):
 class Endpoint:
     url: str  # http://host:port, without /v1
     api_key: str | None = field(default=None, repr=False)  # never printed
+    userinfo: str | None = field(default=None, repr=False)  # the URL's user:password, never printed: Basic auth
     model: str | None = None
     dialect: str = "openai"  # or "llama.cpp" (DIALECTS)
 
@@ -45,6 +48,9 @@ class Endpoint:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        elif self.userinfo:
+            user, _, password = self.userinfo.partition(":")
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
         return headers
 
     def models(self) -> list[str]:
@@ -56,6 +62,19 @@ class Endpoint:
         if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("id"), str) for e in entries):
             raise NotAnEngine(f"{where} answered a model list without model ids")
         return [entry["id"] for entry in entries]
+
+
+# A URL's scheme, then its userinfo: the authority (up to the first / ? or #) up to its last @ (RFC 3986).
+USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/?#\s]*)@")
+
+
+def without_userinfo(url: str) -> tuple[str, str | None]:
+    """``url`` less its ``user:password@``, which nothing prints (a password on the screen, in a log or
+    a manifest is a password given away), and that userinfo, or None."""
+    match = USERINFO.match(url)
+    if not match:
+        return url, None
+    return match[1] + url[match.end():], match[2]
 
 
 def url_problem(url: str) -> str | None:

@@ -18,13 +18,13 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError
 from . import environment
-from .client import Endpoint, ServerDown, get, url_problem
+from .client import Endpoint, ServerDown, get, url_problem, without_userinfo
 
 START_TIMEOUT_S = 300.0  # a cold start here takes ~20-25 s; a CUDA host's first compile, minutes
 STOP_GRACE_S = 10.0
@@ -284,21 +284,24 @@ def _reason(log: Path) -> str:
     return f" ({errors[-1][:200]})" if errors else ""
 
 
-def attach(url: str, api_key_var: str = "SPECDEC_API_KEY") -> Endpoint:
-    """An already running OpenAI-compatible server; its API key, if any, comes from the environment."""
+def attach(url: str, option: str = "--server", api_key_var: str = "SPECDEC_API_KEY") -> Endpoint:
+    """An already running OpenAI-compatible server, given as ``option`` (how messages name it); its API
+    key, if any, comes from the environment. A user:password in the URL goes as Basic auth, never printed."""
+    url, userinfo = without_userinfo(url)
     if not url.startswith(("http://", "https://")):
-        raise UserError(f"--server {url!r}: give a URL such as http://127.0.0.1:8000")
+        shown = url.rpartition("@")[2]  # no scheme, so no userinfo found: whatever precedes an @ may be a password
+        raise UserError(f"{option} {shown!r}: give a URL such as http://127.0.0.1:8000")
     problem = url_problem(url)
     if problem:
         raise UserError(f"{url}: not a URL ({problem}); give one such as http://127.0.0.1:8000")
-    endpoint = Endpoint(url.rstrip("/").removesuffix("/v1"), api_key=os.environ.get(api_key_var) or None)
+    endpoint = Endpoint(url.rstrip("/").removesuffix("/v1"), api_key=os.environ.get(api_key_var) or None, userinfo=userinfo)
     try:
         names = endpoint.models()
     except ServerDown as exc:
         raise UserError(f"no server answers at {endpoint.url}: {exc}") from None
     if not names:
         raise UserError(f"the server at {endpoint.url} serves no model")
-    return Endpoint(endpoint.url, api_key=endpoint.api_key, model=names[0], dialect=dialect_of(endpoint))
+    return replace(endpoint, model=names[0], dialect=dialect_of(endpoint))
 
 
 def dialect_of(endpoint: Endpoint) -> str:
