@@ -74,7 +74,8 @@ def test_the_fold_says_off_when_no_k_beats_plain(pair_dir):
 
 
 @pytest.mark.parametrize("text, shares", [("code=0.6,chat=0.4", {"code": 0.6, "chat": 0.4}),
-                                          ("code=3, chat=1", {"code": 0.75, "chat": 0.25})])
+                                          ("code=3, chat=1", {"code": 0.75, "chat": 0.25}),
+                                          ("code=1e308,chat=1e308", {"code": 0.5, "chat": 0.5})])  # a sum past a float's top
 def test_traffic_shares_are_normalised(text, shares):
     assert parse_traffic(text) == pytest.approx(shares)
 

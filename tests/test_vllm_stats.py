@@ -131,6 +131,9 @@ def test_engine_modes_levels_and_slos_parsed():
     assert parse_slos("ttft:500,tpot:50") == {"ttft": 500.0, "tpot": 50.0}
     with pytest.raises(UserError, match="--slo"):
         parse_slos("latency:5")
+    for bound in ("nan", "inf", "-inf", "0"):  # no finite positive time: every request would pass, or none
+        with pytest.raises(UserError, match="--slo"):
+            parse_slos(f"ttft:{bound}")
 
 
 def test_llama_cpp_modes_and_their_draft_flags():

@@ -34,10 +34,12 @@ def parse_traffic(text: str) -> dict[str, float]:
         if name in shares:
             raise UserError(f"--traffic names scenario {name!r} twice")
         shares[name] = weight
-    total = sum(shares.values())
-    if total <= 0:
+    top = max(shares.values())
+    if top <= 0:
         raise UserError("--traffic: the shares add up to 0")
-    return {name: weight / total for name, weight in shares.items()}
+    scaled = {name: weight / top for name, weight in shares.items()}  # first: shares near a float's top sum to inf
+    total = sum(scaled.values())
+    return {name: weight / total for name, weight in scaled.items()}
 
 
 def round_cost(section: ScenarioProfile, k: int, verify: dict[int, float]) -> float:

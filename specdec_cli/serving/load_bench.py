@@ -105,7 +105,7 @@ def parse_slos(text: str | None) -> dict[str, float]:
     for part in text.split(","):
         name, _, value = part.partition(":")
         try:
-            if name not in ("ttft", "tpot", "e2el") or float(value) <= 0:
+            if name not in ("ttft", "tpot", "e2el") or not 0 < float(value) < float("inf"):  # nan fails too
                 raise ValueError
         except ValueError:
             raise UserError(f"--slo {text!r}: expected ttft:MS, tpot:MS and/or e2el:MS, comma-separated") from None
