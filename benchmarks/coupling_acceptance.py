@@ -37,12 +37,12 @@ class Recording(SpeculativeEngine):
         super().__init__(*args, **kwargs)
         self.sampling, self.pairs = sampling, []
 
-    def _accept(self, draft, tree, logits, scores, rule, sampling, generator):
+    def _accept(self, request, draft, tree, logits):
         if len(draft):
             p = distribution(logits[0], self.sampling)
             q = draft.probs[0].to(p) if draft.probs is not None else torch.nn.functional.one_hot(draft.tokens[:1], p.shape[-1])[0].to(p)
             self.pairs.append((p, q))
-        return super()._accept(draft, tree, logits, scores, rule, sampling, generator)
+        return super()._accept(request, draft, tree, logits)
 
 
 def rule_acceptance(p: torch.Tensor, q: torch.Tensor, draws: int, seed: int) -> tuple[float, float]:

@@ -17,6 +17,7 @@ K = 0 is plain decoding through the very same loop, which is what makes the two 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 import torch
@@ -41,6 +42,31 @@ if TYPE_CHECKING:
     from ..runtime.reserved_cache import ReservedCache
 
 __all__ = ["FixedK", "KSchedule", "RoundEvent", "SpeculativeEngine"]
+
+
+@dataclass
+class Request:
+    """One answer in progress: what each of its rounds reads and moves on (gpt-fast keeps these as its
+    loop's locals). ``tokens`` are the prompt and the answer so far; the cache holds all but the last."""
+
+    schedule: KSchedule
+    cache: object
+    tokens: torch.Tensor
+    prompt_length: int
+    budget: int  # tokens the answer may add
+    limit: str  # what ends it when no EOS does: MAX_NEW_TOKENS or CONTEXT
+    device: object
+    sampling: SamplingParams
+    noise: PositionNoise | None  # the race's, under sampling
+    generator: torch.Generator | None  # a lossy rule's draws
+    rule: AcceptRule
+    record_logits: bool
+    fallbacks: int  # the target's fallback forwards counted so far, for each event's own
+    produced: int = 0
+
+    @property
+    def left(self) -> int:
+        return self.budget - self.produced
 
 
 class SpeculativeEngine:
@@ -83,10 +109,7 @@ class SpeculativeEngine:
         whose draws depend on the drafts: its text is not invariant."""
         schedule = FixedK(k) if isinstance(k, int) else k
         budget = self._budget(prompt_ids, max_new_tokens, schedule, rule)
-        limit = MAX_NEW_TOKENS if budget == max_new_tokens else CONTEXT  # what ends a run that no EOS ends
         device = input_device(self.target)
-        noise = None if sampling.greedy else PositionNoise(seed, self.vocab_size, len(prompt_ids))
-        generator = None if rule.lossless else torch.Generator(device=device).manual_seed(seed)
         tokens = torch.tensor(prompt_ids, dtype=torch.long)
         if self.drafter is not None:
             self.drafter.reset()
@@ -94,52 +117,44 @@ class SpeculativeEngine:
         cache, out = self.prompt_cache(tokens)
         if out is not None and self.drafter is not None:
             self.drafter.observe(Verified(tokens, len(prompt_ids), features=self._features(out, slice(0, len(prompt_ids) - 1))))
-
-        produced = 0
-        while produced < budget:
-            event, tokens = self._round(schedule, cache, tokens, len(prompt_ids), budget - produced, device, sampling,
-                                        noise, generator, rule, record_logits)
-            now = fallback_forwards(self.target)
-            event.fallback_forwards, fallbacks = now - fallbacks, now
-            produced += len(event.emitted)
-            if event.finished and event.stop is None:
-                event.stop = limit
+        request = Request(
+            schedule, cache, tokens, len(prompt_ids), budget,
+            limit=MAX_NEW_TOKENS if budget == max_new_tokens else CONTEXT, device=device, sampling=sampling,
+            noise=None if sampling.greedy else PositionNoise(seed, self.vocab_size, len(prompt_ids)),
+            generator=None if rule.lossless else torch.Generator(device=device).manual_seed(seed),
+            rule=rule, record_logits=record_logits, fallbacks=fallbacks,
+        )
+        while request.left > 0:
+            event = self._round(request)
             schedule.observe(event)
             yield event
             if event.finished:
                 return
 
-    def _round(self, schedule: KSchedule, cache, tokens: torch.Tensor, prompt_length: int, left: int, device, sampling,
-               noise: PositionNoise | None, generator, rule: AcceptRule, record_logits: bool) -> tuple[RoundEvent, torch.Tensor]:
-        """One round: draft (a chain or a tree), verify in one forward, accept, keep the accepted path,
-        and show the drafters what the target said. Returns the round and the tokens after it."""
+    def _round(self, request: Request) -> RoundEvent:
+        """One round, in its steps: plan and draft (a chain or a tree), verify in one forward, accept,
+        commit the kept path (cache and tokens), show the drafters what the target said, and the event."""
         started = time.perf_counter()
-        cached = tokens.shape[0] - 1
-        schedule.context(cached)
-        want, draft, offer_s = self._draft(schedule, tokens, left, sampling, noise)
+        cached = request.tokens.shape[0] - 1
+        request.schedule.context(cached)
+        want, draft, offer_s = self._draft(request)
         drafted_at = time.perf_counter()
-        block = torch.cat([tokens[-1:], draft.tokens])  # block index 0 the root, i the i-th draft node
+        block = torch.cat([request.tokens[-1:], draft.tokens])  # block index 0 the root, i the i-th draft node
         tree = None if draft.parents is None else Tree(block, (-1, *draft.parents))  # None: a chain
-        out = self._verify(cache, block, tree, cached, device)
+        out = self._verify(request.cache, block, tree, cached, request.device)
         logits = out.logits[0, : block.shape[0], : self.vocab_size].float()
-        race = not sampling.greedy and rule.lossless  # a lossy rule judges p and q instead
-        scores = self._race(logits, tree, sampling, noise, tokens.shape[0]) if race else logits
-        path, token = self._accept(draft, tree, logits, scores, rule, sampling, generator)
+        path, token = self._accept(request, draft, tree, logits)
         verified_at = time.perf_counter()
-
         kept = draft.tokens[: len(path)] if tree is None else block[path]
-        emitted, eos = self._cut(kept.tolist() + [token], left)
-        rows = [0, *path][: len(emitted)]  # block positions that stay cached: the root and the kept nodes
-        keep_rows(cache, cached, rows)
+        emitted, eos = self._cut(kept.tolist() + [token], request.left)
+        rows = self._commit(request, path, emitted)
         rows_kept = slice(0, len(rows)) if rows[-1] == len(rows) - 1 else rows  # a prefix: sliced, not gathered
-        finished = eos or len(emitted) >= left
-        context = torch.cat([tokens, torch.tensor(emitted, dtype=torch.long)])
-        if self.drafter is not None:
-            successors = top_ids(logits.cpu(), self.successors_k) if self.successors_k else None
-            self.drafter.observe(Verified(context, prompt_length, block, successors, self._features(out, rows_kept),
-                                          finished))
+        finished = eos or request.left == 0
+        self._observe(request, block, logits, out, rows_kept, finished)
         complete = len(emitted) == len(path) + 1  # neither EOS nor the budget cut the path short
-        event = RoundEvent(
+        now = fallback_forwards(self.target)
+        fallbacks, request.fallbacks = now - request.fallbacks, now
+        return RoundEvent(
             source=draft.source if len(draft) or draft.confidence else "",
             catchup_s=draft.catchup_s,
             offer_s=offer_s,
@@ -152,15 +167,33 @@ class SpeculativeEngine:
             draft_s=drafted_at - started,
             verify_s=verified_at - drafted_at,
             finished=finished,
-            logits=logits[rows_kept].cpu() if record_logits else None,
-            stop=EOS if eos else None,  # a budget's reason is the run's: generate() adds it
+            logits=logits[rows_kept].cpu() if request.record_logits else None,
+            stop=EOS if eos else (request.limit if finished else None),
             cached=cached,
+            fallback_forwards=fallbacks,
+            parents=None if tree is None else tuple(draft.parents),
+            path=None if tree is None else rows[1:],
+            turned_down=None if tree is None else
+            [int(tree.tokens[c]) for c in tree.children(rows[-1])] if complete else [],
+            other_s=time.perf_counter() - verified_at,  # before the schedule observes: its work is its own
         )
-        if tree is not None:
-            event.parents, event.path = tuple(draft.parents), rows[1:]
-            event.turned_down = [int(tree.tokens[c]) for c in tree.children(rows[-1])] if complete else []
-        event.other_s = time.perf_counter() - verified_at  # before observe: the schedule's work is its own
-        return event, context
+
+    def _commit(self, request: Request, path: list[int], emitted: list[int]) -> list[int]:
+        """Keep the accepted path: its block rows stay in the cache (the root and the kept nodes; the
+        rest, padding included, go), the emitted tokens join the request's. Returns the rows kept."""
+        rows = [0, *path][: len(emitted)]
+        keep_rows(request.cache, request.tokens.shape[0] - 1, rows)
+        request.tokens = torch.cat([request.tokens, torch.tensor(emitted, dtype=torch.long)])
+        request.produced += len(emitted)
+        return rows
+
+    def _observe(self, request: Request, block, logits, out, rows_kept, finished: bool) -> None:
+        """Show the drafter what the target said of the round: the context now, its successors and features."""
+        if self.drafter is None:
+            return
+        successors = top_ids(logits.cpu(), self.successors_k) if self.successors_k else None
+        self.drafter.observe(Verified(request.tokens, request.prompt_length, block, successors,
+                                      self._features(out, rows_kept), finished))
 
     @torch.inference_mode()
     def prompt_cache(self, tokens: torch.Tensor) -> tuple[ReservedCache | DynamicCache, object]:
@@ -186,16 +219,16 @@ class SpeculativeEngine:
         PromptTooLong.check(len(prompt_ids), self.context_length)
         return min(max_new_tokens, self.context_length - len(prompt_ids))
 
-    def _draft(self, schedule: KSchedule, tokens, left: int, sampling, noise) -> tuple[int, Draft, float]:
+    def _draft(self, request: Request) -> tuple[int, Draft, float]:
         """The round's K and draft, as the schedule plans them: the drafter as it is, a free drafter's
         ready draft, the learned drafter (a chain, gated where the schedule says, or a tree), or none;
         and the seconds spent finding the free drafters' drafts, which every round pays."""
         # A round emits at most K + 1 tokens: drafting past the budget is wasted work.
-        room = max(0, min(MAX_K, left - 1))
+        room = max(0, min(MAX_K, request.left - 1))
         started = time.perf_counter()
-        offers = self._offers(tokens, room) if schedule.reads_offer and room else {}
+        offers = self._offers(request.tokens, room) if request.schedule.reads_offer and room else {}
         offer_s = time.perf_counter() - started
-        want, draft = self._chosen(schedule, tokens, offers, room, sampling, noise)
+        want, draft = self._chosen(request.schedule, request.tokens, offers, room, request.sampling, request.noise)
         return want, draft, offer_s
 
     def _chosen(self, schedule: KSchedule, tokens, offers: dict[str, Draft], room: int, sampling,
@@ -252,24 +285,25 @@ class SpeculativeEngine:
                                **self._extra)
         return verify_tree(self.target, cache, padded_tree(tree, length), device, **self._extra)
 
-    def _race(self, logits, tree: Tree | None, sampling, noise: PositionNoise, start: int) -> torch.Tensor:
-        """The block's rows as race scores (coupling.py): row i scores the position after block node
-        i, ``start`` plus its depth (a chain's depth is its index)."""
-        depths = range(logits.shape[0]) if tree is None else tree.depths().tolist()
-        return race_scores(distribution(logits, sampling), noise.rows(start + d for d in depths))
-
-    def _accept(self, draft: Draft, tree: Tree | None, logits, scores, rule: AcceptRule, sampling, generator):
+    def _accept(self, request: Request, draft: Draft, tree: Tree | None, logits) -> tuple[list[int], int]:
         """The kept path (block indices, the root left out) and the target's own next token: the
-        longest path whose every token is the target's choice, the argmax of ``scores`` (the logits
-        under greedy, the race's scores under sampling), chain or tree alike. A lossy rule judges a
-        chain's drafts on p and q instead (acceptance.py)."""
+        longest path whose every token is the target's choice, the argmax of its scores (the logits
+        under greedy; under sampling the race's, coupling.py: row i scores the position after block
+        node i, at its depth), chain or tree alike. A lossy rule judges a chain's drafts on p and q
+        instead (acceptance.py)."""
+        sampling, rule = request.sampling, request.rule
+        scores = logits
+        if not sampling.greedy and rule.lossless:  # a lossy rule judges p and q instead
+            start = request.tokens.shape[0]
+            depths = range(logits.shape[0]) if tree is None else tree.depths().tolist()
+            scores = race_scores(distribution(logits, sampling), request.noise.rows(start + d for d in depths))
         if tree is not None:
             return greedy_tree_accept(tree, scores)
         drafts = draft.tokens.to(logits.device)
         if rule.lossless:
             accepted, token = greedy_accept(drafts, scores)
         else:
-            accepted, token = relaxed_accept(rule, drafts, draft.probs, logits, sampling, generator)
+            accepted, token = relaxed_accept(rule, drafts, draft.probs, logits, sampling, request.generator)
         return list(range(1, accepted + 1)), token
 
     def _features(self, out, rows: slice | list[int]) -> torch.Tensor | None:
