@@ -1,6 +1,7 @@
 """The adaptive K controller, driven by synthetic round events: no models, no clocks."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -247,8 +248,7 @@ def test_fill_verify_costs_interpolates_and_extrapolates_unseen_blocks():
 def test_a_heads_catch_up_after_sitting_out_is_not_charged_per_drafted_token():
     schedule = AdaptiveK(Prior(3, 0.7, 0.2, COSTS), main="head")
     first = event(3, 2, c=0.2, source="head")
-    first.draft_s += 0.5  # ten target forwards of catching up on a long prompt
-    first.catchup_s = 0.5
+    first = replace(first, draft_s=first.draft_s + 0.5, catchup_s=0.5)  # ten target forwards of catching up
     schedule.observe(first)
     assert schedule.sources["head"].draft_s_per_token == pytest.approx(0.2 * ONE)
 

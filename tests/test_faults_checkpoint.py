@@ -33,17 +33,19 @@ def _one_line(result) -> str:
     return " ".join(result.stderr.split())
 
 
-def _plant(path, mark):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"x": _Planted(mark)}, path)
+def _planted(tmp_path, name: str):
+    """A prompt file, the mark a run of the planted code would leave, and an --out whose checkpoint
+    holds the planted ``name``."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello there\nabcabcabc\n")
+    mark, out = tmp_path / "PWNED", tmp_path / "ev"
+    (out / "checkpoint").mkdir(parents=True)
+    torch.save({"x": _Planted(mark)}, out / "checkpoint" / name)
+    return prompts, mark, out
 
 
 def test_a_planted_state_file_runs_nothing_with_or_without_resume(pair_dir, tmp_path):
-    prompts = tmp_path / "p.txt"
-    prompts.write_text("hello there\nabcabcabc\n")
-    mark = tmp_path / "PWNED"
-    out = tmp_path / "ev"
-    _plant(out / "checkpoint" / "state.pt", mark)
+    prompts, mark, out = _planted(tmp_path, "state.pt")
 
     fresh = _train(pair_dir, out, prompts)  # state.pt without data.pt: no longer restored, refused
     assert fresh.exit_code == 2, fresh.output
@@ -60,11 +62,7 @@ def test_a_planted_state_file_runs_nothing_with_or_without_resume(pair_dir, tmp_
 
 
 def test_a_planted_data_file_runs_nothing_on_resume_or_reuse(pair_dir, tmp_path):
-    prompts = tmp_path / "p.txt"
-    prompts.write_text("hello there\n")
-    mark = tmp_path / "PWNED"
-    out = tmp_path / "ev"
-    _plant(out / "checkpoint" / "data.pt", mark)
+    prompts, mark, out = _planted(tmp_path, "data.pt")
     resumed = _train(pair_dir, out, prompts, "--resume")
     assert resumed.exit_code == 2 and "data.pt: not a checkpoint specdec wrote" in _one_line(resumed), resumed.output
     reused = runner.invoke(app, ["train-draft", "--models", str(pair_dir / "models.yaml"), "--out", str(tmp_path / "new"),

@@ -13,9 +13,9 @@ import torch
 EOS, MAX_NEW_TOKENS, CONTEXT = "eos", "max_new_tokens", "context"
 
 
-@dataclass
+@dataclass(frozen=True)
 class RoundEvent:
-    """What one verify round did.
+    """What one verify round did: made once, at the round's end, and read by everyone after.
 
     ``drafted`` are the proposed ids, of which the first ``accepted`` passed the target's test;
     ``token`` is the one the target chose itself (correction after a rejection, or bonus after full
