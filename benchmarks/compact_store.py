@@ -5,7 +5,7 @@ whether the two draft the same tokens on the unseen prompts' plain answers.
 
     python3 benchmarks/compact_store.py --tokens 600000
 
-The file form is the store drafter's table (specdec_cli/decoding/store.py, which grew from this
+The file form is the store drafter's table (specdec_cli/decoding/drafters/store_file.py, which grew from this
 script): per n-gram hash its likeliest successor (ties: the smallest id, where the memory keeps the
 first seen) and that successor's share, as int32 and float32 (16 bits each would do for this vocabulary).
 """
@@ -23,8 +23,8 @@ from static_store_replay import filled_store, stored_answers
 
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.loaded_pair import load_pair
-from specdec_cli.decoding.store import Table, build_table
-from specdec_cli.decoding.suffix import MAX_MATCH, continuation
+from specdec_cli.decoding.drafters.store_file import Table, build_table
+from specdec_cli.decoding.drafters.suffix import MAX_MATCH, continuation
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file

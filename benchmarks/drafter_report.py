@@ -23,9 +23,10 @@ from collections import defaultdict
 
 import torch
 
-from specdec_cli.decoding.drafters import Draft, Drafter, LookupFirst, NgramDrafter
+from specdec_cli.decoding.drafters.base import Draft, Drafter
+from specdec_cli.decoding.drafters.lookup import LookupFirst, NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
-from specdec_cli.decoding.head import HeadDrafter, load_head
+from specdec_cli.decoding.drafters.head import HeadDrafter, load_head
 from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt

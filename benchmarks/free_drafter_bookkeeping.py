@@ -17,11 +17,11 @@ import time
 
 import torch
 
-from specdec_cli.decoding.drafters import Verified, top_ids
+from specdec_cli.decoding.drafters.base import Verified, top_ids
 from specdec_cli.decoding.kv import crop_cache
 from specdec_cli.decoding.loaded_pair import load_pair
-from specdec_cli.decoding.recycle import RecycleDrafter
-from specdec_cli.decoding.suffix import SuffixDrafter
+from specdec_cli.decoding.drafters.recycle import RecycleDrafter
+from specdec_cli.decoding.drafters.suffix import SuffixDrafter
 from specdec_cli.pairs.registry import load_registry
 
 

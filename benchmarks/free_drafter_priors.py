@@ -27,12 +27,13 @@ from collections import defaultdict
 
 import torch
 
-from specdec_cli.decoding.drafters import NgramDrafter, Verified
+from specdec_cli.decoding.drafters.base import Verified
+from specdec_cli.decoding.drafters.lookup import NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.loaded_pair import load_pair
-from specdec_cli.decoding.recycle import RecycleDrafter
-from specdec_cli.decoding.store import StoreDrafter
-from specdec_cli.decoding.suffix import MAX_MATCH, SuffixDrafter
+from specdec_cli.decoding.drafters.recycle import RecycleDrafter
+from specdec_cli.decoding.drafters.store import StoreDrafter
+from specdec_cli.decoding.drafters.suffix import MAX_MATCH, SuffixDrafter
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file

@@ -35,11 +35,11 @@ from collections.abc import Callable
 import torch
 
 from specdec_cli.decoding.blocks import relative_costs
-from specdec_cli.decoding.drafters import NgramDrafter
+from specdec_cli.decoding.drafters.lookup import NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.loaded_pair import load_pair
-from specdec_cli.decoding.recycle import RecycleDrafter
-from specdec_cli.decoding.suffix import SuffixDrafter
+from specdec_cli.decoding.drafters.recycle import RecycleDrafter
+from specdec_cli.decoding.drafters.suffix import SuffixDrafter
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file

@@ -27,7 +27,7 @@ import torch
 from drafter_report import closes_earlier_bigram  # benchmarks/, this script's directory
 
 from specdec_cli.decoding.engine import SpeculativeEngine
-from specdec_cli.decoding.head import load_head
+from specdec_cli.decoding.drafters.head import load_head
 from specdec_cli.decoding.loaded_pair import load_pair
 from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt

@@ -16,7 +16,7 @@ import torch
 
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.loaded_pair import load_pair
-from specdec_cli.decoding.recycle import RecycleDrafter
+from specdec_cli.decoding.drafters.recycle import RecycleDrafter
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 

@@ -26,7 +26,7 @@ STEPS = [
     ("torch and the decoding modules imported", "decoding/loaded_pair.py", "<module>"),
     ("the tokenizer", "pairs/loading.py", "target_tokenizer"),
     ("the prepared target mapped", "pairs/loading.py", "quantised_target"),
-    ("the draft head loaded", "decoding/head.py", "load_head"),
+    ("the draft head loaded", "decoding/drafters/head.py", "load_head"),
     ("the block costs read", "decoding/blocks.py", "cached_costs"),
     ("the prompt and the tokens", "commands/generate.py", "_run_one"),
 ]

@@ -23,10 +23,10 @@ import json
 import torch
 from free_drafter_replay import block_cost, kept, walk
 
-from specdec_cli.decoding.drafters import NgramDrafter
+from specdec_cli.decoding.drafters.lookup import NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.loaded_pair import load_pair
-from specdec_cli.decoding.suffix import MAX_MATCH, SuffixDrafter, count
+from specdec_cli.decoding.drafters.suffix import MAX_MATCH, SuffixDrafter, count
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file

@@ -21,10 +21,11 @@ import torch
 from free_drafter_replay import block_cost, kept, walk
 from static_store_replay import stored_answers
 
-from specdec_cli.decoding.drafters import NgramDrafter
+from specdec_cli.decoding.drafters.lookup import NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.loaded_pair import load_pair
-from specdec_cli.decoding.store import MAX_MATCH, build_table
+from specdec_cli.decoding.drafters.store_file import build_table
+from specdec_cli.decoding.drafters.suffix import MAX_MATCH
 from specdec_cli.pairs.registry import load_registry
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file

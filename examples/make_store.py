@@ -16,7 +16,7 @@ import gzip
 import json
 from pathlib import Path
 
-from specdec_cli.decoding.store import MAX_MATCH
+from specdec_cli.decoding.drafters.suffix import MAX_MATCH
 
 OUT = Path(__file__).resolve().parent.parent / "specdec_cli" / "trained" / "smollm2-135m-answers.jsonl.gz"
 

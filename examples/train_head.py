@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from specdec_cli.decoding.head import DraftHead, head_config, save_head, target_identity
+from specdec_cli.decoding.head_files import save_head, target_identity
+from specdec_cli.decoding.head_network import DraftHead, head_config
 from specdec_cli.pairs.meta import read_meta
 from specdec_cli.runtime.quantize import dense_kernels
 from specdec_cli.prompts import read_file

@@ -19,5 +19,5 @@ SAMPLING_TOKENS = 3  # tokens per sampled continuation: enough for a draft block
 
 # The suffix memory's bound in answer tokens (leads included): 2.1 kB a token where every n-gram is new
 # (tracemalloc, 8 levels of tuple keys and count dicts), so at most ~42 MiB; about 300 answers of 64
-# tokens. Here, not in decoding/suffix.py, because `generate --memory` checks its file before torch loads.
+# tokens. Here, not in decoding/drafters/suffix.py, because `generate --memory` checks its file before torch loads.
 MEMORY_TOKENS = 20_000

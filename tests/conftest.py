@@ -184,7 +184,8 @@ def similar(target):
 
 def save_random_head(directory, target: LlamaForCausalLM, seed: int = 3) -> None:
     """An untrained draft head for ``target``: drafts poorly, but loads and runs like a trained one."""
-    from specdec_cli.decoding.head import DraftHead, head_config, save_head, target_identity
+    from specdec_cli.decoding.head_files import save_head, target_identity
+    from specdec_cli.decoding.head_network import DraftHead, head_config
 
     torch.manual_seed(seed)
     head = DraftHead(head_config(target))

@@ -181,7 +181,8 @@ def test_auto_with_a_missing_profile_file_is_a_user_error(pair_dir, prompt_file,
 
 
 def test_the_running_drafter_takes_lookup_first_and_drafter_of_gives_it_bare(pair_dir, tmp_path):
-    from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter
+    from specdec_cli.decoding.drafters.lookup import LookupFirst
+    from specdec_cli.decoding.drafters.model import ModelDrafter
     from specdec_cli.decoding.loaded_pair import load_pair
     from specdec_cli.pairs.registry import load_registry
 
@@ -200,8 +201,7 @@ def test_predicted_speedup_counts_each_rounds_yield_by_drafter_and_position():
     """Lookup rounds keep all 3 drafts, head rounds none: modelled by drafter and position, the
     expected yield is what the rounds gave, so predicted equals measured; a single α at the mean K
     (1 + .75 + .75² + .75³ a round: 2.73 tokens, not 2.5) would be 9 % off."""
-    from specdec_cli.measure.loop_bench import Sample
-    from specdec_cli.measure.mode_figures import figures, predicted_from_rounds
+    from specdec_cli.measure.mode_figures import Sample, figures, predicted_from_rounds
     from specdec_cli.prompts import Prompt
 
     prompt = Prompt(1, "x")
@@ -216,8 +216,7 @@ def test_predicted_speedup_counts_each_rounds_yield_by_drafter_and_position():
 def test_token_latency_percentiles_are_the_engine_benchs_interpolated_ones():
     """The loop bench's p50/p90/p99 interpolate between ranks as `vllm bench serve` (serving/stats.py):
     nearest rank would give 3, 4 and 4 ms here; no latencies at all give 0."""
-    from specdec_cli.measure.loop_bench import Sample
-    from specdec_cli.measure.mode_figures import figures
+    from specdec_cli.measure.mode_figures import Sample, figures
     from specdec_cli.prompts import Prompt
 
     mode = Sample(Prompt(1, "x"), [7] * 5, wall_s=1.0, ttft_s=0.1, latencies=[0.004, 0.001, 0.003, 0.002])
@@ -229,8 +228,7 @@ def test_token_latency_percentiles_are_the_engine_benchs_interpolated_ones():
 
 def test_a_modes_forwards_off_the_lean_forward_are_counted_and_warned(pair_dir, prompt_file, monkeypatch):
     from specdec_cli.measure import loop_bench as bench_module
-    from specdec_cli.measure.loop_bench import Sample
-    from specdec_cli.measure.mode_figures import figures
+    from specdec_cli.measure.mode_figures import Sample, figures
     from specdec_cli.prompts import Prompt
 
     plain = [Sample(Prompt(1, "x"), [7] * 4, wall_s=1.0, ttft_s=0.1, latencies=[], fallback_forwards=0)]

@@ -4,7 +4,8 @@ import pytest
 from conftest import decode
 
 from specdec_cli.decoding.blocks import plan, time_blocks
-from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter
+from specdec_cli.decoding.drafters.lookup import NgramDrafter
+from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 
 pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)

@@ -13,7 +13,8 @@ import torch
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.decoding.drafters import Draft, Drafter, ModelDrafter
+from specdec_cli.decoding.drafters.base import Draft, Drafter
+from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.errors import UserError
 from specdec_cli.commands.calibrate import parse_ks

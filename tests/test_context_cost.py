@@ -13,7 +13,8 @@ from specdec_cli.decoding.blocks import context_slopes, long_context
 from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.control.estimates import per_cached_token
 from specdec_cli.decoding.control.priors import Prior
-from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter
+from specdec_cli.decoding.drafters.lookup import LookupFirst
+from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.schedule import Plan
 from specdec_cli.decoding.engine import FixedK, RoundEvent, SpeculativeEngine
 

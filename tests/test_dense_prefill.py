@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specdec_cli.decoding.drafters import NgramDrafter
+from specdec_cli.decoding.drafters.lookup import NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.measure.equivalence import reference_decode
 from specdec_cli.runtime import dense_prefill

@@ -8,7 +8,8 @@ from exactness import VOCAB, assert_lossless, small_models
 from transformers import DynamicCache
 
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.drafters import ModelDrafter, NgramDrafter, lookup_source
+from specdec_cli.decoding.drafters.lookup import NgramDrafter, lookup_source
+from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.engine import RoundEvent
 from specdec_cli.decoding.kv import crop_cache
 

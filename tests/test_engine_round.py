@@ -11,7 +11,9 @@ from conftest import PROMPT
 
 from specdec_cli.decoding import engine as engine_module
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.drafters import Draft, Drafter, LookupFirst, ModelDrafter
+from specdec_cli.decoding.drafters.base import Draft, Drafter
+from specdec_cli.decoding.drafters.lookup import LookupFirst
+from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.engine import FixedK, KSchedule, SpeculativeEngine
 from specdec_cli.decoding.schedule import Plan, Take
 from specdec_cli.decoding.tree import TreeShape

@@ -65,7 +65,7 @@ def test_missed_rate_is_one_minus_the_power_of_the_chi_square_test():
 def test_the_identity_half_fails_a_sampler_that_keeps_drafts_without_the_test(monkeypatch):
     """IDENTITY_RUNS speculative runs against plain's: keep every draft unasked, and seeds differ."""
     from specdec_cli.decoding import engine as engine_module
-    from specdec_cli.decoding.drafters import ModelDrafter
+    from specdec_cli.decoding.drafters.model import ModelDrafter
 
     target, disagreeing = small_models()
     monkeypatch.setattr(engine_module, "greedy_accept", lambda draft, scores: (len(draft), int(scores[len(draft)].argmax())))

@@ -5,7 +5,7 @@ where fc's feature half sits in q/k/v rather than in vLLM's fc."""
 import pytest
 import torch
 
-from specdec_cli.decoding.head import DraftHead
+from specdec_cli.decoding.head_network import DraftHead
 from specdec_cli.export.eagle3 import Stats, eagle3_config, map_head, rms, vocab_maps
 
 H, VOCAB, SCALE = 32, 50, 3.0

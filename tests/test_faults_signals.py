@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from conftest import PROMPT, decode
 from specdec_cli.cli import app
 from specdec_cli.commands.live import LiveView
-from specdec_cli.decoding.drafters import NgramDrafter
+from specdec_cli.decoding.drafters.lookup import NgramDrafter
 from specdec_cli.measure.run_stats import RunStats
 
 runner = CliRunner()

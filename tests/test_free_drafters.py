@@ -13,9 +13,11 @@ from specdec_cli.decoding import engine
 from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.control.priors import Prior
-from specdec_cli.decoding.drafters import Beside, Draft, Drafter, NgramDrafter, Verified, top_ids
-from specdec_cli.decoding.recycle import RecycleDrafter, walk
-from specdec_cli.decoding.suffix import MAX_MATCH, SuffixDrafter, continuation, count
+from specdec_cli.decoding.drafters.base import Draft, Drafter, Verified, top_ids
+from specdec_cli.decoding.drafters.beside import Beside
+from specdec_cli.decoding.drafters.lookup import NgramDrafter
+from specdec_cli.decoding.drafters.recycle import RecycleDrafter, walk
+from specdec_cli.decoding.drafters.suffix import MAX_MATCH, SuffixDrafter, continuation, count
 
 
 def test_recycling_walks_the_first_successors_and_stops_at_a_token_never_verified():
@@ -194,8 +196,9 @@ def test_each_line_of_the_free_kinds_table_names_a_drafter_everywhere(pair_dir, 
     from specdec_cli.commands.common import DrafterOption
     from specdec_cli.pairs.free_kinds import KINDS
     from specdec_cli.decoding.loaded_pair import free_drafter
-    from specdec_cli.measure.loop_bench import DRAFTER_OF_MODE, ENGINE_KINDS, parse_modes
-    from specdec_cli.pairs.registry import DRAFT_KEYS, parse_drafter
+    from specdec_cli.measure.loop_bench import parse_modes
+    from specdec_cli.measure.mode_kinds import drafter_of, engine_kinds
+    from specdec_cli.pairs.registry import draft_keys, parse_drafter
 
     help_text = DrafterOption.__metadata__[0].help
     answers = tmp_path / "answers.jsonl"
@@ -203,8 +206,8 @@ def test_each_line_of_the_free_kinds_table_names_a_drafter_everywhere(pair_dir, 
     for name, kind in KINDS.items():
         mapping = {"kind": name, "source": str(answers)} if kind.needs_source else {"kind": name}
         assert parse_drafter(mapping).kind == name and (kind.needs_source or parse_drafter(name).kind == name)
-        assert set(kind.keys) < set(DRAFT_KEYS[name])
-        assert name in ENGINE_KINDS and DRAFTER_OF_MODE[name] == name
+        assert set(kind.keys) < set(draft_keys(name))
+        assert name in engine_kinds() and drafter_of(name) == name
         assert (name, 3) in [(m.kind, m.k) for m in parse_modes(f"{name}:3")]
         assert f"'{name}' ({kind.what}" in help_text
         drafter = free_drafter(parse_drafter(mapping), 98)

@@ -8,7 +8,9 @@ from exactness import IDENTITY_RUNS, VOCAB, assert_lossless, small_models
 
 from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.control.adaptive import AdaptiveK
-from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter, autoregress
+from specdec_cli.decoding.drafters.base import autoregress
+from specdec_cli.decoding.drafters.lookup import LookupFirst
+from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.engine import KSchedule, RoundEvent, SpeculativeEngine
 from specdec_cli.decoding.control.estimates import Acceptance, Calibration
 from specdec_cli.decoding.control.gate import DraftGate, gated_rounds

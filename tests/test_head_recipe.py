@@ -7,7 +7,9 @@ from exactness import assert_lossless, small_models
 
 from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.engine import SpeculativeEngine
-from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config, load_head, save_head, target_identity
+from specdec_cli.decoding.drafters.head import HeadDrafter, load_head
+from specdec_cli.decoding.head_files import save_head, target_identity
+from specdec_cli.decoding.head_network import DraftHead, head_config
 from specdec_cli.errors import UserError
 from specdec_cli.pairs.meta import read_meta, write_meta
 from specdec_cli.training.distill import Example, collate

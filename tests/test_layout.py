@@ -66,6 +66,16 @@ def test_the_check_sees_an_upward_import():
     assert stage("specdec_cli.commands.generate") == "top" and stage("specdec_cli.errors") == "base"
     found = imports(PACKAGE / "decoding" / "loaded_pair.py")
     assert any(target == "specdec_cli.pairs.loading" for _, target in found)  # relative imports resolved
+    found = imports(PACKAGE / "decoding" / "drafters" / "head.py")  # and from a stage's subpackage
+    assert {"specdec_cli.runtime.quantize", "specdec_cli.decoding.kv", "specdec_cli.decoding.drafters.base"} <= {
+        target for _, target in found}
+
+
+def test_the_drafters_package_face_does_nothing_at_import():
+    """decoding/drafters/ is one module per kind, imported from the modules themselves: its face
+    imports none of them, so that reading the memory file's format (suffix_file) loads no torch."""
+    face = ast.parse((PACKAGE / "decoding" / "drafters" / "__init__.py").read_text())
+    assert not [node for node in ast.walk(face) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def test_the_quantised_target_runtime_is_its_own_stage_and_the_top_level_stays_small():

@@ -18,7 +18,8 @@ from transformers import AutoTokenizer, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from specdec_cli.decoding.engine import SpeculativeEngine
-from specdec_cli.decoding.head import DraftHead, HeadDrafter, HeadTree, load_head
+from specdec_cli.decoding.drafters.head import HeadDrafter, HeadTree, load_head
+from specdec_cli.decoding.head_network import DraftHead
 from specdec_cli.decoding.kv import reserved_cache
 from specdec_cli.pairs import loading
 from specdec_cli.pairs.meta import read_meta

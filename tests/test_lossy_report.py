@@ -13,7 +13,8 @@ from specdec_cli.decoding.acceptance import AcceptRule
 from specdec_cli.errors import UserError
 from specdec_cli.commands.live import summary
 from specdec_cli.measure import lossy
-from specdec_cli.measure.loop_bench import Mode, Sample, parse_modes, with_rule
+from specdec_cli.measure.loop_bench import Mode, parse_modes, with_rule
+from specdec_cli.measure.mode_figures import Sample
 from specdec_cli.measure.run_stats import RunStats
 from specdec_cli.measure.tasks import KINDS, is_correct, make_tasks
 from specdec_cli.prompts import Prompt

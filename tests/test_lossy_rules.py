@@ -28,7 +28,7 @@ from specdec_cli.decoding.acceptance import (
     top_keep,
     typical_keep,
 )
-from specdec_cli.decoding.drafters import ModelDrafter
+from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.errors import UserError
 
 P = torch.tensor([0.5, 0.3, 0.15, 0.05])  # target

@@ -9,9 +9,11 @@ from exactness import PROMPT as SMALL_PROMPT
 from exactness import VOCAB, assert_lossless, small_models
 
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.drafters import LookupFirst, ModelDrafter
+from specdec_cli.decoding.drafters.lookup import LookupFirst
+from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.engine import KSchedule, SpeculativeEngine
-from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config
+from specdec_cli.decoding.drafters.head import HeadDrafter
+from specdec_cli.decoding.head_network import DraftHead, head_config
 from specdec_cli.decoding.schedule import Plan, Take
 
 PROMPT = [0, 5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6]

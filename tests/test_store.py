@@ -1,4 +1,4 @@
-"""The static store (decoding/store.py, store_file.py): its table drafts what the suffix memory's
+"""The static store (decoding/drafters/store.py, store_file.py): its table drafts what the suffix memory's
 dictionaries draft, a run with it equals plain decoding token for token and samples the target's
 distribution exactly, and its answers file is checked (one line per mistake) and indexed once."""
 
@@ -13,9 +13,9 @@ from conftest import PROMPT, decode
 from exactness import assert_lossless, small_models
 
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.store import StoreDrafter, build_table
-from specdec_cli.decoding.store_file import opened_table
-from specdec_cli.decoding.suffix import continuation, count
+from specdec_cli.decoding.drafters.store import StoreDrafter
+from specdec_cli.decoding.drafters.store_file import build_table, opened_table
+from specdec_cli.decoding.drafters.suffix import continuation, count
 from specdec_cli.errors import UserError
 
 # No n-gram has two successors seen equally often, so the table and the dictionaries must agree.

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from conftest import one_line_error
 
 from specdec_cli.cli import app
-from specdec_cli.decoding.suffix import SuffixDrafter
-from specdec_cli.decoding.suffix_file import MemoryFile, bounded, max_bytes, read, recognise
+from specdec_cli.decoding.drafters.suffix import SuffixDrafter
+from specdec_cli.decoding.drafters.suffix_file import MemoryFile, bounded, max_bytes, read, recognise
 from specdec_cli.errors import UserError
 
 ME = {"source": "tiny", "fingerprint": "0123456789abcdef"}

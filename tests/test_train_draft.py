@@ -10,9 +10,13 @@ from typer.testing import CliRunner
 from specdec_cli.cli import app
 from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.coupling import PositionNoise
-from specdec_cli.decoding.drafters import Draft, Drafter, LookupFirst, ModelDrafter
+from specdec_cli.decoding.drafters.base import Draft, Drafter
+from specdec_cli.decoding.drafters.lookup import LookupFirst
+from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
-from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config, load_head, read_meta
+from specdec_cli.decoding.drafters.head import HeadDrafter, load_head
+from specdec_cli.decoding.head_network import DraftHead, head_config
+from specdec_cli.pairs.meta import read_meta
 from specdec_cli.errors import UserError
 from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.registry import parse_model

@@ -156,9 +156,10 @@ def test_a_lossy_rule_is_refused_on_every_mode_that_drafts_trees(pair_dir, tmp_p
 
 def test_the_engine_refuses_a_lossy_rule_for_a_tree_however_it_is_wrapped(target):
     import pytest
-    from specdec_cli.decoding.drafters import NgramDrafter
+    from specdec_cli.decoding.drafters.lookup import NgramDrafter
     from specdec_cli.decoding.engine import SpeculativeEngine
-    from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config
+    from specdec_cli.decoding.drafters.head import HeadDrafter
+    from specdec_cli.decoding.head_network import DraftHead, head_config
     from specdec_cli.decoding.loaded_pair import composed
     from specdec_cli.decoding.rules import parse_rule
     from specdec_cli.errors import UserError

@@ -12,10 +12,11 @@ from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.blocks import relative_costs
 from specdec_cli.decoding.control.controller import AdaptiveController, sibling_prior
-from specdec_cli.decoding.drafters import LookupFirst
+from specdec_cli.decoding.drafters.lookup import LookupFirst
 from specdec_cli.decoding.engine import KSchedule, RoundEvent, SpeculativeEngine
 from specdec_cli.decoding.control.estimates import Acceptance, Siblings
-from specdec_cli.decoding.head import DraftHead, HeadDrafter, head_config
+from specdec_cli.decoding.drafters.head import HeadDrafter
+from specdec_cli.decoding.head_network import DraftHead, head_config
 from specdec_cli.decoding.control.priors import Prior
 from specdec_cli.decoding.schedule import Plan, Take
 from specdec_cli.decoding.tree import best_first, expected_accepted, expected_tree, judgements, shape_of

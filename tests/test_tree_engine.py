@@ -10,9 +10,10 @@ from exactness import assert_lossless, small_models
 
 from specdec_cli.decoding import engine as engine_module
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.drafters import Draft, Drafter
+from specdec_cli.decoding.drafters.base import Draft, Drafter
 from specdec_cli.decoding.engine import SpeculativeEngine
-from specdec_cli.decoding.head import DraftHead, HeadDrafter, HeadTree, head_config
+from specdec_cli.decoding.drafters.head import HeadDrafter, HeadTree
+from specdec_cli.decoding.head_network import DraftHead, head_config
 from specdec_cli.decoding.kv import reserved_cache
 from specdec_cli.decoding.tree import Tree, TreeShape, best_nodes
 

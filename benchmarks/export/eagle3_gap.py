@@ -33,9 +33,9 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from specdec_cli.decoding.engine import SpeculativeEngine, gather_features
-from specdec_cli.decoding.head import load_head
+from specdec_cli.decoding.drafters.head import load_head
 from specdec_cli.export.eagle3 import load_eagle3, map_head
-from specdec_cli.decoding.head import read_head
+from specdec_cli.decoding.head_files import read_head
 from specdec_cli.export.head_export import aux_states, export_head, target_forward
 from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.registry import load_registry
@@ -56,7 +56,7 @@ APPROXIMATIONS = {
 
 
 class Hybrid:
-    """specdec's head (decoding/head.py) written out in plain torch, with ``on`` approximations from
+    """specdec's head (decoding/head_network.py) written out in plain torch, with ``on`` approximations from
     APPROXIMATIONS; ``space`` "fc" or "feature" as eagle3.map_head's (what vLLM's h stands for)."""
 
     def __init__(self, spec: dict, stats, final_norm: torch.Tensor, rows: torch.Tensor, config: dict, on: set[str], space: str = "fc"):

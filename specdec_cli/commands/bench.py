@@ -17,6 +17,7 @@ from . import own_files
 from ..atomic import check_writable, write_atomically
 from ..pairs.profile import open_profile
 from ..pairs.registry import FREE_KINDS, HEAD, MODEL, STORE, PairSpec
+from ..measure.mode_kinds import modes_help
 from ..prompts import read_file
 from .engine_bench import engine_bench
 from .common import (
@@ -63,12 +64,17 @@ COLUMNS = [
 LOOP_ONLY = ("temperature", "seed", "dtype", "profile", "samples", "accept")
 ENGINE_ONLY = ("concurrency", "rate", "repeats", "slo", "plot", "port", "requests", "loop_modes")
 ONLY_WHEN_MEASURED = {"mean_k", "mean_drafted", "mean_nodes"}  # auto's alone: a column of dashes for every other mode says nothing
+# Every mode, from the one list of them (measure/mode_kinds.py; the free drafters' from their table).
+MODES_HELP = (f"Comma-separated: {modes_help()}. MODE@RULE runs a speculative mode under a LOSSY acceptance rule "
+              "(head:3@top:3, spec:3@lenient:2, head:3@typical:0.3,0.09) beside the same mode lossless, and reports "
+              "what the rule cost. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when "
+              "the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")
 
 
 @user_errors
 def bench_command(
     prompts: PromptsOption,
-    modes: Annotated[Optional[str], typer.Option("--modes", metavar="MODE,MODE,...", help="Comma-separated: plain, hf-plain, hf-assisted:K, hf-lookup:K, spec:K, ngram:K, head:K, ngram+spec:K, ngram+head:K (prompt lookup first, the model or head where it finds nothing), tree:N, ngram+tree:N (the head drafting a tree of at most N nodes, verified in one forward), auto (the default drafter with adaptive K, as `generate -k auto`, seeded from the calibration profile), auto-ungated (auto without the head's confidence gate: every round drafts the K chosen), auto+tree (auto weighing the head's trees too, as `generate --tree auto`), recycle:K (token recycling: the target's own earlier predictions), suffix:K (this run's earlier answers), store:K (the pair's store of the target's answers), auto+free and auto-free (auto with every free drafter the pair has beside its drafter: recycling, the memory, its store; or with none of them). MODE@RULE runs a speculative mode under a LOSSY acceptance rule (head:3@top:3, spec:3@lenient:2, head:3@typical:0.3,0.09) beside the same mode lossless, and reports what the rule cost. Default: plain, hf-plain, ngram:4, hf-lookup:4, plus spec:4 and hf-assisted:4 when the pair has a draft model, head:4 when it has a draft head (as its default drafter or under `drafters:`).")] = None,
+    modes: Annotated[Optional[str], typer.Option("--modes", metavar="MODE,MODE,...", help=MODES_HELP)] = None,
     pair: PairOption = None,
     max_new_tokens: MaxNewTokensOption = 64,
     temperature: Annotated[float, typer.Option("--temperature", metavar="T", help="0: greedy (the default, so outputs can be compared token by token).")] = 0.0,

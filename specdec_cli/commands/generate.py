@@ -15,7 +15,7 @@ import typer
 
 from ..runtime import threads as thread_policy
 from ..decoding.rules import check_tree_rule
-from ..decoding.suffix_file import recognise
+from ..decoding.drafters.suffix_file import recognise
 from . import interrupt
 from ..atomic import check_writable
 from ..errors import UserError
@@ -219,10 +219,11 @@ def _memory_kept(runtime: LoadedPair, controller, path: Path | None) -> Iterator
 def _memory_file(runtime: LoadedPair, controller, path: Path):
     """The run's suffix memory tied to ``path`` and filled from it: the drafter's own, or, under
     -k auto, one put beside the pair's drafter."""
-    from ..decoding.drafters import Beside, parts
-    from ..decoding.head import target_identity
-    from ..decoding.suffix import SuffixDrafter
-    from ..decoding.suffix_file import MemoryFile
+    from ..decoding.drafters.base import parts
+    from ..decoding.drafters.beside import Beside
+    from ..decoding.drafters.suffix import SuffixDrafter
+    from ..decoding.drafters.suffix_file import MemoryFile
+    from ..decoding.head_files import target_identity
 
     memory = next((d for d in parts(runtime.drafter)[0] if isinstance(d, SuffixDrafter)), None)
     if memory is None:

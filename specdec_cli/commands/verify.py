@@ -138,8 +138,9 @@ def verify_equivalence(
 
     thread_policy.apply(threads)  # before torch loads
     from ..decoding.loaded_pair import load_pair
-    from ..measure.equivalence import check_greedy, decide
+    from ..measure.equivalence import check_greedy
     from ..measure.sampling_check import check_sampling
+    from ..measure.verdict import decide
     from ..pairs.tokenization import encode_prompt
 
     interrupt.now("loading the pair")

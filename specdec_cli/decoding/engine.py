@@ -28,7 +28,7 @@ from ..runtime.lean_forward import fallback_forwards
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept
 from .blocks import padded_chain, padded_tree
 from .coupling import PositionNoise, race_scores
-from .drafters import Draft, Drafter, Verified, parts, top_ids
+from .drafters.base import Draft, Drafter, Verified, parts, top_ids
 from .events import CONTEXT, EOS, MAX_NEW_TOKENS, RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
 from .rules import check_tree_rule

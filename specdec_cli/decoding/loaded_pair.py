@@ -4,7 +4,7 @@ wired into an engine. (Command-line overrides of the registry live in pairs/regi
 The pair's other drafters (``drafters:`` in models.yaml) load only when asked for
 (``drafter_of``), so a command that uses one drafter never pays for the rest; plain decoding
 (``load_pair(..., drafting=False)``) loads none. The draft head's module, which imports transformers'
-modeling code, is imported only when a head is loaded."""
+modeling code, is imported only when a head is loaded, and a free kind's only when a pair uses it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ from ..pairs.registry import MISSING, DrafterSpec, PairSpec
 from ..pairs.tokenization import check_compatible, eos_ids
 from .blocks import cached_context_slopes, cached_costs, plan, relative_costs
 from .control.controller import AdaptiveController
-from .drafters import Beside, Drafter, LookupFirst, ModelDrafter
+from .drafters.base import Drafter
+from .drafters.beside import Beside
+from .drafters.lookup import LookupFirst
+from .drafters.model import ModelDrafter
 from .engine import SpeculativeEngine
 
 
@@ -111,7 +114,7 @@ def composed(drafter: Drafter, lookup: bool, tree: bool = False, beside: tuple[D
     drafters beside it for `-k auto` to weigh (the pair's `free:`). The one place drafters are
     wrapped. Only a head drafts trees."""
     if tree:
-        from .head import HeadDrafter, HeadTree
+        from .drafters.head import HeadDrafter, HeadTree
 
         if not isinstance(drafter, HeadDrafter):
             raise ValueError(f"trees are drafted by a draft head, not by {drafter.name!r}")  # commands check the pair first
@@ -144,7 +147,7 @@ def load_pair(pair: PairSpec, drafting: bool = True, lean: bool = False) -> Load
 
 def _drafter(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedModel | None]:
     if spec.head is not None:
-        from .head import load_head
+        from .drafters.head import load_head
 
         return load_head(spec.head, target.model, target.source, target.precision), None
     if spec.model is None:
@@ -157,6 +160,7 @@ def _drafter(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedMod
 
 
 def free_drafter(spec: DrafterSpec, vocab_size: int) -> Drafter:
-    """A drafter without weights, by its kind's line in pairs/free_kinds.py."""
+    """A drafter without weights, by its kind's line in pairs/free_kinds.py: its class, named by its
+    full dotted path ("package.module:Class"), built by the class's ``for_pair``."""
     module, name = KINDS[spec.free_kind].drafter.split(":")
-    return getattr(import_module(f"{__package__}.{module}"), name).for_pair(spec, vocab_size)
+    return getattr(import_module(module), name).for_pair(spec, vocab_size)

@@ -9,7 +9,7 @@ hidden_norm(h)); the residual is h itself; the output goes through ``norm`` to `
 [draft_vocab, H] (``d2t`` maps draft ids to target ids, target = i + d2t[i]) and, before the norm,
 back in as the next drafted position's h.
 
-specdec's head (decoding/head.py) is an EAGLE-1 layer on fused features: x = fc(cat(embed, fuse(features)))
+specdec's head (decoding/head_network.py) is an EAGLE-1 layer on fused features: x = fc(cat(embed, fuse(features)))
 with a bias, then a whole Llama decoder layer on x (its own input norm over the sum, residual x),
 logits from the target's lm_head on the output without a norm, and its drafted positions feed their
 output back through that same fc. Where the two agree the map is exact: the MLP, o_proj, the
@@ -215,7 +215,7 @@ SPACES = ("fc", "feature")
 
 def map_head(specdec: dict[str, torch.Tensor], feature_layers: tuple[int, ...], config: dict, final_norm: torch.Tensor,
              lm_rows: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, stats: Stats, space: str = "fc") -> Eagle3Head:
-    """specdec's head weights (decoding/head.py's state dict) → an Eagle3Head (see the module docstring).
+    """specdec's head weights (decoding/head_network.py's state dict) → an Eagle3Head (see the module docstring).
 
     ``space``: what vLLM's h stands for. "fc": specdec's fc applied to the fused feature (fc's
     feature half folded into vLLM's fc), so a drafted position, fed the layer's output as h, skips

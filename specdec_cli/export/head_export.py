@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..decoding.head import TOP_ONLY, DraftHead, check_target
-from ..decoding.head_files import build_head, read_head
+from ..decoding.head_files import build_head, check_target, read_head
+from ..decoding.head_network import TOP_ONLY, DraftHead
 from ..errors import UserError
 from ..runtime.quantize import output_weight
 from .eagle3 import ENGINE_LAYERS, Stats, aux_layer_ids, eagle3_config, last_state_id, map_head, save_eagle3, vocab_maps

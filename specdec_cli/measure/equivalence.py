@@ -1,4 +1,5 @@
-"""Proving that speculation changes nothing, token for token (greedy here; sampled: sampling_check.py).
+"""Proving that speculation changes nothing, token for token (greedy here; sampled: sampling_check.py;
+the verdict over both: verdict.py).
 
 Every prompt is decoded plainly (K = 0 through the same engine), by transformers' own ``generate``
 as an independent reference, and speculatively for each K. Where two outputs differ, the first
@@ -11,7 +12,7 @@ transformers' forward). That tells a bug from float round-off, since forwards of
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
@@ -21,9 +22,6 @@ from ..decoding.engine import SpeculativeEngine
 from ..decoding.kv import input_device
 from ..limits import NEAR_TIE_TOLERANCE
 from .run_stats import RunStats
-
-if TYPE_CHECKING:
-    from .sampling_check import SamplingResult
 
 NEAR_TIE = "numerical near-tie"
 MISMATCH = "mismatch"
@@ -296,24 +294,3 @@ def check_greedy(
                                    speculative.tokens == plain.tokens, speculative.tokens == reference.tokens))
             step(f"prompt {prompt_id} · K={k}")
     return result
-
-
-def decide(greedy: GreedyResult, sampled: SamplingResult | None, strict: bool, rule: AcceptRule = AcceptRule()) -> tuple[bool, str]:
-    """Equivalent unless a mismatch, a failed sampling test, or (strict) any divergence was found;
-    never under a lossy rule, which is not equivalent by construction however few tokens it changed."""
-    mismatches, near_ties = greedy.count(MISMATCH), greedy.count(NEAR_TIE)
-    sampled_failed = sampled is not None and (not sampled.passed or (strict and sampled.count(NEAR_TIE) > 0))
-    failed = mismatches > 0 or (strict and near_ties > 0) or sampled_failed
-    runs = len(greedy.rows)
-    identical = sum(r.identical for r in greedy.rows)
-    reference = sum(r.identical for r in greedy.references)
-    parts = [f"{identical}/{runs} speculative runs token-identical to plain decoding",
-             f"{reference}/{len(greedy.references)} plain runs identical to transformers' generate",
-             f"{mismatches} mismatch(es)", f"{near_ties} numerical near-tie(s) (tolerance {greedy.tolerance:g})"]
-    if strict and near_ties:
-        parts.append("--strict counts near-ties as failures")
-    if sampled is not None:
-        parts.append(f"sampling: {sampled.verdict()}")
-    if not rule.lossless:
-        return False, f"NOT EQUIVALENT: lossy rule --accept {rule} (lossless: false); " + "; ".join(parts)
-    return not failed, ("EQUIVALENT: " if not failed else "NOT EQUIVALENT: ") + "; ".join(parts)

@@ -26,7 +26,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from ..decoding.acceptance import AcceptRule, SamplingParams, parse_rule
-from ..decoding.drafters import NgramDrafter
+from ..decoding.drafters.lookup import NgramDrafter
 from ..decoding.engine import KSchedule, SpeculativeEngine
 from ..decoding.events import RoundCounts
 from ..decoding.rules import check_tree_rule
@@ -36,32 +36,15 @@ from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import PairProfile, ProfileWatcher
 from ..pairs.tokenization import encode_prompt
-from ..pairs import free_kinds
-from ..pairs.registry import FREE_KINDS, HEAD, MODEL, NGRAM, STORE, DrafterSpec
+from ..pairs.registry import FREE_KINDS, HEAD, MODEL, STORE, DrafterSpec
 from ..prompts import Prompt, check_fit
 from . import lossy
 from .interleaved import run_interleaved
-from .mode_figures import figures, predicted_from_rounds
+from .mode_kinds import (AUTO_KINDS, DRAFTS_TREES, TREE_KINDS, WITHOUT_K, beside, drafter_of, engine_kinds,
+                         mode_kinds, mode_names)
+from .mode_figures import Sample, figures, predicted_from_rounds
 
-# run by this loop (each free drafter is a mode of its own name, KIND:K); the others by transformers' generate
-ENGINE_KINDS = ("plain", "spec", *FREE_KINDS, "head", "ngram+spec", "ngram+head", "auto", "auto-ungated",
-                "auto+tree", "auto+free", "auto-free", "tree", "ngram+tree")
-MODE_KINDS = ("plain", "hf-plain", "hf-assisted", "hf-lookup", *ENGINE_KINDS[1:])
-TREE_KINDS = ("tree", "ngram+tree")  # the pair's head drafting trees of at most K nodes
-DRAFTS_TREES = (*TREE_KINDS, "auto+tree")  # modes whose rounds may verify a tree
-# adaptive K; auto+tree weighs the head's trees too (`generate --tree auto`), auto-ungated drafts without the gate,
-# auto+free weighs every free drafter the pair has beside its own (recycle, suffix, its store), auto-free none but its lookup
-AUTO_KINDS = ("auto", "auto-ungated", "auto+tree", "auto+free", "auto-free")
-BESIDE = {"auto+free": free_kinds.BESIDE, "auto-free": ()}  # else the pair's `free:`; a store only where the pair has one
-WITHOUT_K = ("plain", "hf-plain", *AUTO_KINDS)
-DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "hf-lookup": NGRAM, "ngram+spec": MODEL,
-                   "ngram+head": HEAD, "tree": HEAD, "ngram+tree": HEAD, **{kind: kind for kind in FREE_KINDS}}
 NEEDS = {MODEL: "a draft model", HEAD: "a draft head", STORE: "a store"}
-
-
-def mode_names() -> str:
-    """Every mode as `--modes` takes it: plain, hf-assisted:K, ..., tree:N, auto."""
-    return ", ".join(kind if kind in WITHOUT_K else f"{kind}:N" if kind in TREE_KINDS else f"{kind}:K" for kind in MODE_KINDS)
 
 
 @dataclass(frozen=True)
@@ -82,7 +65,7 @@ class Mode:
     def drafter_kind(self) -> str | None:
         """The kind of drafter the mode runs (model, head, ngram); None for plain decoding and for
         auto (whichever drafter the pair runs by default)."""
-        return DRAFTER_OF_MODE.get(self.kind)
+        return drafter_of(self.kind)
 
 
 def _items(text: str) -> list[str]:
@@ -103,10 +86,10 @@ def parse_modes(text: str) -> list[Mode]:
         item, at, rule_text = full.partition("@")
         rule = parse_rule(rule_text, f"mode {full!r}: rule") if at else AcceptRule()
         kind, _, k = item.partition(":")
-        if at and (kind not in ENGINE_KINDS or kind == "plain"):
+        if at and (kind not in engine_kinds() or kind == "plain"):
             raise UserError(f"mode {full!r}: a rule applies to this loop's speculative modes (spec, ngram, head, "
                             "ngram+spec, ngram+head, auto), not to plain decoding or transformers' generate")
-        if kind not in MODE_KINDS:
+        if kind not in mode_kinds():
             raise UserError(f"unknown mode {item!r}; modes: {mode_names()}")
         if kind in DRAFTS_TREES:
             _check_tree_rule(full, rule)
@@ -134,7 +117,7 @@ def with_rule(modes: list[Mode], rule: AcceptRule) -> list[Mode]:
     for mode in modes:
         if mode.kind in DRAFTS_TREES:
             _check_tree_rule(f"{mode} (--accept {rule})", rule)
-    extra = [Mode(m.kind, m.k, rule) for m in modes if m.kind in ENGINE_KINDS and m.kind != "plain" and m.rule.lossless]
+    extra = [Mode(m.kind, m.k, rule) for m in modes if m.kind in engine_kinds() and m.kind != "plain" and m.rule.lossless]
     return list(dict.fromkeys(modes + extra))
 
 
@@ -145,22 +128,6 @@ def _check_tree_rule(mode: str, rule: AcceptRule) -> None:
         check_tree_rule(rule)
     except UserError as exc:
         raise UserError(f"mode {mode}: {exc}") from None
-
-
-@dataclass
-class Sample(RoundCounts):
-    """One prompt decoded in one mode."""
-
-    prompt: Prompt
-    tokens: list[int]
-    wall_s: float
-    ttft_s: float
-    latencies: list[float]  # seconds per token after the first emission
-    seed: int = 0
-    nll: float | None = None  # the target's NLL of the tokens, summed (lossy runs only; lossy.score)
-    correct: bool | None = None  # the task's answer found (prompts with an answer, lossy runs only)
-    drafts: list[tuple[str, int, int]] = field(default_factory=list)  # per round: drafter, drafted, accepted
-    by_drafter: dict[str, RoundCounts] = field(default_factory=dict)  # the rounds each drafter was asked
 
 
 @dataclass
@@ -177,8 +144,8 @@ class Bench:
         that learns as it runs (token recycling, the suffix memory) new as well."""
         if mode.kind in AUTO_KINDS:
             pair = self.runtime.pair
-            beside = tuple(kind for kind in BESIDE.get(mode.kind, pair.drafter.beside) if pair.alternate(kind) is not None)
-            engine = self.runtime.fresh_engine(beside)
+            kinds = tuple(kind for kind in beside(mode.kind, pair.drafter.beside) if pair.alternate(kind) is not None)
+            engine = self.runtime.fresh_engine(kinds)
             trees = mode.kind == "auto+tree"
             if trees and self.runtime.pair.drafter.kind != HEAD:
                 raise UserError(f"mode {mode} needs a pair drafted by its head; "
@@ -186,7 +153,7 @@ class Bench:
             controller = self.runtime.controller(self.profile, trees, gating=mode.kind != "auto-ungated")
             return lambda ids, prompt, seed: self._run_engine(engine, controller.schedule(prompt.scenario), ids, prompt,
                                                               seed, mode.rule)
-        if mode.kind in ENGINE_KINDS:
+        if mode.kind in engine_kinds():
             drafter = None
             if mode.drafter_kind in FREE_KINDS:
                 drafter = free_drafter(self._spec(mode),
@@ -307,7 +274,7 @@ def run(bench: Bench, modes: list[Mode], prompts: list[Prompt], encode, progress
     def one(trial: tuple[Prompt, list[int], int], mode: Mode) -> None:
         prompt, ids, seed = trial
         sample = runners[mode](ids, prompt, seed)
-        if scored and mode.kind in ENGINE_KINDS:
+        if scored and mode.kind in engine_kinds():
             lossy.score(sample, bench.runtime.target.model, bench.runtime.tokenizer, ids)
         samples[mode].append(sample)
 
@@ -360,7 +327,7 @@ def report(samples: dict[Mode, list[Sample]], draws: int = 1, seed: int = 0) -> 
             # The K chosen is a ceiling: the confidence gate may draft fewer (mean_drafted).
             result["mean_k"] = round(sum(s.k_total for s in chosen) / rounds, 3) if rounds else 0.0
             result["mean_drafted"] = round(drafted / rounds, 3) if rounds else 0.0
-        if mode.kind in ENGINE_KINDS and drafted and one_token_s > 0:
+        if mode.kind in engine_kinds() and drafted and one_token_s > 0:
             alpha = sum(s.accepted for s in chosen) / max(sum(s.judged for s in chosen), 1)
             verify_cost = sum(s.verify_s for s in chosen) / rounds / one_token_s
             draft_cost = sum(s.draft_s for s in chosen) / drafted / one_token_s

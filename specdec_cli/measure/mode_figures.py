@@ -1,18 +1,33 @@
-"""The figures of one bench mode over some prompts, each against plain decoding on the same prompts:
-speed, acceptance, tokens a round, latency percentiles, token identity, what each drafter did, and
-the speed-up the round model predicts from the measured costs."""
+"""A bench sample (one prompt decoded in one mode), and the figures of one mode over some prompts,
+each against plain decoding on the same prompts: speed, acceptance, tokens a round, latency
+percentiles, token identity, what each drafter did, and the speed-up the round model predicts from
+the measured costs."""
 
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from ..decoding.control.estimates import Acceptance
 from ..decoding.events import RoundCounts
+from ..prompts import Prompt
 from ..serving.stats import percentile
 
-if TYPE_CHECKING:
-    from .loop_bench import Sample
+
+@dataclass
+class Sample(RoundCounts):
+    """One prompt decoded in one mode."""
+
+    prompt: Prompt
+    tokens: list[int]
+    wall_s: float
+    ttft_s: float
+    latencies: list[float]  # seconds per token after the first emission
+    seed: int = 0
+    nll: float | None = None  # the target's NLL of the tokens, summed (lossy runs only; lossy.score)
+    correct: bool | None = None  # the task's answer found (prompts with an answer, lossy runs only)
+    drafts: list[tuple[str, int, int]] = field(default_factory=list)  # per round: drafter, drafted, accepted
+    by_drafter: dict[str, RoundCounts] = field(default_factory=dict)  # the rounds each drafter was asked
 
 
 def figures(samples: list[Sample], plain: list[Sample]) -> dict:

@@ -28,6 +28,7 @@ from ..runtime import staging
 from ..runtime.sampled_digest import file_digest
 from . import superseded
 from .cache_dir import open_cache, transformers_version, unwritable
+from .quiet import quiet_transformers
 from .sources import ModelSource
 
 DIGESTS = "specdec-digests.json"
@@ -108,8 +109,6 @@ def check(directory: str | Path, weights: bool) -> None:
 
 def _convert(source: ModelSource, directory: str, gguf_file: str, into: Path) -> None:
     """Load the GGUF (de-quantising every tensor) and save it as a transformers directory ``into``."""
-    from .loading import quiet_transformers
-
     quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

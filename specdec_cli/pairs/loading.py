@@ -31,21 +31,12 @@ from ..runtime.rowwise_attention import use_rowwise_attention
 from . import conversion, superseded
 from .cache_dir import open_cache, transformers_version, unwritable
 from .lean_tokenizer import LeanTokenizer, NotLean
+from .quiet import quiet_transformers
 from .registry import ModelSpec
 from .sources import ModelSource
 
 if TYPE_CHECKING:  # transformers' modeling code is imported only where a model of its own is built
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-
-def quiet_transformers():
-    """transformers, told to report errors only and draw no progress bars: process-wide settings, made
-    where transformers loads a model or tokenizer for specdec rather than when this module is imported."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    return transformers
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The metadata file written next to every trained drafter (a head or a draft model), as plain JSON.
 
-Kept apart from head.py, which needs torch and transformers, so that reading models.yaml (which
+Kept apart from head_files.py, which needs torch and transformers, so that reading models.yaml (which
 asks whether a directory is a head) stays light.
 """
 

@@ -31,9 +31,10 @@ MODEL = "model"
 NGRAM = "ngram"
 HEAD = "head"
 SUFFIX = "suffix"  # the free kind whose memory `generate --memory` keeps
-STORE = "store"  # the free kind that drafts from a file of the target's answers (decoding/store.py)
-FREE_KINDS = tuple(free_kinds.KINDS)  # drafters that need no weights and cost nothing to ask (free_kinds.py)
-DRAFTER_KINDS = (MODEL, HEAD, *FREE_KINDS)
+STORE = "store"  # the free kind that drafts from a file of the target's answers (decoding/drafters/store.py)
+# Drafters that need no weights and cost nothing to ask: a live view of free_kinds.KINDS, so that a kind
+# added to the table is one here too.
+FREE_KINDS = free_kinds.KINDS.keys()
 DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "int4")  # int8/int4: weight-only, on a CPU (quantize.py)
 
 
@@ -54,10 +55,10 @@ class DrafterSpec:
     max_ngram: int = 3
     min_ngram: int = 1
     head: Path | None = None
-    lookup: bool = False  # a model or head drafts only where prompt lookup finds nothing (drafters.LookupFirst)
+    lookup: bool = False  # a model or head drafts only where prompt lookup finds nothing (drafters/lookup.LookupFirst)
     free_kind: str = NGRAM  # the weightless drafter's kind, when there is neither model nor head
     beside: tuple[str, ...] = ()  # free drafters `-k auto` weighs beside it each round (`free:` in models.yaml)
-    answers: Path | None = None  # a store's answers file (store_file.py)
+    answers: Path | None = None  # a store's answers file (decoding/drafters/store_file.py)
 
     @property
     def kind(self) -> str:
@@ -125,8 +126,17 @@ def registry_path(explicit: str | Path | None = None) -> Path:
 FILE_KEYS = ("default", "pairs")
 PAIR_KEYS = ("description", "target", "draft", "drafters", "dtype", "k", "scenarios", "adaptive", "pad_blocks", "profile")
 MODEL_KEYS = ("source", "dtype", "device_map")  # a target's mapping
-DRAFT_KEYS = {HEAD: ("kind", "source", "lookup", "free"), MODEL: ("kind", *MODEL_KEYS, "lookup", "free"),
-              **{name: ("kind", *kind.keys, "free") for name, kind in free_kinds.KINDS.items()}}  # a draft's mapping, by its kind
+
+
+def drafter_kinds() -> tuple[str, ...]:
+    """Every drafter kind: a model, a head, and the free kinds (free_kinds.KINDS, as it is now)."""
+    return (MODEL, HEAD, *FREE_KINDS)
+
+
+def draft_keys(kind: str) -> tuple[str, ...]:
+    """The keys a draft's mapping of this kind may have."""
+    own = {HEAD: ("source", "lookup"), MODEL: (*MODEL_KEYS, "lookup")}
+    return ("kind", *(own[kind] if kind in own else free_kinds.KINDS[kind].keys), "free")
 
 
 def load_registry(explicit: str | Path | None = None) -> Registry:
@@ -176,11 +186,12 @@ def _alternates(listed, default: DrafterSpec, dtype: str, where: str, base: Path
     kind and name a drafter of that kind, so that ``--drafter KIND`` can never pick a surprise."""
     listed = {} if listed is None else listed
     if not isinstance(listed, dict):
-        raise UserError(f"{where}: 'drafters' must map drafter kinds ({', '.join(DRAFTER_KINDS)}) to drafters")
+        raise UserError(f"{where}: 'drafters' must map drafter kinds ({', '.join(drafter_kinds())}) to drafters")
     found = {default.kind: default}
     for kind, value in listed.items():
-        if kind not in DRAFTER_KINDS:
-            raise UserError(f"{where}: unknown drafter kind {shown(kind)} under 'drafters'; use {', '.join(DRAFTER_KINDS)}")
+        if kind not in drafter_kinds():
+            raise UserError(f"{where}: unknown drafter kind {shown(kind)} under 'drafters'; "
+                            f"use {', '.join(drafter_kinds())}")
         if kind in free_kinds.KINDS and free_kinds.KINDS[kind].needs_source and isinstance(value, str):
             value = {"kind": kind, "source": value}  # drafters: {store: FILE}
         spec = parse_drafter(value, dtype, f"{where} drafters.{kind}", base)
@@ -212,7 +223,7 @@ def parse_drafter(value, dtype: str = "float32", where: str = "draft", base: Pat
     directory, or a model."""
     if isinstance(value, dict):
         return _drafter_mapping(value, dtype, where, base)
-    if value in FREE_KINDS:
+    if isinstance(value, str) and value in FREE_KINDS:  # only a string names a kind (and a list is unhashable)
         if free_kinds.KINDS[value].needs_source:
             raise UserError(f"{where}: a {value} drafts from a file: name it as {{kind: {value}, source: FILE}}, "
                             f"or under `drafters: {{{value}: FILE}}` and pick it with --drafter {value}")
@@ -227,9 +238,9 @@ def _drafter_mapping(value: dict, dtype: str, where: str, base: Path | None) -> 
     puts prompt lookup first; ``free`` lists free drafters `-k auto` weighs beside it; a bare
     ``{source: ...}`` may name a head directory, as a string does."""
     kind = value.get("kind", MODEL)
-    if kind not in DRAFTER_KINDS:
-        raise UserError(f"{where}: 'kind' must be one of {', '.join(DRAFTER_KINDS)}, got {shown(kind)}")
-    known_keys(value, DRAFT_KEYS[kind], where)
+    if kind not in drafter_kinds():
+        raise UserError(f"{where}: 'kind' must be one of {', '.join(drafter_kinds())}, got {shown(kind)}")
+    known_keys(value, draft_keys(kind), where)
     lookup, beside = flag(value, "lookup", where), free_beside(value, kind, where)
     if kind == NGRAM:
         low, high = whole_number(value, "min_ngram", where, 1), whole_number(value, "max_ngram", where, 3)
@@ -257,8 +268,9 @@ def free_beside(value: dict, kind: str, where: str) -> tuple[str, ...]:
     (prompt lookup beside a model or head is ``lookup: true``)."""
     listed = value.get("free") or []
     if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
-        raise UserError(f"{where}: 'free' must list drafter kinds, as in free: [{', '.join(free_kinds.BESIDE)}]")
-    allowed = tuple(k for k in free_kinds.BESIDE if k != kind)
+        listable = ", ".join(free_kinds.beside_kinds())
+        raise UserError(f"{where}: 'free' must list drafter kinds, as in free: [{listable}]")
+    allowed = tuple(k for k in free_kinds.beside_kinds() if k != kind)
     for name in listed:
         if name not in allowed or listed.count(name) > 1:
             raise UserError(f"{where}: 'free' lists {shown(name)}; it may list {', '.join(allowed)}, each once")
@@ -301,8 +313,8 @@ def override(pair: PairSpec, target: str | None = None, draft: str | None = None
             chosen = replace(chosen, lookup=replaced.lookup, beside=replaced.beside)
         pair = replace(pair, drafter=chosen, alternates={**pair.alternates, chosen.kind: chosen})
     if drafter:
-        if drafter not in DRAFTER_KINDS:
-            raise UserError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTER_KINDS)}")
+        if drafter not in drafter_kinds():
+            raise UserError(f"unknown drafter {drafter!r}; choose one of {', '.join(drafter_kinds())}")
         chosen = pair.alternate(drafter)
         if chosen is None:
             raise UserError(f"pair {pair.name!r} {MISSING[drafter]}")

@@ -101,7 +101,7 @@ def as_target(server: ManagedServer) -> Target:
 
 def encode_prompts(model_dir: Path, texts: list[tuple[str, str]], raw: bool = False) -> list[tuple[str, list[int]]]:
     """(id, text) → (id, token ids) with the target's own tokenizer and chat template."""
-    from ..pairs.loading import quiet_transformers
+    from ..pairs.quiet import quiet_transformers
     from ..pairs.tokenization import encode_prompt
 
     tokenizer = quiet_transformers().AutoTokenizer.from_pretrained(str(model_dir))

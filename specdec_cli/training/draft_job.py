@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from ..decoding.head import save_head, target_identity
+from ..decoding.head_files import save_head, target_identity
 from ..errors import UserError
 from ..pairs.loading import LoadedModel, load
 from ..pairs.meta import write_meta

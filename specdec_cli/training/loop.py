@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
-from ..decoding.head import DraftHead, head_config, head_logits
+from ..decoding.head_network import DraftHead, head_config, head_logits
 from ..errors import UserError
 from ..runtime.quantize import output_weight
 from .distill import Batch, Example, collate, soft_cross_entropy

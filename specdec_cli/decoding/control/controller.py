@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ...pairs.profile import PairProfile
-from ...pairs.registry import NGRAM, PairSpec
+from ...pairs.registry import FREE_KINDS, NGRAM, PairSpec
 from .adaptive import DEFAULT_K_MAX, AdaptiveK
 from .estimates import SIBLING_PRIOR
 from .priors import Prior
@@ -38,9 +38,10 @@ class AdaptiveController:
                  block_cost: dict[int, float] | None = None, alpha: float | None = None,
                  gating: bool = True, context_cost: dict[int, float] | None = None) -> "AdaptiveController":
         """Without a profile, the pair's K per scenario and the drafter's recorded α are the best
-        starting point there is."""
+        starting point there is. A drafter of a free kind (free_kinds.py) is guessed to cost nothing to
+        draft, whether or not the priors know its name."""
         main = pair.drafter.kind if pair.drafter.kind != NGRAM else "lookup"
-        return cls(pair.k_for, pair.drafter.kind != NGRAM, profile, main=main, trees=trees, block_cost=block_cost,
+        return cls(pair.k_for, pair.drafter.kind not in FREE_KINDS, profile, main=main, trees=trees, block_cost=block_cost,
                    alpha=alpha, gating=gating, context_cost=context_cost)
 
     def reseed(self, profile: PairProfile | None) -> None:

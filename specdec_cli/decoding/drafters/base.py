@@ -1,4 +1,4 @@
-"""Drafters: whatever proposes the next K tokens for the target to judge.
+"""What every drafter is: whatever proposes the next K tokens for the target to judge.
 
 One small interface (``propose``, ``observe`` and ``reset``), modelled on transformers'
 CandidateGenerator. A drafter may return fewer tokens than asked for (n-gram lookup finds no match,
@@ -9,18 +9,13 @@ what the target said of them, every drafter sees (``observe``), and the ones tha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from .acceptance import SamplingParams, distribution
-from .control.gate import DraftGate, confidence
-from .coupling import PositionNoise, race_winner
-from .kv import crop_cache, input_device, reserved_cache
-from .tree import TreeShape
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+from ..acceptance import SamplingParams, distribution
+from ..control.gate import DraftGate, confidence
+from ..coupling import PositionNoise, race_winner
+from ..tree import TreeShape
 
 
 @dataclass
@@ -35,7 +30,7 @@ class Draft:
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
-    source: str = ""  # which drafter proposed it (lookup_source(n), "head", "model"): the controller's key
+    source: str = ""  # which drafter proposed it (lookup.lookup_source(n), "head", "model"): the controller's key
     catchup_s: float = 0.0  # of the drafting time, a head's catch-up on positions confirmed while it sat out
     parents: tuple[int, ...] | None = None
     # Under a gate (gate.py): the drafter's confidence at each position it weighed, one past the
@@ -98,7 +93,8 @@ class Drafter:
     hidden states named in ``feature_layers`` (by default the last one, post-norm) of every position
     that became confirmed, in cache order. ``drafts_trees``: ``propose`` returns trees
     (Draft.parents), and K is its node budget, not its depth. ``propose_tree``: a learned drafter
-    that also drafts a tree when a schedule plans one (schedule.Take.TREE).
+    that also drafts a tree when a schedule plans one (schedule.Take.TREE). ``for_pair``: how a free
+    kind's line in pairs/free_kinds.py builds it (decoding/loaded_pair.py calls it on every free kind).
     """
 
     name: str
@@ -107,6 +103,13 @@ class Drafter:
     uses_target_features: bool = False
     feature_layers: tuple[int, ...] = (-1,)
     drafts_trees: bool = False
+
+    @classmethod
+    def for_pair(cls, spec, vocab_size: int) -> Drafter:
+        """The drafter a pair's ``spec`` (pairs/registry.DrafterSpec) names, for a target of ``vocab_size``
+        ids: what a free kind defines, so that its line in pairs/free_kinds.py can build it."""
+        raise TypeError(f"{cls.__module__}.{cls.__qualname__} defines no for_pair(spec, vocab_size), "
+                        "so no line in pairs/free_kinds.py can build it")
 
     def reset(self) -> None:
         """Forget the previous prompt (what a drafter learns across prompts, it keeps)."""
@@ -143,67 +146,6 @@ class Drafter:
         raise ValueError(f"drafter {self.name!r} drafts no trees")
 
 
-class NgramDrafter(Drafter):
-    """Prompt lookup: find the latest earlier occurrence of the context's last n tokens and
-    propose what followed it. Free to run, and strong wherever output copies input (code edits,
-    summaries, quoting).
-
-    The n-grams are indexed as the context grows (latest start per n-gram), so a round's lookup
-    costs the tokens it added, not the context: scanning the whole context for each n every round
-    took ~0.16 ms, ~1 % of an int4 token, paid by adaptive speculation even while it drafts nothing."""
-
-    name = "ngram"
-    free = True
-
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError("n-gram drafter needs 1 <= min_ngram <= max_ngram")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.reset()
-
-    @classmethod
-    def for_pair(cls, spec, vocab_size: int) -> NgramDrafter:
-        return cls(spec.max_ngram, spec.min_ngram)
-
-    def reset(self) -> None:
-        self._context = torch.empty(0, dtype=torch.long)  # what the index covers
-        self._tokens: list[int] = []
-        self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
-
-    def propose(self, context, k, sampling, noise, gate=None) -> Draft:
-        tokens = self._index(context)
-        length = len(tokens)
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            start = self._latest[n].get(tuple(tokens[length - n :]))
-            if start is not None:
-                return Draft(context[start + n : start + n + k].clone(), source=lookup_source(n))
-        return Draft.empty()
-
-    def _index(self, context: torch.Tensor) -> list[int]:
-        """The index brought up to ``context``: every window with a successor in it (one ending at
-        length − 2 or before), by n-gram, the latest start kept. A context that does not extend the
-        indexed one (another prompt) is indexed afresh."""
-        seen = self._context.shape[0]
-        if context.shape[0] < seen or not torch.equal(context[:seen], self._context):
-            self.reset()
-            seen = 0
-        tokens = self._tokens
-        tokens += context[seen:].tolist()
-        self._context = context.clone()
-        for end in range(max(seen - 1, 0), len(tokens) - 1):
-            for n, latest in self._latest.items():
-                if end + 1 >= n:
-                    latest[tuple(tokens[end + 1 - n : end + 1])] = end + 1 - n
-        return tokens
-
-
-def lookup_source(n: int) -> str:
-    """A lookup draft's source, by the length of its match: the longer, the stronger the evidence
-    (the target's answers: first guesses kept ~20 % of the time on a one-token match, ~50 % on
-    two, ~80 % on three or more), so the adaptive controller keeps separate estimates for each."""
-    return "lookup" if n >= 3 else f"lookup-{n}"
-
-
 class Composite(Drafter):
     """A drafter made of others. What the engine must know of it (it needs the target's features, it
     drafts trees, how many successors it reads) is derived from its parts, never copied: a wrapper
@@ -229,122 +171,9 @@ class Composite(Drafter):
         return max(d.successors_k for d in self.components())
 
 
-class LookupFirst(Composite):
-    """Prompt lookup where the text repeats itself, a learned drafter everywhere else.
-
-    A lookup hit costs nothing to draft and runs long (code edits, quoting); the learned drafter
-    covers the rounds where lookup has nothing to offer. Lookup here needs an n-gram of at least
-    two tokens: a single-token match is weaker evidence than a trained drafter's guess. Each round's
-    draft comes whole from one of the two, with that one's q, so the acceptance test is unchanged.
-    """
-
-    def __init__(self, learned: Drafter, lookup: NgramDrafter | None = None):
-        self.learned, self.lookup = learned, lookup or NgramDrafter(max_ngram=3, min_ngram=2)
-        # What the adaptive controller is offered before it decides: any match, one-token ones too,
-        # tagged by their length; it weighs them against the learned drafter on its own estimates.
-        self.any_match = NgramDrafter(max_ngram=self.lookup.max_ngram, min_ngram=1)
-        self.name = f"ngram+{learned.name}"
-
-    def components(self) -> tuple[Drafter, ...]:
-        return self.lookup, self.any_match, self.learned
-
-    def reset(self) -> None:
-        self.lookup.reset()
-        self.any_match.reset()
-        self.learned.reset()
-
-    def observe(self, verified: Verified) -> None:
-        self.learned.observe(verified)  # every round, used or not: a head must see every position
-
-    def propose(self, context, k, sampling, noise, gate=None) -> Draft:
-        draft = self.lookup.propose(context, k, sampling, noise)
-        return draft if len(draft) else self.learned.propose(context, k, sampling, noise)
-
-    def parts(self) -> tuple[tuple[Drafter, ...], Drafter]:
-        """Any lookup match (free to find), for a schedule that weighs it against the learned drafter."""
-        return (self.any_match,), self.learned
-
-
-class Beside(Composite):
-    """A drafter with free drafters beside it that only a schedule weighing drafters each round
-    (``-k auto``) asks: a fixed K drafts with ``main`` alone, as before. Every one of them observes
-    every round, drafting or not: the ones that learn from the target learn all the time."""
-
-    def __init__(self, main: Drafter, beside: tuple[Drafter, ...]):
-        if not all(d.free for d in beside):
-            raise ValueError("only free drafters are offered beside another")
-        self.main, self.beside = main, tuple(beside)
-        self.name = main.name
-
-    def components(self) -> tuple[Drafter, ...]:
-        return self.main, *self.beside
-
-    def reset(self) -> None:
-        for drafter in self.components():
-            drafter.reset()
-
-    def observe(self, verified: Verified) -> None:
-        for drafter in self.components():
-            drafter.observe(verified)
-
-    def propose(self, context, k, sampling, noise, gate=None) -> Draft:
-        return self.main.propose(context, k, sampling, noise, gate)
-
-    def propose_tree(self, context: torch.Tensor, shape: TreeShape) -> Draft:
-        return self.main.propose_tree(context, shape)
-
-    def parts(self) -> tuple[tuple[Drafter, ...], Drafter | None]:
-        free, learned = self.main.parts()
-        return (*free, *self.beside), learned
-
-
 def parts(drafter: Drafter | None) -> tuple[tuple[Drafter, ...], Drafter | None]:
     """A drafter as (free drafters, learned drafter), as it declares them (``Drafter.parts``)."""
     return ((), None) if drafter is None else drafter.parts()
-
-
-class ModelDrafter(Drafter):
-    """A small causal LM drafting autoregressively with its own KV cache.
-
-    The cache is kept across rounds and cropped to the longest prefix it shares with the new
-    context, so accepted tokens are never recomputed.
-    """
-
-    name = "model"
-
-    def __init__(self, model: PreTrainedModel, vocab_size: int, allowed: torch.Tensor | None = None):
-        self.model = model
-        # The target's vocabulary size: draft logits are cut or padded to it so that p and q
-        # range over the same ids (checkpoints often pad their embedding matrices differently).
-        self.vocab_size = vocab_size
-        self.outside = None if allowed is None else ~vocab_mask(allowed, vocab_size)
-        self.reset()
-
-    def reset(self) -> None:
-        self.cache = reserved_cache(self.model.config)
-        self.cached_tokens = torch.empty(0, dtype=torch.long)
-
-    @torch.inference_mode()
-    def propose(self, context, k, sampling, noise, gate: DraftGate | None = None) -> Draft:
-        if k <= 0:
-            return Draft.empty()
-        keep = min(common_prefix(self.cached_tokens, context), context.shape[0] - 1)
-        crop_cache(self.cache, keep)
-        draft = autoregress(self._forward(context[keep:]), lambda token: self._forward(token.view(1)), k, sampling,
-                            noise, start=context.shape[0], gate=gate)
-        draft.source = self.name
-        self.cached_tokens = torch.cat([context, draft.tokens[:-1]])
-        return draft
-
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        device = input_device(self.model)
-        out = self.model(ids.view(1, -1).to(device), cache=self.cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[0, -1].float()
-        if logits.shape[0] >= self.vocab_size:
-            logits = logits[: self.vocab_size]
-        else:
-            logits = torch.cat([logits, logits.new_full((self.vocab_size - logits.shape[0],), float("-inf"))])
-        return logits if self.outside is None else logits.masked_fill(self.outside.to(logits.device), float("-inf"))
 
 
 def autoregress(logits: torch.Tensor, step, k: int, sampling: SamplingParams, noise: PositionNoise | None, *,
@@ -378,18 +207,8 @@ def autoregress(logits: torch.Tensor, step, k: int, sampling: SamplingParams, no
                  confidence=confidences if gate is not None else None)
 
 
-def vocab_mask(allowed: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Boolean mask of the ids a restricted output layer (--top-vocab) can propose.
-
-    Outside it the draft's logits are -inf, so q is zero there; sampling stays lossless because the
-    residual norm(max(0, p - q)) then equals p outside the set: the target alone decides there.
-    """
-    mask = torch.zeros(vocab_size, dtype=torch.bool)
-    mask[allowed[allowed < vocab_size].long()] = True
-    return mask
-
-
 def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading tokens ``a`` and ``b`` share: what a drafter's own cache may keep."""
     n = min(a.shape[0], b.shape[0])
     same = (a[:n] == b[:n]).to(torch.int64)
     return int(same.cumprod(0).sum())

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from .drafters import Draft, Drafter, Verified
+from .base import Draft, Drafter, Verified
 
 # Successors kept per token. The paper keeps 8 and drafts a tree from them; a chain reads only the
-# first, and one is an argmax of the verify rows (0.02 ms a round, drafters.top_ids) where 8 are a
+# first, and one is an argmax of the verify rows (0.02 ms a round, base.top_ids) where 8 are a
 # top-k (0.16 ms, 1.3 % of a one-token forward on this CPU).
 WIDTH = 1
 DEPTH = 8  # the longest walk: past it a chain of first successors is kept too rarely to verify

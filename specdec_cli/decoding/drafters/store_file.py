@@ -1,4 +1,9 @@
-"""A store's answers file, and its table built once and kept in specdec's cache.
+"""A store's answers file, and its table: built once, kept in specdec's cache, and walked.
+
+The table holds, for every n-gram of MIN_MATCH to MAX_MATCH tokens of the answers, a 64-bit hash,
+sorted, with the successor seen most often after it (ties: the smallest id) and that successor's
+share of its count. How n-grams are hashed is the table's format: building (``window_hashes``) and
+looking up (``tail_hash``) are kept together here, beside the kept table's FORMAT.
 
 The answers file is JSON lines, gzip-compressed when its name ends in ``.gz``: one object per answer,
 ``{"ids": [token ids…], "start": N}``, where the answer begins at ``ids[N]`` and what comes before is
@@ -8,7 +13,7 @@ before an answer are indexed, as leads into it.
 
 Reading it is a user's file and is checked: a missing, unreadable or damaged file, or a token id
 outside the target's vocabulary, is one line naming the file and the line, before any prompt runs.
-The table (store.build_table: 2.5 s for half a million tokens) is kept under ``stores/`` in the cache,
+The table (``build_table``: 2.5 s for half a million tokens) is kept under ``stores/`` in the cache,
 keyed by the file's bytes, the n-gram lengths and the target's vocabulary size, written whole or not at all (runtime/staging.py),
 and mapped at later starts (a few milliseconds, its successors checked). A kept table that does not load,
 or whose successors are not the target's token ids, is built again with one warning.
@@ -21,18 +26,99 @@ import hashlib
 import os
 import shutil
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError, loads
-from ..notices import log
-from ..pairs.cache_dir import open_cache, unwritable
-from ..runtime import staging
-from .store import MAX_MATCH, MIN_MATCH, Table, build_table
+from ...errors import UserError, loads
+from ...notices import log
+from ...pairs.cache_dir import open_cache, unwritable
+from ...runtime import staging
+from .suffix import MAX_MATCH, MIN_MATCH, MIN_PROBABILITY, SPEC_FACTOR
 
 FORMAT = 1  # of the kept table; a change of it, or of the n-gram lengths, keys a new table
 PARTS = ("keys", "successors", "shares")
+PRIME = 0x100000001B3  # FNV-1a's 64-bit prime; the hash is polynomial in it, over (n, tokens + 1)
+MASK = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class Table:
+    """Sorted n-gram hashes, each with its likeliest successor and that successor's share."""
+
+    keys: np.ndarray  # uint64, sorted
+    successors: np.ndarray  # int32
+    shares: np.ndarray  # float32
+
+    def longest(self, tail: list[int]) -> tuple[int, int]:
+        """(row, n): the longest n-gram ending ``tail`` that the table knows; (-1, 0) for none."""
+        lengths = range(min(MAX_MATCH, len(tail)), MIN_MATCH - 1, -1)
+        hashes = np.array([tail_hash(tail[-n:]) for n in lengths], dtype=np.uint64)
+        if not len(hashes):
+            return -1, 0
+        rows = np.searchsorted(self.keys, hashes)
+        for n, h, row in zip(lengths, hashes, rows):
+            if row < len(self.keys) and self.keys[row] == h:
+                return int(row), n
+        return -1, 0
+
+    def continuation(self, tail: list[int], k: int, factor: float = SPEC_FACTOR,
+                     floor: float = MIN_PROBABILITY) -> tuple[list[int], int]:
+        """Up to ``k`` tokens after ``tail`` and the first match's length (suffix.continuation's rule:
+        no longer than ``factor`` times the match, while the product of shares stays ≥ ``floor``)."""
+        row, matched = self.longest(tail)
+        limit = min(k, int(factor * matched))
+        found, chance, tail = [], 1.0, list(tail)
+        while len(found) < limit and row >= 0:
+            chance *= float(self.shares[row])
+            if chance < floor:
+                break
+            found.append(int(self.successors[row]))
+            tail.append(found[-1])
+            row, _ = self.longest(tail[-MAX_MATCH:])
+        return found, matched
+
+
+def tail_hash(tokens: list[int]) -> int:
+    """The hash of one n-gram, as window_hashes makes it."""
+    h = len(tokens)
+    for t in tokens:
+        h = (h * PRIME + t + 1) & MASK
+    return h
+
+
+def window_hashes(tokens: np.ndarray, n: int, ends: np.ndarray) -> np.ndarray:
+    """The hash of tokens[end - n:end] for each end (uint64 arithmetic wraps as MASK does)."""
+    h = np.full(ends.shape, n, dtype=np.uint64)
+    for j in range(n):
+        h = h * np.uint64(PRIME) + tokens[ends - n + j].astype(np.uint64) + np.uint64(1)
+    return h
+
+
+def build_table(answers: list[tuple[list[int], int]]) -> Table:
+    """The table of every n-gram → next-token pair of the answers, each given as (tokens, lead): the
+    first ``lead`` tokens only lead into the answer (a template's header), as the memory counts them."""
+    keys, nexts = [], []
+    for tokens, lead in answers:
+        array = np.asarray(tokens, dtype=np.int64)
+        for n in range(MIN_MATCH, MAX_MATCH + 1):
+            ends = np.arange(max(lead, 1, n), len(array))
+            keys.append(window_hashes(array, n, ends))
+            nexts.append(array[ends])
+    if not keys or not sum(map(len, keys)):
+        return Table(np.empty(0, np.uint64), np.empty(0, np.int32), np.empty(0, np.float32))
+    keys, nexts = np.concatenate(keys), np.concatenate(nexts)
+    order = np.lexsort((nexts, keys))
+    keys, nexts = keys[order], nexts[order]
+    pair_start = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]) | (nexts[1:] != nexts[:-1])])
+    pair_count = np.diff(np.r_[pair_start, len(keys)])
+    pair_key, pair_next = keys[pair_start], nexts[pair_start]
+    key_start = np.flatnonzero(np.r_[True, pair_key[1:] != pair_key[:-1]])
+    totals = np.add.reduceat(pair_count, key_start)
+    group = np.repeat(np.arange(len(key_start)), np.diff(np.r_[key_start, len(pair_key)]))
+    best = np.lexsort((-pair_count, group))[key_start]  # each key's largest count; ties: the smallest id
+    return Table(pair_key[key_start], pair_next[best].astype(np.int32), (pair_count[best] / totals).astype(np.float32))
 
 
 def opened_table(path: Path, vocab_size: int) -> Table:

@@ -1,6 +1,6 @@
 """A suffix memory: draft what followed the same words in this process's earlier answers.
 
-Prompt lookup (drafters.NgramDrafter) copies from the prompt and answer at hand; a batch job's
+Prompt lookup (lookup.NgramDrafter) copies from the prompt and answer at hand; a batch job's
 answers repeat across prompts instead (the same keys, phrases and layout, record after record).
 This drafter remembers every finished answer: for each n-gram of MIN_MATCH to MAX_MATCH tokens,
 how often each token of the answer followed it. The n-grams reach back into the last MAX_MATCH
@@ -25,8 +25,8 @@ from collections import deque
 
 import torch
 
-from ..limits import MEMORY_TOKENS  # answer tokens remembered: ~42 MiB at most (limits.py says why there)
-from .drafters import Draft, Drafter, Verified
+from ...limits import MEMORY_TOKENS  # answer tokens remembered: ~42 MiB at most (limits.py says why there)
+from .base import Draft, Drafter, Verified
 
 MIN_MATCH, MAX_MATCH = 2, 8
 MIN_PROBABILITY = 0.1

@@ -28,9 +28,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..atomic import updating, write_atomically
-from ..errors import UserError, loads
-from ..limits import MEMORY_TOKENS
+from ...atomic import updating, write_atomically
+from ...errors import UserError, loads
+from ...limits import MEMORY_TOKENS
 
 if TYPE_CHECKING:  # suffix.py imports torch, and the file is checked before torch loads
     from .suffix import SuffixDrafter
