@@ -23,11 +23,11 @@ from collections import defaultdict
 
 import torch
 
-from specdec_cli.decoding.drafters.base import Draft, Drafter
-from specdec_cli.decoding.drafters.lookup import LookupFirst, NgramDrafter
+from specdec_cli.decoding.drafters.base import Draft, Drafter, Verified
+from specdec_cli.decoding.drafters.lookup import NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.drafters.head import HeadDrafter, load_head
-from specdec_cli.decoding.loaded_pair import load_pair
+from specdec_cli.decoding.loaded_pair import composed, load_pair
 from specdec_cli.pairs.registry import load_registry, override
 from specdec_cli.pairs.tokenization import encode_prompt
 from specdec_cli.prompts import read_file
@@ -67,11 +67,9 @@ class LookupInChain(Drafter):
     ``min_ngram`` tokens seen earlier (per-token fusion of the two). On the 34
     ``expected_alpha`` prompts it left α where lookup-first had it (0.515 at n ≥ 2 and 3, 0.481 at 1)."""
 
-    uses_target_features = True
-
     def __init__(self, head: HeadDrafter, min_ngram: int):
         self.head, self.name = head, head.name
-        self.allowed, self.feature_layers = head.allowed, head.feature_layers
+        self.allowed, self.needs = head.allowed, head.needs
         # One index, extended token by token along a chain (and rebuilt once a round, where the
         # context no longer extends the last draft).
         self.lookup = NgramDrafter(max_ngram=3, min_ngram=min_ngram)
@@ -80,8 +78,8 @@ class LookupInChain(Drafter):
         self.head.reset()
         self.lookup.reset()
 
-    def add_features(self, rows: torch.Tensor) -> None:
-        self.head.add_features(rows)
+    def observe(self, verified: Verified) -> None:
+        self.head.observe(verified)
 
     @torch.inference_mode()
     def propose(self, context, k, sampling, generator, gate=None) -> Draft:
@@ -127,8 +125,7 @@ def main() -> None:
     allowed = getattr(drafter, "allowed", None)
     if args.lookup_in_chain:
         drafter = LookupInChain(drafter, args.lookup_in_chain)
-    if args.lookup:
-        drafter = LookupFirst(drafter)
+    drafter = composed(drafter, args.lookup)  # prompt lookup first, as bench's ngram+ modes
     engine = SpeculativeEngine(runtime.target.model, drafter, runtime.eos_token_ids, runtime.block_plan)
     vocab = None if allowed is None else set(allowed.tolist())
 

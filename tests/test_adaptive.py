@@ -26,7 +26,7 @@ ONE = 0.05  # seconds of a one-token target forward in these synthetic rounds
 COSTS = {k: 1.0 + 0.08 * k for k in range(1, 9)}
 
 
-def event(k: int, accepted: int, c: float = 0.01, source: str = "draft") -> RoundEvent:
+def event(k: int, accepted: int, c: float = 0.01, source: str = "model") -> RoundEvent:
     drafted = list(range(10, 10 + k))
     emitted = drafted[:accepted] + [99]
     return RoundEvent(k=k, drafted=drafted, accepted=accepted, token=99, emitted=emitted,
@@ -102,9 +102,9 @@ def test_a_new_prompt_halves_the_acceptance_evidence_and_keeps_the_scenarios_sta
     schedule = AdaptiveK(Prior(6, 0.8, 0.01, COSTS))
     drive(schedule, 0.0, 30, random.Random(3))  # this prompt's tail: nothing accepted
     assert schedule.off and schedule.alpha < 0.2
-    before = schedule.sources["draft"].acceptance.trials[0]
+    before = schedule.standings["model"].acceptance.trials[0]
     schedule.begin()
-    assert schedule.sources["draft"].acceptance.trials[0] == pytest.approx(before / 2)
+    assert schedule.standings["model"].acceptance.trials[0] == pytest.approx(before / 2)
     assert schedule.off  # the probe schedule carries over: the scenario's character persists
 
 
@@ -132,8 +132,8 @@ def test_each_round_picks_lookups_match_the_learned_drafter_or_nothing_on_separa
     late = picks[-100:]
     assert all(source == "lookup" and 1 <= k <= offer for offer, k, source in late if offer)
     assert sum(source == "head" for _, _, source in late) <= 2  # a rare probe at most
-    assert schedule.sources["lookup"].on and not schedule.sources["head"].on
-    assert schedule.sources["lookup"].acceptance.alpha > 0.8 > 0.4 > schedule.sources["head"].acceptance.alpha
+    assert schedule.standings["lookup"].on and not schedule.standings["head"].on
+    assert schedule.standings["lookup"].acceptance.alpha > 0.8 > 0.4 > schedule.standings["head"].acceptance.alpha
     report = schedule.report()
     assert report["drafted_by"]["lookup"] >= 100
     lookup = report["drafters"]["lookup"]  # each drafter's rounds, drafts and kept ones, as they happened
@@ -151,7 +151,7 @@ def test_the_learned_drafter_wins_where_lookups_matches_are_poor():
         alpha = 0.1 if source == "lookup-1" else 0.85
         schedule.observe(event(k, survive(k, alpha, rng), c=0.0 if source == "lookup-1" else 0.05, source=source or ""))
         picks.append(source)
-    assert set(picks[-100:]) == {"head"} and schedule.sources["head"].on
+    assert set(picks[-100:]) == {"head"} and schedule.standings["head"].on
 
 
 def test_acceptance_by_position_shrinks_unseen_positions_to_the_one_before():
@@ -178,10 +178,10 @@ def test_a_one_token_lookup_match_starts_off_and_a_longer_one_on_beside_a_learne
     break-even, so it waits for a probe instead of costing the first rounds of every prompt."""
     schedule = AdaptiveK(Prior(3, 0.5, 0.2, {1: 1.22, 2: 1.34, 3: 1.57, 4: 2.17}), main="head")  # a CPU's
     assert schedule.plan({"lookup-1": 3}, "head", 8) == Plan(3, Take.LEARNED, "head")
-    assert not schedule.sources["lookup-1"].on and schedule.sources["lookup-1"].wait >= 4
-    assert schedule.sources["lookup-1"].acceptance.rates(2) == pytest.approx(Prior.free_rates("lookup-1")[:2])
+    assert not schedule.standings["lookup-1"].on and schedule.standings["lookup-1"].wait >= 4
+    assert schedule.standings["lookup-1"].acceptance.rates(2) == pytest.approx(Prior.free_rates("lookup-1")[:2])
     schedule.plan({"lookup": 3}, "head", 8)
-    assert schedule.sources["lookup"].on
+    assert schedule.standings["lookup"].on
 
 
 def test_an_offered_drafter_the_priors_do_not_name_is_free_not_priced_as_a_model():
@@ -189,8 +189,8 @@ def test_an_offered_drafter_the_priors_do_not_name_is_free_not_priced_as_a_model
     line in the priors costs nothing to draft, as lookup does, not the model's share of a forward."""
     schedule = AdaptiveK(Prior(3, 0.5, 0.3, COSTS), main="head")
     schedule.plan({"brand-new": 4, "lookup": 4}, "head", 8)
-    assert schedule.sources["brand-new"].c == 0.0 == schedule.sources["lookup"].c
-    assert schedule.sources["head"].c == pytest.approx(0.3)
+    assert schedule.standings["brand-new"].c == 0.0 == schedule.standings["lookup"].c
+    assert schedule.standings["head"].c == pytest.approx(0.3)
 
 
 def test_controller_keeps_one_schedule_per_scenario_and_reseeds_from_a_new_profile():
@@ -208,6 +208,20 @@ def test_controller_keeps_one_schedule_per_scenario_and_reseeds_from_a_new_profi
     controller.reseed(profile(6))
     assert main_k(controller.schedule("code")) == 6
     assert main_k(AdaptiveController(lambda s: 5, model_drafter=True).schedule(None)) == 5  # no profile
+
+
+def test_the_controller_keeps_the_pairs_drafter_under_the_name_its_drafts_carry():
+    from specdec_cli.decoding.control.controller import main_name
+    from specdec_cli.decoding.drafters.lookup import lookup_source
+    from specdec_cli.decoding.drafters.recycle import recycle_source
+    from specdec_cli.decoding.drafters.store import store_source
+    from specdec_cli.decoding.drafters.suffix import suffix_source
+
+    # a free drafter's strongest match: prompt lookup's (kind ngram) drafts say "lookup"
+    assert main_name("ngram") == lookup_source(3)
+    assert (main_name("recycle"), main_name("suffix"), main_name("store")) == (recycle_source(3), suffix_source(4),
+                                                                              store_source(4))
+    assert (main_name("model"), main_name("head")) == ("model", "head")  # a learned drafter's: its name
 
 
 # --- the pure speed-up math -----------------------------------------------------------------------
@@ -250,7 +264,7 @@ def test_a_heads_catch_up_after_sitting_out_is_not_charged_per_drafted_token():
     first = event(3, 2, c=0.2, source="head")
     first = replace(first, draft_s=first.draft_s + 0.5, catchup_s=0.5)  # ten target forwards of catching up
     schedule.observe(first)
-    assert schedule.sources["head"].draft_s_per_token == pytest.approx(0.2 * ONE)
+    assert schedule.standings["head"].draft_s_per_token == pytest.approx(0.2 * ONE)
 
 
 def rounds_until_off(controller: AdaptiveController) -> int:
@@ -292,5 +306,5 @@ def test_finding_the_free_drafters_drafts_is_charged_to_every_round_not_to_the_d
     round_ = RoundEvent(k=2, drafted=[5, 6], accepted=1, token=7, emitted=[5, 7], draft_s=0.005, verify_s=0.01,
                         finished=False, source="head", other_s=0.001, offer_s=0.003)
     schedule.observe(round_)
-    assert schedule.sources["head"].draft_s_per_token == pytest.approx(0.001)  # (5 ms − 3 ms) / 2 drafts
+    assert schedule.standings["head"].draft_s_per_token == pytest.approx(0.001)  # (5 ms − 3 ms) / 2 drafts
     assert schedule.other_s == pytest.approx(0.004)

@@ -3,7 +3,7 @@
 import pytest
 from conftest import decode
 
-from specdec_cli.decoding.blocks import plan, time_blocks
+from specdec_cli.decoding.blocks import block_plan, time_blocks
 from specdec_cli.decoding.drafters.lookup import NgramDrafter
 from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
@@ -15,11 +15,11 @@ PAD_TO_8 = {n: 8 for n in range(2, 9)}  # every multi-token block run as 8 token
 
 def test_plan_pads_to_the_cheapest_longer_block():
     costs = {1: 1.0, 2: 1.61, 3: 1.96, 4: 1.39, 5: 1.28, 6: 1.33, 7: 1.67, 8: 1.40}  # measured here
-    assert plan(costs) == {1: 1, 2: 5, 3: 5, 4: 5, 5: 5, 6: 6, 7: 8, 8: 8}
+    assert block_plan(costs) == {1: 1, 2: 5, 3: 5, 4: 5, 5: 5, 6: 6, 7: 8, 8: 8}
 
 
 def test_plan_ignores_savings_within_timing_noise():
-    assert plan({1: 1.0, 2: 1.5, 3: 1.46}) == {1: 1, 2: 2, 3: 3}  # 3% cheaper: not worth padding
+    assert block_plan({1: 1.0, 2: 1.5, 3: 1.46}) == {1: 1, 2: 2, 3: 3}  # 3% cheaper: not worth padding
 
 
 @pytest.mark.slow
@@ -68,7 +68,7 @@ def test_a_measurement_a_busy_machine_skewed_is_not_kept(target, tmp_path, monke
     from specdec_cli.decoding import blocks
 
     skewed, sane = {1: 0.035, 2: 0.031, 3: 0.035}, {1: 0.018, 2: 0.020, 3: 0.023}
-    assert blocks.disturbed(skewed) and not blocks.disturbed(sane) and plan(skewed)[1] == 2
+    assert blocks.disturbed(skewed) and not blocks.disturbed(sane) and block_plan(skewed)[1] == 2
     results = iter([skewed, skewed, sane])
     monkeypatch.setattr(blocks, "time_blocks", lambda model, context: next(results))
     assert blocks.cached_costs(target, "tiny", tmp_path) == sane

@@ -30,7 +30,7 @@ def seconds(k: int, cached: int) -> float:
 def event(k: int, accepted: int, cached: int) -> RoundEvent:
     drafted = list(range(10, 10 + k))
     return RoundEvent(k=k, drafted=drafted, accepted=accepted, token=99, emitted=drafted[:accepted] + [99],
-                      draft_s=0.001 * k, verify_s=seconds(k, cached), finished=False, source="draft" if k else "",
+                      draft_s=0.001 * k, verify_s=seconds(k, cached), finished=False, source="model" if k else "",
                       cached=cached)
 
 
@@ -102,11 +102,11 @@ def test_drafting_that_pays_over_a_short_context_is_declined_over_a_long_one():
         for k in (0, 1, 2, 3):
             schedule.observe(event(k, min(k, 2), cached=50))
     schedule.context(50)
-    assert schedule.plan({}, "draft", 8).k >= 2
+    assert schedule.plan({}, "model", 8).k >= 2
     schedule.context(4000)
-    assert schedule.plan({}, "draft", 8) == Plan.nothing()
+    assert schedule.plan({}, "model", 8) == Plan.nothing()
     schedule.context(50)
-    assert schedule.plan({}, "draft", 8).k >= 2
+    assert schedule.plan({}, "model", 8).k >= 2
 
 
 def test_the_engine_tells_the_schedule_each_rounds_context_and_the_event_records_it(target, similar):

@@ -12,7 +12,7 @@ from gguf.quants import dequantize, quantize
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.decoding.blocks import cached_plan
+from specdec_cli.decoding.blocks import cached_block_plan
 from specdec_cli.runtime.gguf_int4 import decode_q4, gguf_int4_blocks, module_name
 from specdec_cli.pairs.loading import load
 from specdec_cli.pairs.profile import (
@@ -149,7 +149,7 @@ def test_block_costs_are_cached_per_dtype(pair_dir, tmp_path, monkeypatch):
     measured.clear()  # from the files alone now: a measurement would fail (measured[-1])
     assert blocks.cached_costs(model, "target int4", tmp_path) == costs["target int4"]
     assert len(list(tmp_path.glob("block-costs-*.json"))) == 2
-    assert cached_plan(model, "target int4", tmp_path) == blocks.plan(costs["target int4"])
+    assert cached_block_plan(model, "target int4", tmp_path) == blocks.block_plan(costs["target int4"])
 
 
 def test_profiles_are_kept_and_used_per_target_dtype(pair_dir, tmp_path):
@@ -192,7 +192,7 @@ def test_block_costs_measured_under_other_forward_code_are_measured_again(pair_d
     from specdec_cli.decoding import blocks
 
     model = load(load_registry(pair_dir / "models.yaml").pair("tiny").target).model
-    cached_plan(model, "target int4", tmp_path)
+    cached_block_plan(model, "target int4", tmp_path)
     monkeypatch.setattr(blocks, "forward_code", lambda: "a later lean forward")
-    cached_plan(model, "target int4", tmp_path)
+    cached_block_plan(model, "target int4", tmp_path)
     assert len(list(tmp_path.glob("block-costs-*.json"))) == 2

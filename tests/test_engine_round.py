@@ -6,17 +6,16 @@ import ast
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import PROMPT
 
 from specdec_cli.decoding import engine as engine_module
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.drafters.base import Draft, Drafter
+from specdec_cli.decoding.drafters.base import Draft, Drafter, Needs, TreeDrafting, TreesOnly, drafts_trees
+from specdec_cli.decoding.drafters.beside import Beside
 from specdec_cli.decoding.drafters.lookup import LookupFirst
 from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.engine import FixedK, KSchedule, SpeculativeEngine
 from specdec_cli.decoding.schedule import Plan, Take
-from specdec_cli.decoding.tree import TreeShape
 
 
 
@@ -82,12 +81,46 @@ def test_the_interfaces_declare_their_optional_parts_with_defaults():
             return Draft.empty()
 
     drafter = Plain()
-    assert (drafter.uses_target_features, drafter.drafts_trees, drafter.feature_layers) == (False, False, (-1,))
-    with pytest.raises(ValueError, match="'plain' drafts no trees"):
-        drafter.propose_tree(torch.tensor(PROMPT), TreeShape(4))
+    members = {name for name in (*dir(Drafter), *Drafter.__annotations__) if not name.startswith("_")}
+    assert members == {"name", "free", "needs", "for_pair", "reset", "observe", "propose", "parts"}
+    assert (drafter.free, drafter.needs, Needs().features, Needs().successors) == (False, Needs(), (), 0)
+    assert drafter.parts() == ((), drafter) and not drafts_trees(drafter) and not isinstance(drafter, TreeDrafting)
     schedule = FixedK(3)
     assert isinstance(schedule, KSchedule) and not schedule.reads_offer and not schedule.trees
     assert schedule.gate("head", 3) is None and schedule.plan({"lookup": 2}, "head", 8) == Plan(3, Take.AS_IS)
+
+
+def test_composites_derive_what_they_need_and_whether_they_draft_trees_from_their_parts():
+    class Reads(Drafter):
+        name, needs = "reads", Needs(features=(2, -1))
+
+    class Tops(Drafter):
+        name, free, needs = "tops", True, Needs(successors=3)
+
+    class Trees(TreesOnly):
+        name = "trees"
+
+    assert LookupFirst(Reads()).needs == Needs((2, -1), 0)
+    assert Beside(LookupFirst(Reads()), (Tops(),)).needs == Needs((2, -1), 3)
+    beside_a_tree = Beside(Trees(), (Tops(),))
+    assert beside_a_tree.needs == Needs((), 3) and drafts_trees(beside_a_tree)
+    assert drafts_trees(LookupFirst(Trees())) and not drafts_trees(LookupFirst(Reads())) and not drafts_trees(None)
+
+
+def test_a_schedule_that_plans_trees_is_refused_a_learned_drafter_that_drafts_none(target, similar):
+    class Trees(FixedK):
+        trees = True
+
+        def plan(self, offers, learned, room):
+            return Plan(self.k, Take.TREE, learned)
+
+    chain = ModelDrafter(similar, target.config.vocab_size)
+    for drafter in (chain, LookupFirst(chain)):
+        with pytest.raises(ValueError, match="may plan trees, and drafter '(ngram\\+)?model' has no learned drafter"):
+            next(SpeculativeEngine(target, drafter, {1}).generate(PROMPT, k=Trees(3), max_new_tokens=4))
+    Trees.trees = False  # a schedule that plans a tree it never declared: refused in its first round
+    with pytest.raises(ValueError, match="schedule planned a tree; drafter 'model' drafts no trees"):
+        next(SpeculativeEngine(target, chain, {1}).generate(PROMPT, k=Trees(3), max_new_tokens=4))
 
 
 def test_a_schedule_that_reads_no_offer_plans_every_round_without_one(target, similar):

@@ -230,11 +230,11 @@ def plans():
     model = engines.EngineDrafter("model", "/models/draft")
     head = engines.EngineDrafter("head", "/models/eagle3")
     ngram = engines.EngineDrafter("ngram")
-    return [engines.Plan("p", "/models/t", model, 3, "origin"),
-            engines.Plan("p", "/models/t", ngram, 4, "origin", table=[[1, 4, 4], [5, 16, 0]]),
-            engines.Plan("p", "/models/t", model, 0, "origin"),
-            engines.Plan("p", "/models/t", head, 3, "origin", scenario_ks={"code": 5, "chat": 2}),
-            engines.Plan("p", "/models/t.gguf", ngram, 2, "origin")]
+    return [engines.ExportPlan("p", "/models/t", model, 3, "origin"),
+            engines.ExportPlan("p", "/models/t", ngram, 4, "origin", table=[[1, 4, 4], [5, 16, 0]]),
+            engines.ExportPlan("p", "/models/t", model, 0, "origin"),
+            engines.ExportPlan("p", "/models/t", head, 3, "origin", scenario_ks={"code": 5, "chat": 2}),
+            engines.ExportPlan("p", "/models/t.gguf", ngram, 2, "origin")]
 
 
 def test_every_engines_export_is_recognised(tmp_path):

@@ -13,7 +13,7 @@ from specdec_cli.decoding import engine
 from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.control.adaptive import AdaptiveK
 from specdec_cli.decoding.control.priors import Prior
-from specdec_cli.decoding.drafters.base import Draft, Drafter, Verified, top_ids
+from specdec_cli.decoding.drafters.base import Draft, Drafter, Needs, Verified, top_ids
 from specdec_cli.decoding.drafters.beside import Beside
 from specdec_cli.decoding.drafters.lookup import NgramDrafter
 from specdec_cli.decoding.drafters.recycle import RecycleDrafter, walk
@@ -125,7 +125,7 @@ def test_beside_the_pairs_drafter_auto_weighs_the_free_drafters_and_stays_exact(
         tokens, events = decode(target, drafter, schedule)
         assert tokens == plain
         schedule.begin()
-    kinds = {name.split("-")[0] for name in schedule.sources}
+    kinds = {name.split("-")[0] for name in schedule.standings}
     assert {"recycle", "suffix"} <= kinds  # offered and weighed
     assert {e.source.split("-")[0] for e in events} & {"recycle", "suffix"}
 
@@ -154,7 +154,7 @@ def test_a_drafter_added_in_one_module_is_offered_observed_and_kept_exact(target
         """Knows the answer: drafts plain decoding's next tokens, and counts what it is shown."""
 
         name, free = "oracle", True
-        successors_k = 2
+        needs = Needs(successors=2)
 
         def __init__(self):
             self.seen: list[Verified] = []
@@ -194,7 +194,7 @@ def test_each_line_of_the_free_kinds_table_names_a_drafter_everywhere(pair_dir, 
     """One line in free_kinds.py is a drafter models.yaml, --drafter and the bench all know, built as
     the kind it says it is."""
     from specdec_cli.commands.common import DrafterOption
-    from specdec_cli.pairs.free_kinds import KINDS
+    from specdec_cli.pairs.free_kinds import FREE_KINDS
     from specdec_cli.decoding.loaded_pair import free_drafter
     from specdec_cli.measure.loop_bench import parse_modes
     from specdec_cli.measure.mode_kinds import drafter_of, engine_kinds
@@ -203,7 +203,7 @@ def test_each_line_of_the_free_kinds_table_names_a_drafter_everywhere(pair_dir, 
     help_text = DrafterOption.__metadata__[0].help
     answers = tmp_path / "answers.jsonl"
     answers.write_text('{"ids": [5, 6, 7, 8], "start": 1}\n')
-    for name, kind in KINDS.items():
+    for name, kind in FREE_KINDS.items():
         mapping = {"kind": name, "source": str(answers)} if kind.needs_source else {"kind": name}
         assert parse_drafter(mapping).kind == name and (kind.needs_source or parse_drafter(name).kind == name)
         assert set(kind.keys) < set(draft_keys(name))

@@ -101,9 +101,9 @@ def test_the_controller_learns_how_far_the_gate_lets_the_drafter_go():
     schedule = AdaptiveK(Prior(3, 0.5, 0.05))
     for _ in range(30):  # every round: the gate declines the first guess
         schedule.observe(RoundEvent(k=3, drafted=[], accepted=0, token=5, emitted=[5], draft_s=0.003, verify_s=0.05,
-                                    finished=False, source="draft", confidence=[0.1]))
-    source = schedule.sources["draft"]
-    assert source.gated and source.passes.rates(1)[0] < 0.1
+                                    finished=False, source="model", confidence=[0.1]))
+    standing = schedule.standings["model"]
+    assert standing.gated and standing.passes.rates(1)[0] < 0.1
     assert schedule.report()["gated_off"] == 30
     # A drafter whose gate never lets it draft costs a step a round and yields nothing: off.
     assert schedule.off

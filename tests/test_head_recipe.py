@@ -6,6 +6,7 @@ from conftest import tiny_llama
 from exactness import assert_lossless, small_models
 
 from specdec_cli.decoding.acceptance import SamplingParams
+from specdec_cli.decoding.drafters.base import Verified
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.drafters.head import HeadDrafter, load_head
 from specdec_cli.decoding.head_files import save_head, target_identity
@@ -36,7 +37,8 @@ def drafted_logits(head, target, layers, anchor, steps):
     for ``steps`` more positions (fed the true next tokens, as when its drafts are right)."""
     drafter = HeadDrafter(head, target)
     drafter.reset()
-    drafter.add_features(features(target, TOKENS, layers)[:anchor])
+    drafter.observe(Verified(torch.tensor(TOKENS[: anchor + 1]), anchor + 1,
+                             features=features(target, TOKENS, layers)[:anchor]))
     with torch.no_grad():
         guess, _ = drafter._catch_up(torch.tensor(TOKENS[: anchor + 1]))
         logits = [drafter._logits(guess)]
@@ -110,7 +112,7 @@ def test_fused_head_round_trips_and_is_refused_by_another_target(target, tmp_pat
     meta = read_meta(tmp_path)
     assert meta["format"] == 2 and meta["feature_layers"] == list(FUSED)
     loaded = load_head(tmp_path, target, "tiny")
-    assert loaded.feature_layers == FUSED and torch.equal(loaded.head.fuse.weight, head.fuse.weight)
+    assert loaded.needs.features == FUSED and torch.equal(loaded.head.fuse.weight, head.fuse.weight)
     prompt = [0, 5, 6, 7, 8]
     original = HeadDrafter(head, target)
     runs = [[t for e in SpeculativeEngine(target, d, {1}).generate(prompt, k=3, max_new_tokens=10) for t in e.drafted]
@@ -129,7 +131,7 @@ def test_a_format_1_head_reads_the_last_hidden_state(target, tmp_path):
     del meta["format"], meta["feature_layers"]
     write_meta(tmp_path, meta)
     loaded = load_head(tmp_path, target, "tiny")
-    assert loaded.feature_layers == (-1,) and loaded.head.fuse is None
+    assert loaded.needs.features == (-1,) and loaded.head.fuse is None
     meta["format"] = 3
     write_meta(tmp_path, meta)
     with pytest.raises(UserError, match="newer than this specdec reads"):

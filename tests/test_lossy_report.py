@@ -16,7 +16,7 @@ from specdec_cli.measure import lossy
 from specdec_cli.measure.loop_bench import Mode, parse_modes, with_rule
 from specdec_cli.measure.mode_figures import Sample
 from specdec_cli.measure.run_stats import RunStats
-from specdec_cli.measure.tasks import KINDS, is_correct, make_tasks
+from specdec_cli.measure.tasks import TASKS, is_correct, make_tasks
 from specdec_cli.prompts import Prompt
 
 runner = CliRunner()
@@ -102,7 +102,7 @@ def test_parse_modes_refuses_bad_rules(text, message):
 def test_tasks_are_seeded_and_checkable():
     tasks = make_tasks(8, seed=3)
     assert tasks == make_tasks(8, seed=3) and tasks != make_tasks(8, seed=4)
-    assert [t["scenario"] for t in tasks[:4]] == [f"task-{kind}" for kind in KINDS]
+    assert [t["scenario"] for t in tasks[:4]] == [f"task-{kind}" for kind in TASKS]
     add = tasks[0]
     a, b = (int(x) for x in add["prompt"].removeprefix("What is ").split("?")[0].split(" + "))
     assert add["answer"] == str(a + b)

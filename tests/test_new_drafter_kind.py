@@ -1,5 +1,5 @@
-"""A new free drafter kind is one module and one line in pairs/free_kinds.py's KINDS: here the module is
-written by the test, put on the path, and its line added to KINDS for the test alone. With no other file
+"""A new free drafter kind is one module and one line in pairs/free_kinds.py's FREE_KINDS: here the module is
+written by the test, put on the path, and its line added to FREE_KINDS for the test alone. With no other file
 changed it is listed (the help texts, `specdec models`), benched, priced free by the adaptive controller,
 refused where a free drafter must be (a tree), and run token for token as plain decoding runs."""
 
@@ -47,11 +47,11 @@ runner = CliRunner()
 
 @pytest.fixture
 def echo(tmp_path, monkeypatch):
-    """The kind's module on the path and its line in KINDS, for this test only."""
+    """The kind's module on the path and its line in FREE_KINDS, for this test only."""
     (tmp_path / f"{MODULE}.py").write_text(SOURCE)
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
-    monkeypatch.setitem(free_kinds.KINDS, KIND, free_kinds.FreeKind(KIND, WHAT, f"{MODULE}:EchoDrafter"))
+    monkeypatch.setitem(free_kinds.FREE_KINDS, KIND, free_kinds.FreeKind(KIND, WHAT, f"{MODULE}:EchoDrafter"))
     yield
     sys.modules.pop(MODULE, None)
 
@@ -125,7 +125,7 @@ def test_the_adaptive_controller_prices_the_new_kind_free(echo, echo_models, pai
     events = list(runtime.engine.generate(ids, k=schedule, max_new_tokens=16))
     assert [t for e in events for t in e.emitted] == plain
     assert any(e.source == KIND for e in events)
-    assert schedule.sources[KIND].c == 0.0
+    assert schedule.standings[KIND].c == 0.0
 
 
 def test_the_new_kind_is_refused_a_tree(echo, echo_models):
@@ -140,7 +140,7 @@ def test_a_line_naming_a_class_without_for_pair_is_refused_by_the_class_name(mon
     from specdec_cli.decoding.loaded_pair import free_drafter
     from specdec_cli.pairs.registry import DrafterSpec
 
-    monkeypatch.setitem(free_kinds.KINDS, "beside", free_kinds.FreeKind(
+    monkeypatch.setitem(free_kinds.FREE_KINDS, "beside", free_kinds.FreeKind(
         "beside", "free drafters beside another", "specdec_cli.decoding.drafters.beside:Beside"))
     with pytest.raises(TypeError, match=r"specdec_cli\.decoding\.drafters\.beside\.Beside defines no for_pair"):
         free_drafter(DrafterSpec(free_kind="beside"), 98)

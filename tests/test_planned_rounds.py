@@ -9,6 +9,7 @@ from exactness import PROMPT as SMALL_PROMPT
 from exactness import VOCAB, assert_lossless, small_models
 
 from specdec_cli.decoding.acceptance import SamplingParams
+from specdec_cli.decoding.drafters.base import Verified
 from specdec_cli.decoding.drafters.lookup import LookupFirst
 from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.engine import KSchedule, SpeculativeEngine
@@ -82,7 +83,7 @@ def test_off_rounds_run_no_draft_forward_and_the_head_catches_up_exactly(target)
     with torch.inference_mode():
         features = target(context[None, :-1], output_hidden_states=-1).hidden_states[-1][0]
         fresh = random_head(target)
-        fresh.add_features(features)
+        fresh.observe(Verified(context, len(PROMPT), features=features))
         expected = fresh.propose(context, 3, SamplingParams(), None).tokens.tolist()
     assert events[12].drafted == expected
 
@@ -91,8 +92,8 @@ def test_head_features_grow_by_doubling_not_by_copying_every_round(target):
     head = random_head(target)
     rows = torch.randn(1000, target.config.hidden_size)
     buffers = set()
-    for row in rows:
-        head.add_features(row[None])
+    for i, row in enumerate(rows):
+        head.observe(Verified(torch.arange(i + 2), 1, features=row[None]))
         buffers.add(head._rows.data_ptr())
     assert torch.equal(head.features, rows)
     assert len(buffers) <= 3  # 256 → 512 → 1024 rows: one copy per doubling, not one per round

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from specdec_cli.cli import app
 from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.coupling import PositionNoise
-from specdec_cli.decoding.drafters.base import Draft, Drafter
+from specdec_cli.decoding.drafters.base import Draft, Drafter, Needs, Verified
 from specdec_cli.decoding.drafters.lookup import LookupFirst
 from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
@@ -177,7 +177,7 @@ def test_bench_reports_head_mode_with_every_field(trained, pair_dir, prompt_file
 class Recorder(Drafter):
     """Drafts with the target itself, and keeps every feature the engine hands over."""
 
-    uses_target_features = True
+    needs = Needs(features=(-1,))
     name = "recorder"
 
     def __init__(self, target):
@@ -187,8 +187,9 @@ class Recorder(Drafter):
         self.inner.reset()
         self.rows = []
 
-    def add_features(self, rows):
-        self.rows.append(rows.clone())
+    def observe(self, verified):
+        if verified.features is not None:
+            self.rows.append(verified.features.clone())
 
     def propose(self, context, k, sampling, generator, gate=None):
         assert sum(r.shape[0] for r in self.rows) == context.shape[0] - 1  # one row per cached token
@@ -216,14 +217,14 @@ def test_head_cache_keeps_only_positions_computed_from_true_features(target):
     with torch.no_grad():
         features = target.model(tokens[None]).last_hidden_state[0]
     drafter.reset()
-    drafter.add_features(features[:3])
+    drafter.observe(Verified(tokens[:4], 4, features=features[:3]))
     first = drafter.propose(tokens[:4], 4, SamplingParams(), None)
     assert drafter.cache.get_seq_length() == 4 + 3  # 4 true positions, 3 drafted on its own guesses
-    drafter.add_features(features[3:5])  # two more tokens confirmed
+    drafter.observe(Verified(tokens, 4, features=features[3:5]))  # two more tokens confirmed
     again = drafter.propose(tokens, 3, SamplingParams(), None)
     assert drafter.cache.get_seq_length() == 6 + 2
     fresh.reset()
-    fresh.add_features(features[:5])
+    fresh.observe(Verified(tokens, 6, features=features[:5]))
     assert torch.equal(again.tokens, fresh.propose(tokens, 3, SamplingParams(), None).tokens)
     assert first.tokens.shape[0] == 4
 
@@ -245,7 +246,8 @@ def test_restricted_output_layer_keeps_speculative_sampling_exact(kind):
     drafter.reset()
     if kind == "head":
         with torch.no_grad():
-            drafter.add_features(target.model(torch.tensor([[3, 4]])).last_hidden_state[0])
+            features = target.model(torch.tensor([[3, 4]])).last_hidden_state[0]
+        drafter.observe(Verified(torch.tensor([3, 4, 5]), 3, features=features))
     draft = drafter.propose(torch.tensor([3, 4, 5]), 2, SamplingParams(1.0), PositionNoise(0, VOCAB, origin=3))
     outside = torch.ones(VOCAB, dtype=torch.bool)
     outside[SUBSET] = False
@@ -353,7 +355,7 @@ def test_lookup_first_drafts_from_a_repeat_and_otherwise_asks_the_learned_drafte
     assert repeat.tokens.tolist() == [9, 8] and Learned.calls == 0  # the 2-gram 5 6 occurred before
     single = drafter.propose(torch.tensor([5, 6, 9, 8, 1, 6]), 2, SamplingParams(), None)
     assert single.tokens.tolist() == [77, 77] and Learned.calls == 1  # a 1-gram match is not enough
-    assert drafter.name == "ngram+stub" and not drafter.uses_target_features
+    assert drafter.name == "ngram+stub" and drafter.needs == Needs()
 
 
 @pytest.mark.slow

@@ -156,6 +156,7 @@ def test_a_lossy_rule_is_refused_on_every_mode_that_drafts_trees(pair_dir, tmp_p
 
 def test_the_engine_refuses_a_lossy_rule_for_a_tree_however_it_is_wrapped(target):
     import pytest
+    from specdec_cli.decoding.drafters.base import drafts_trees
     from specdec_cli.decoding.drafters.lookup import NgramDrafter
     from specdec_cli.decoding.engine import SpeculativeEngine
     from specdec_cli.decoding.drafters.head import HeadDrafter
@@ -168,10 +169,10 @@ def test_the_engine_refuses_a_lossy_rule_for_a_tree_however_it_is_wrapped(target
     for lookup in (False, True):
         for beside in ((), (NgramDrafter(),)):
             drafter = composed(head, lookup, tree=True, beside=beside)
-            assert drafter.drafts_trees and drafter.uses_target_features, drafter.name
-            assert drafter.feature_layers == head.feature_layers
+            assert drafts_trees(drafter) and drafter.needs.features, drafter.name
+            assert drafter.needs.features == head.needs.features == head.head.feature_layers
             engine = SpeculativeEngine(target, drafter, {1})
             with pytest.raises(UserError, match="trees are verified exactly"):
                 list(engine.generate([0, 5, 6, 7], k=4, max_new_tokens=4, rule=parse_rule("top:3")))
     chain = composed(head, True, beside=(NgramDrafter(),))  # a chain stays a chain
-    assert not chain.drafts_trees and chain.uses_target_features
+    assert not drafts_trees(chain) and chain.needs.features

@@ -155,13 +155,13 @@ def test_the_choice_flips_from_chain_to_tree_when_runners_up_are_kept_and_verify
 
 def test_tree_rounds_feed_rank_zero_into_the_chain_estimates_and_report_themselves():
     schedule = AdaptiveK(Prior(2, 0.5, 0.1, {}), main="head", trees=True)
-    before = schedule._source("head").acceptance.rates(1)[0]
+    before = schedule._standing("head").acceptance.rates(1)[0]
     schedule.observe(RoundEvent(k=3, drafted=[5, 6, 7], accepted=1, token=99, emitted=[6, 99], draft_s=0.01,
                                 verify_s=ONE, finished=False, source="head", parents=(0, 0, 2), path=[2]))
-    source = schedule._source("head")
-    assert source.acceptance.rates(1)[0] < before  # the rank-0 child at depth 1 lost
-    assert source.siblings.trials[(1, 1)] == 1.0 and source.siblings.hits[(1, 1)] == 1.0
-    assert source.level_s == pytest.approx(0.01 / 2)  # two levels
+    standing = schedule._standing("head")
+    assert standing.acceptance.rates(1)[0] < before  # the rank-0 child at depth 1 lost
+    assert standing.siblings.trials[(1, 1)] == 1.0 and standing.siblings.hits[(1, 1)] == 1.0
+    assert standing.level_s == pytest.approx(0.01 / 2)  # two levels
     assert schedule.report()["tree_rounds"] == 1 and schedule.report()["tree_nodes"] == {"3": 1}
     assert schedule.report()["k_used"] == {}
 

@@ -10,7 +10,7 @@ from exactness import assert_lossless, small_models
 
 from specdec_cli.decoding import engine as engine_module
 from specdec_cli.decoding.acceptance import SamplingParams
-from specdec_cli.decoding.drafters.base import Draft, Drafter
+from specdec_cli.decoding.drafters.base import Draft, Drafter, Needs, TreesOnly, Verified
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.drafters.head import HeadDrafter, HeadTree
 from specdec_cli.decoding.head_network import DraftHead, head_config
@@ -25,7 +25,7 @@ class OracleTree(Drafter):
     prefix of the block and the cache must be gathered, not cropped."""
 
     name = "oracle"
-    uses_target_features = True
+    needs = Needs(features=(-1,))
 
     def __init__(self, future: list[int], seed: int, vocab: int = 98):
         self.future, self.seed, self.vocab, self.features = future, seed, vocab, []
@@ -33,8 +33,9 @@ class OracleTree(Drafter):
     def reset(self):
         self.features = []
 
-    def add_features(self, rows):
-        self.features.append(rows.clone())
+    def observe(self, verified):
+        if verified.features is not None:
+            self.features.append(verified.features.clone())
 
     def propose(self, context, k, sampling, generator, gate=None):
         n = context.shape[0]
@@ -52,6 +53,11 @@ class OracleTree(Drafter):
             children[node], depth[node] = set(), d + 1
             on_path[node] = on_path[parent] and d < len(truth) and token == truth[d]
         return Draft(torch.tensor(tokens, dtype=torch.long), parents=tuple(parents))
+
+
+def prompt_seen(features):
+    """What the engine shows a drafter of the prompt: the target's features of its cached positions."""
+    return Verified(torch.tensor(PROMPT), len(PROMPT), features=features)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 12])
@@ -81,10 +87,10 @@ def test_tree_of_width_one_is_the_heads_chain(target):
     drafter = HeadDrafter(DraftHead(head_config(target)), target)
     with torch.no_grad():
         features = target.model(torch.tensor([PROMPT[:-1]])).last_hidden_state[0]
-    drafter.add_features(features)
+    drafter.observe(prompt_seen(features))
     chain = drafter.propose(torch.tensor(PROMPT), 5, SamplingParams(), None)
     drafter.reset()
-    drafter.add_features(features)
+    drafter.observe(prompt_seen(features))
     tree = drafter.propose_tree(torch.tensor(PROMPT), TreeShape(5, width=1, depth=5))
     assert tree.tokens.tolist() == chain.tokens.tolist() and tree.parents == (0, 1, 2, 3, 4)
     assert drafter.cache.get_seq_length() == len(PROMPT) + 4  # true positions, then the expanded nodes
@@ -97,13 +103,13 @@ def test_each_head_tree_node_is_a_top_child_of_its_path_run_alone(target):
     drafter = HeadDrafter(head, target)
     with torch.no_grad():
         features = target.model(torch.tensor([PROMPT[:-1]])).last_hidden_state[0]
-    drafter.add_features(features)
+    drafter.observe(prompt_seen(features))
     tree_draft = drafter.propose_tree(torch.tensor(PROMPT), TreeShape(8, width=3, depth=4))
     tree = Tree(torch.tensor([PROMPT[-1], *tree_draft.tokens.tolist()]), (-1, *tree_draft.parents))
     assert int(tree.depths().max()) >= 2  # the check below reaches past the first level
     for node in range(1, len(tree)):
         alone = HeadDrafter(head, target)
-        alone.add_features(features)
+        alone.observe(prompt_seen(features))
         with torch.no_grad():
             guess, _ = alone._catch_up(torch.tensor(PROMPT))
             for ancestor in tree.path_to(node)[1:-1]:  # the path alone, one causal step per token
@@ -165,11 +171,10 @@ def test_a_tree_round_reports_its_path_and_the_children_it_refused(target, plain
     assert event.rejected == wrong[1:] and event.judged == 3 and event.nodes == 4
 
 
-class FixedTree(Drafter):
+class FixedTree(TreesOnly):  # a tree drafter: its node count is not cut to the two-token budget
     """The same tree whatever the context: candidates the target may find unlikely, tried first."""
 
     name = "fixed"
-    drafts_trees = True  # its node count is not cut to the two-token budget
 
     def reset(self):
         pass

@@ -240,13 +240,13 @@ def unset_threads_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_CBWR")}
 
 
-def test_threads_plan_leaves_an_idle_machine_to_openmp_and_gives_a_busy_one_its_free_cores():
-    from specdec_cli.runtime.threads import plan
+def test_thread_settings_leave_an_idle_machine_to_openmp_and_gives_a_busy_one_its_free_cores():
+    from specdec_cli.runtime.threads import thread_settings
 
-    assert plan(2, 0.1) == {}
-    assert plan(2, 1.0) == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-    assert plan(2, 2.0) == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}  # never fewer than one
-    assert plan(8, 2.6) == {"OMP_NUM_THREADS": "5", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert thread_settings(2, 0.1) == {}
+    assert thread_settings(2, 1.0) == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert thread_settings(2, 2.0) == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}  # never fewer than one
+    assert thread_settings(8, 2.6) == {"OMP_NUM_THREADS": "5", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def test_the_look_counts_other_processes_busy_time_without_this_ones(monkeypatch):

@@ -33,6 +33,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from specdec_cli.decoding.engine import SpeculativeEngine, gather_features
+from specdec_cli.decoding.drafters.base import Verified
 from specdec_cli.decoding.drafters.head import load_head
 from specdec_cli.export.eagle3 import load_eagle3, map_head
 from specdec_cli.decoding.head_files import read_head
@@ -157,7 +158,10 @@ class DrafterRunner:
         self.rows, self.ids, self.count = rows, ids, 0
 
     def propose(self, n: int, k: int, embed) -> list[int]:
-        self.drafter.add_features(self.rows[self.count : n - 1])
+        if not self.count:  # the first round: the prompt and the target's first token
+            self.prompt_length = n - 1
+        seen = Verified(torch.tensor(self.ids[:n]), self.prompt_length, features=self.rows[self.count : n - 1])
+        self.drafter.observe(seen)
         self.count = n - 1
         draft = self.drafter.propose(torch.tensor(self.ids[:n]), k, SamplingParams(), None)
         return draft.tokens.tolist()

@@ -16,7 +16,8 @@ from . import interrupt
 from . import own_files
 from ..atomic import check_writable, write_atomically
 from ..pairs.profile import open_profile
-from ..pairs.registry import FREE_KINDS, HEAD, MODEL, STORE, PairSpec
+from ..pairs.free_kinds import FREE_KINDS
+from ..pairs.registry import HEAD, MODEL, STORE, PairSpec
 from ..measure.mode_kinds import modes_help
 from ..prompts import read_file
 from .engine_bench import engine_bench

@@ -220,7 +220,6 @@ def _memory_file(runtime: LoadedPair, controller, path: Path):
     """The run's suffix memory tied to ``path`` and filled from it: the drafter's own, or, under
     -k auto, one put beside the pair's drafter."""
     from ..decoding.drafters.base import parts
-    from ..decoding.drafters.beside import Beside
     from ..decoding.drafters.suffix import SuffixDrafter
     from ..decoding.drafters.suffix_file import MemoryFile
     from ..decoding.head_files import target_identity
@@ -231,7 +230,7 @@ def _memory_file(runtime: LoadedPair, controller, path: Path):
             raise UserError("--memory keeps the suffix memory, which only -k auto or --drafter suffix drafts with; "
                             f"pair {runtime.pair.name!r} runs a fixed K here")
         memory = SuffixDrafter(vocab_limit=runtime.target.model.config.get_text_config().vocab_size)
-        runtime.drafter = Beside(runtime.drafter, (memory,))
+        runtime.put_beside(memory)
     kept = MemoryFile(path, target_identity(runtime.target.model, runtime.target.source), memory)
     problem = kept.load()
     if problem:

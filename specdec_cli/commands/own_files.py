@@ -16,7 +16,7 @@ from pathlib import Path
 from ..pairs.meta import META_FILE
 
 MAX_READ = 64 * 1024 * 1024  # bytes: far above any report, profile or config specdec writes
-HEAD = 4096  # bytes: enough for a page's title or an image's signature
+HEAD_BYTES = 4096  # bytes: enough for a page's title or an image's signature
 
 
 def _bytes(path: Path, limit: int = MAX_READ) -> bytes | None:
@@ -28,7 +28,7 @@ def _bytes(path: Path, limit: int = MAX_READ) -> bytes | None:
 
 def _head(path: Path) -> bytes:
     with open(path, "rb") as handle:
-        return handle.read(HEAD)
+        return handle.read(HEAD_BYTES)
 
 
 def _json_object(path: Path) -> dict | None:

@@ -41,8 +41,8 @@ SHORT_CONTEXT = 64  # cached tokens the padding plan is measured over
 LONG_CONTEXT = 1024  # and the second measurement, for what a cached token adds (``context_slopes``)
 
 
-def plan(costs: dict[int, float]) -> dict[int, int]:
-    """For each measured block length n, the cheapest length m ≥ n to run it at.
+def block_plan(costs: dict[int, float]) -> dict[int, int]:
+    """The padding plan: for each measured block length n, the cheapest length m ≥ n to run it at.
 
     Only a clear saving counts (5%): timing noise must not pad blocks for nothing.
     """
@@ -101,7 +101,7 @@ def disturbed(costs: dict[int, float]) -> bool:
     """Did something else on the machine skew the measurement? A plan that pads one-token forwards
     (a longer block clearly cheaper than one token) is what a busy machine produces, never a CPU:
     kept, it would slow every token of plain decoding and tell the controller drafting is free."""
-    return plan(costs).get(1, 1) != 1
+    return block_plan(costs).get(1, 1) != 1
 
 
 def relative_costs(costs: dict[int, float], chosen: dict[int, int]) -> dict[int, float]:
@@ -135,12 +135,12 @@ def cached_context_slopes(model: PreTrainedModel, identity: str, cache_dir, chos
     return context_slopes(short, long, chosen, (SHORT_CONTEXT, context)) if long else {}
 
 
-def cached_plan(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, int]:
+def cached_block_plan(model: PreTrainedModel, identity: str, cache_dir) -> dict[int, int]:
     """The padding plan for this model on this machine, measured on first use (a few seconds).
 
     Accelerators do not show the effect and are left alone: the plan is the identity there.
     """
-    return plan(cached_costs(model, identity, cache_dir))
+    return block_plan(cached_costs(model, identity, cache_dir))
 
 
 def forward_code() -> str:
@@ -187,7 +187,7 @@ def long_context(model: PreTrainedModel) -> int | None:
 def cached_costs(model: PreTrainedModel, identity: str, cache_dir, context: int = SHORT_CONTEXT,
                  beside: int | None = None, said: bool = True) -> dict[int, float]:
     """Seconds of a block of each length over ``context`` cached tokens for this model on this
-    machine (see cached_plan); {} off a CPU. ``beside``: the measurement taken with the one over that
+    machine (see cached_block_plan); {} off a CPU. ``beside``: the measurement taken with the one over that
     other context (cached_context_slopes), kept apart from the padding plan's. A measurement is said in
     one line (``said``: the pair's second half says nothing, its first said both)."""
     if input_device(model).type != "cpu":

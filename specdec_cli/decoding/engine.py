@@ -28,7 +28,7 @@ from ..runtime.lean_forward import fallback_forwards
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept
 from .blocks import padded_chain, padded_tree
 from .coupling import PositionNoise, race_scores
-from .drafters.base import Draft, Drafter, Verified, parts, top_ids
+from .drafters.base import Draft, Drafter, Needs, TreeDrafting, Verified, drafts_trees, parts, top_ids
 from .events import CONTEXT, EOS, MAX_NEW_TOKENS, RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
 from .rules import check_tree_rule
@@ -79,14 +79,15 @@ class SpeculativeEngine:
         self.eos_token_ids = set(eos_token_ids)
         self.vocab_size = target.config.get_text_config().vocab_size
         self.context_length = context_length(target)
-        # Only a drafter that reads the target's features gets them (the hidden states it names in
-        # feature_layers, by default the last one, post-norm): plain decoding and the other drafters pay nothing.
-        self.wants_features = drafter is not None and drafter.uses_target_features
+        # What the drafter reads of the target's forward, declared once: only a drafter that reads the
+        # target's features gets them, plain decoding and the other drafters pay nothing.
+        self.needs = drafter.needs if drafter is not None else Needs()
         self._free, self._learned = parts(drafter)
-        self.successors_k = drafter.successors_k if drafter is not None else 0
-        self.feature_layers = tuple(self._learned.feature_layers if self._learned is not None else (-1,))
-        self._extra = {"output_hidden_states": list(self.feature_layers)} if self.wants_features else {}
-        self.drafts_trees = drafter is not None and drafter.drafts_trees
+        self._extra = {"output_hidden_states": list(self.needs.features)} if self.needs.features else {}
+        # Trees, decided once: the drafter's every draft is one (K its node budget), and the learned
+        # drafter a schedule may ask for one (Take.TREE), where it drafts them.
+        self.drafts_trees = drafts_trees(drafter)
+        self._trees = self._learned if isinstance(self._learned, TreeDrafting) else None
 
     @torch.inference_mode()
     def generate(
@@ -191,7 +192,7 @@ class SpeculativeEngine:
         """Show the drafter what the target said of the round: the context now, its successors and features."""
         if self.drafter is None:
             return
-        successors = top_ids(logits.cpu(), self.successors_k) if self.successors_k else None
+        successors = top_ids(logits.cpu(), self.needs.successors) if self.needs.successors else None
         self.drafter.observe(Verified(request.tokens, request.prompt_length, block, successors,
                                       self._features(out, rows_kept), finished))
 
@@ -212,6 +213,9 @@ class SpeculativeEngine:
         """The tokens this run may add, once the request is found sound."""
         if self.drafts_trees or schedule.trees:
             check_tree_rule(rule)
+        if schedule.trees and self.drafter is not None and self._trees is None:
+            raise ValueError(f"the schedule may plan trees, and drafter {self.drafter.name!r} has no learned drafter "
+                             "that drafts them (decoding/drafters/base.TreeDrafting)")
         if not prompt_ids:
             raise UserError("the prompt is empty")
         if not self.context_length:
@@ -254,8 +258,10 @@ class SpeculativeEngine:
         elif plan.take is Take.LEARNED:
             gate = schedule.gate(plan.source, want)  # the drafter stops where its guesses stop paying (gate.py)
             draft = self._learned.propose(tokens, want, sampling, noise, gate=gate)
+        elif self._trees is None:
+            raise ValueError(f"schedule planned a tree; drafter {self._learned.name!r} drafts no trees")
         else:
-            draft = self._learned.propose_tree(tokens, TreeShape(want))
+            draft = self._trees.propose_tree(tokens, TreeShape(want))
         if draft.parents is None:
             return want, draft.first(want)
         if len(draft) > want:
@@ -308,7 +314,7 @@ class SpeculativeEngine:
 
     def _features(self, out, rows: slice | list[int]) -> torch.Tensor | None:
         """The target's features of the block positions that stay cached, for a drafter that reads them."""
-        return gather_features(out.hidden_states, self.feature_layers, rows) if self.wants_features else None
+        return gather_features(out.hidden_states, self.needs.features, rows) if self.needs.features else None
 
     def _cut(self, emitted: list[int], room: int) -> tuple[list[int], bool]:
         """Honour EOS and the token budget inside a block; True: an EOS ended it."""

@@ -15,13 +15,13 @@ import torch
 
 from ..errors import UserError
 from ..pairs.cache_dir import open_cache
-from ..pairs.free_kinds import KINDS
+from ..pairs.free_kinds import FREE_KINDS
 from ..pairs.loading import LoadedModel, load
 from ..pairs.meta import read_meta
 from ..pairs.profile import PairProfile
 from ..pairs.registry import MISSING, DrafterSpec, PairSpec
 from ..pairs.tokenization import check_compatible, eos_ids
-from .blocks import cached_context_slopes, cached_costs, plan, relative_costs
+from .blocks import block_plan, cached_context_slopes, cached_costs, relative_costs
 from .control.controller import AdaptiveController
 from .drafters.base import Drafter
 from .drafters.beside import Beside
@@ -50,6 +50,11 @@ class LoadedPair:
         spec = self.pair.drafter
         drafter = composed(self.drafter_of(spec.kind)[0], spec.lookup, beside=free_drafters(beside, self.pair, self.target))
         return SpeculativeEngine(self.target.model, drafter, self.eos_token_ids, self.block_plan)
+
+    def put_beside(self, free: Drafter) -> None:
+        """Run this free drafter beside the running one from now on, for `-k auto` to weigh
+        (generate --memory's suffix memory, where the pair lists none)."""
+        self.drafter = Beside(self.drafter, (free,))
 
     @property
     def tokenizer(self):
@@ -111,8 +116,8 @@ class LoadedPair:
 def composed(drafter: Drafter, lookup: bool, tree: bool = False, beside: tuple[Drafter, ...] = ()) -> Drafter:
     """The drafter a run drives, made from one of the pair's: its draft head drafting trees
     (`--tree`, tree modes), prompt lookup first (the pair's `lookup:`, ngram+ modes), and free
-    drafters beside it for `-k auto` to weigh (the pair's `free:`). The one place drafters are
-    wrapped. Only a head drafts trees."""
+    drafters beside it for `-k auto` to weigh (the pair's `free:`). With LoadedPair.put_beside, the
+    one place drafters are wrapped. Only a head drafts trees."""
     if tree:
         from .drafters.head import HeadDrafter, HeadTree
 
@@ -141,7 +146,7 @@ def load_pair(pair: PairSpec, drafting: bool = True, lean: bool = False) -> Load
         runtime = LoadedPair(pair, target, running, draft, _by_kind={pair.drafter.kind: (drafter, draft)})
     if pair.pad_blocks:
         runtime.block_costs = cached_costs(target.model, runtime.costs_identity, open_cache())
-        runtime.block_plan = plan(runtime.block_costs)
+        runtime.block_plan = block_plan(runtime.block_costs)
     return runtime
 
 
@@ -162,5 +167,5 @@ def _drafter(spec: DrafterSpec, target: LoadedModel) -> tuple[Drafter, LoadedMod
 def free_drafter(spec: DrafterSpec, vocab_size: int) -> Drafter:
     """A drafter without weights, by its kind's line in pairs/free_kinds.py: its class, named by its
     full dotted path ("package.module:Class"), built by the class's ``for_pair``."""
-    module, name = KINDS[spec.free_kind].drafter.split(":")
+    module, name = FREE_KINDS[spec.free_kind].drafter.split(":")
     return getattr(import_module(module), name).for_pair(spec, vocab_size)

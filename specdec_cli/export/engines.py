@@ -1,8 +1,8 @@
 """What each serving engine needs to run a pair's speculation at the K specdec found: its config,
-its command line and what could not be carried over, as pure functions of a ``Plan``.
+its command line and what could not be carried over, as pure functions of an ``ExportPlan``.
 
 Acceptance belongs to the pair and the traffic and carries over; costs belong to the engine and the
-hardware and do not, so every export says where its K came from (``Plan.origin``). Flag names are
+hardware and do not, so every export says where its K came from (``ExportPlan.origin``). Flag names are
 those of the engines' current documentation (shared research notes, serving-engines.md); for
 llama.cpp, whose names changed in 2026, the installed ``llama-server --help`` decides (llama_flags).
 """
@@ -13,12 +13,12 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from ..pairs.registry import HEAD, MODEL, NGRAM
 from ..serving.load_bench import DEFAULT_LLAMA_NGRAM
 from ..serving.llama_server import speculative_flags
 from .llama_flags import LlamaFlags
 
 ENGINES = ("vllm", "sglang", "llama.cpp", "transformers")
-MODEL, HEAD, NGRAM = "model", "head", "ngram"
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class EngineDrafter:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ExportPlan:
     pair: str
     target: str  # the target as the engine loads it (a transformers directory; a GGUF for llama.cpp)
     drafter: EngineDrafter
@@ -55,7 +55,7 @@ class Export:
     extra: dict = field(default_factory=dict)  # machine-readable parts for --json
 
 
-def build(engine: str, plan: Plan, llama: LlamaFlags | None = None, out: str | None = None) -> Export:
+def build(engine: str, plan: ExportPlan, llama: LlamaFlags | None = None, out: str | None = None) -> Export:
     if engine == "vllm":
         return vllm(plan)
     if engine == "sglang":
@@ -65,7 +65,7 @@ def build(engine: str, plan: Plan, llama: LlamaFlags | None = None, out: str | N
     return transformers(plan, out)
 
 
-def _lookup_note(plan: Plan) -> tuple[str, ...]:
+def _lookup_note(plan: ExportPlan) -> tuple[str, ...]:
     if plan.drafter.lookup and plan.drafter.kind != NGRAM:
         return (f"specdec runs prompt lookup before the {plan.drafter.kind}; the engine runs the {plan.drafter.kind} "
                 "alone, so acceptance on text that repeats will be lower than the profile's",)
@@ -84,7 +84,7 @@ K0_COST = ("a K 0 row stops the drafting, not the cost of the speculative path: 
            "--speculative-config, and check this table with `specdec bench --engine vllm --modes vllm-config:FILE`")
 
 
-def vllm_config(plan: Plan) -> dict | None:
+def vllm_config(plan: ExportPlan) -> dict | None:
     """vLLM's --speculative-config; None when speculation is off everywhere (start it without one)."""
     top = max([plan.k, *(row[2] for row in plan.table or [])])
     if top <= 0:
@@ -100,7 +100,7 @@ def vllm_config(plan: Plan) -> dict | None:
     return config
 
 
-def vllm(plan: Plan) -> Export:
+def vllm(plan: ExportPlan) -> Export:
     config = vllm_config(plan)
     base = ["--model", plan.target, "--served-model-name", plan.pair]
     spec = ["--speculative-config", _json(config)] if config else []
@@ -123,7 +123,7 @@ def vllm(plan: Plan) -> Export:
 # --- SGLang --------------------------------------------------------------------------------------
 
 
-def sglang_adaptive(plan: Plan) -> dict | None:
+def sglang_adaptive(plan: ExportPlan) -> dict | None:
     """--speculative-adaptive-config: the per-scenario Ks as candidate_steps (EAGLE with topk 1 only)."""
     steps = sorted({k for k in plan.scenario_ks.values() if k > 0} | ({plan.k} if plan.k > 0 else set()))
     if plan.drafter.kind != HEAD or len(steps) < 2:
@@ -131,7 +131,7 @@ def sglang_adaptive(plan: Plan) -> dict | None:
     return {"candidate_steps": steps}
 
 
-def sglang(plan: Plan) -> Export:
+def sglang(plan: ExportPlan) -> Export:
     d = plan.drafter
     flags = ["python", "-m", "sglang.launch_server", "--model-path", plan.target]
     adaptive = sglang_adaptive(plan)
@@ -161,7 +161,7 @@ def sglang(plan: Plan) -> Export:
 # --- llama.cpp -----------------------------------------------------------------------------------
 
 
-def llama_cpp(plan: Plan, names: LlamaFlags) -> Export:
+def llama_cpp(plan: ExportPlan, names: LlamaFlags) -> Export:
     d = plan.drafter
     flags = ["llama-server", "-m", plan.target]
     notes = [plan.origin, *plan.notes, *_lookup_note(plan), names.source]
@@ -196,7 +196,7 @@ def llama_cpp(plan: Plan, names: LlamaFlags) -> Export:
 # --- transformers --------------------------------------------------------------------------------
 
 
-def generation_config(plan: Plan) -> tuple[dict, EngineDrafter | None]:
+def generation_config(plan: ExportPlan) -> tuple[dict, EngineDrafter | None]:
     """GenerationConfig fields for the plan's K (greedy, K pinned), and the drafter they run with."""
     d = plan.drafter if plan.drafter.kind != HEAD else plan.fallback
     config: dict = {"do_sample": False}
@@ -210,7 +210,7 @@ def generation_config(plan: Plan) -> tuple[dict, EngineDrafter | None]:
     return config, d
 
 
-def transformers(plan: Plan, out: str | None = None) -> Export:
+def transformers(plan: ExportPlan, out: str | None = None) -> Export:
     config, d = generation_config(plan)
     folder, _, name = (out or "./generation_config.json").rpartition("/")
     folder = folder or "."

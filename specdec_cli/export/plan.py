@@ -1,5 +1,5 @@
 """From a pair, its calibration profile, an optional traffic mix and an optional engine bench to the
-``Plan`` every engine's export is built from: which drafter, which K, and where that K came from."""
+``ExportPlan`` every engine's export is built from: which drafter, which K, and where that K came from."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..pairs.profile import PairProfile, profile_path, read_profiles, section_name
-from ..pairs import free_kinds
-from ..pairs.registry import FREE_KINDS, HEAD, MODEL, NGRAM, DrafterSpec, PairSpec
+from ..pairs.free_kinds import FREE_KINDS
+from ..pairs.registry import HEAD, MODEL, NGRAM, DrafterSpec, PairSpec
 from ..runtime import threads
 from .bench_table import levels as bench_levels, lookup_bounds, read_bench, table
-from .engines import EngineDrafter, Plan
+from .engines import EngineDrafter, ExportPlan
 from .fold import Fold, fold, sensitivity
 
 VLLM_METHOD = {HEAD: "eagle3", MODEL: "draft_model", NGRAM: "ngram"}
@@ -79,10 +79,10 @@ def chosen_drafter(pair: PairSpec, kind: str | None) -> DrafterSpec:
 
 
 def make_plan(engine: str, pair: PairSpec, profile: PairProfile | None, profile_file: Path, shares: dict[str, float] | None,
-              bench: Path | None, eagle3_dir: str | None, drafter_kind: str | None = None) -> Plan:
+              bench: Path | None, eagle3_dir: str | None, drafter_kind: str | None = None) -> ExportPlan:
     spec = chosen_drafter(pair, drafter_kind)
-    if spec.kind in FREE_KINDS and engine not in free_kinds.KINDS[spec.kind].engines:
-        raise UserError(f"pair {pair.name} drafts with {free_kinds.KINDS[spec.kind].text}, which {engine} has no "
+    if spec.kind in FREE_KINDS and engine not in FREE_KINDS[spec.kind].engines:
+        raise UserError(f"pair {pair.name} drafts with {FREE_KINDS[spec.kind].text}, which {engine} has no "
                         f"speculative method for: export its ngram, model or head drafter (--drafter KIND)")
     eagle3_dir = eagle3_dir or f"{pair.name}-eagle3"
     target = llama_target(pair.target.source) if engine == "llama.cpp" else model_directory(pair.target.source)
@@ -118,7 +118,7 @@ def make_plan(engine: str, pair: PairSpec, profile: PairProfile | None, profile_
         if folded and folded.k != k:
             notes.append(f"specdec's own loop folds this traffic to K {folded.k}; the engine bench's K {k} is used "
                          "(it measured this engine's costs on its own prompts)")
-        return Plan(pair.name, target, drafter, k, origin, scenario_ks, rows, tuple(notes), fallback)
+        return ExportPlan(pair.name, target, drafter, k, origin, scenario_ks, rows, tuple(notes), fallback)
     if folded:
         k, by_k = folded.k, folded.by_k
         by_k = {j: by_k[j] for j in (k - 1, k, k + 1) if j in by_k}
@@ -131,4 +131,4 @@ def make_plan(engine: str, pair: PairSpec, profile: PairProfile | None, profile_
     origin = (f"K {k} from specdec's own loop ({where}, {basis}). WARNING: specdec's batch-1 loop is not this "
               f"engine, whose verify and draft costs differ, so K may be off; specdec's cost model predicts {spread} "
               "(run `specdec bench --engine vllm --concurrency ...` and export with --from-bench for the engine's own K)")
-    return Plan(pair.name, target, drafter, k, origin, scenario_ks, None, tuple(notes), fallback)
+    return ExportPlan(pair.name, target, drafter, k, origin, scenario_ks, None, tuple(notes), fallback)

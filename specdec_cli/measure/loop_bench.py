@@ -36,11 +36,12 @@ from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import PairProfile, ProfileWatcher
 from ..pairs.tokenization import encode_prompt
-from ..pairs.registry import FREE_KINDS, HEAD, MODEL, STORE, DrafterSpec
+from ..pairs.free_kinds import FREE_KINDS
+from ..pairs.registry import HEAD, MODEL, STORE, DrafterSpec
 from ..prompts import Prompt, check_fit
 from . import lossy
 from .interleaved import run_interleaved
-from .mode_kinds import (AUTO_KINDS, DRAFTS_TREES, TREE_KINDS, WITHOUT_K, beside, drafter_of, engine_kinds,
+from .mode_kinds import (AUTO_KINDS, DRAFTS_TREES, TREE_KINDS, WITHOUT_K, drafter_of, engine_kinds, free_kinds_of,
                          mode_kinds, mode_names)
 from .mode_figures import Sample, figures, predicted_from_rounds
 
@@ -144,7 +145,7 @@ class Bench:
         that learns as it runs (token recycling, the suffix memory) new as well."""
         if mode.kind in AUTO_KINDS:
             pair = self.runtime.pair
-            kinds = tuple(kind for kind in beside(mode.kind, pair.drafter.beside) if pair.alternate(kind) is not None)
+            kinds = tuple(kind for kind in free_kinds_of(mode.kind, pair.drafter.beside) if pair.alternate(kind) is not None)
             engine = self.runtime.fresh_engine(kinds)
             trees = mode.kind == "auto+tree"
             if trees and self.runtime.pair.drafter.kind != HEAD:

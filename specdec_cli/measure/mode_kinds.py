@@ -45,7 +45,7 @@ DRAFTER_OF_MODE = {"spec": MODEL, "hf-assisted": MODEL, "head": HEAD, "hf-lookup
 
 def described() -> dict[str, str]:
     """Every mode kind and what it is, in the order the help lists them, the free kinds as their table is now."""
-    return {**BEFORE_FREE, **{name: kind.what for name, kind in free_kinds.KINDS.items()}, **AFTER_FREE}
+    return {**BEFORE_FREE, **{name: kind.what for name, kind in free_kinds.FREE_KINDS.items()}, **AFTER_FREE}
 
 
 def mode_kinds() -> tuple[str, ...]:
@@ -60,10 +60,10 @@ def engine_kinds() -> tuple[str, ...]:
 
 def drafter_of(kind: str) -> str | None:
     """The kind of drafter a mode runs: a free kind's mode its own; None for plain decoding and auto."""
-    return kind if kind in free_kinds.KINDS else DRAFTER_OF_MODE.get(kind)
+    return kind if kind in free_kinds.FREE_KINDS else DRAFTER_OF_MODE.get(kind)
 
 
-def beside(kind: str, listed: tuple[str, ...]) -> tuple[str, ...]:
+def free_kinds_of(kind: str, listed: tuple[str, ...]) -> tuple[str, ...]:
     """The free kinds an auto mode puts beside the pair's drafter: auto+free every kind `free:` may
     list, auto-free none, the others those the pair lists (``listed``)."""
     return {"auto+free": free_kinds.beside_kinds(), "auto-free": ()}.get(kind, listed)

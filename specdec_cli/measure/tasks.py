@@ -43,16 +43,16 @@ def _last(rng: random.Random) -> tuple[str, str]:
 
 # Tried and dropped, the 135M target failing nearly all at greedy: next in a sequence, the larger of two
 # numbers, a word in capitals, counting a list, copying a phrase.
-KINDS = {"add": _add, "capital": _capital, "first": _first, "last": _last}
+TASKS = {"add": _add, "capital": _capital, "first": _first, "last": _last}
 
 
-def make_tasks(n: int, seed: int = 0, kinds: tuple[str, ...] = tuple(KINDS)) -> list[dict]:
+def make_tasks(n: int, seed: int = 0, kinds: tuple[str, ...] = tuple(TASKS)) -> list[dict]:
     """N tasks, the kinds taken in turn; the same N and seed give the same tasks."""
     rng = random.Random(seed)
     tasks = []
     for i in range(n):
         kind = kinds[i % len(kinds)]
-        prompt, answer = KINDS[kind](rng)
+        prompt, answer = TASKS[kind](rng)
         tasks.append({"id": f"task-{kind}-{i + 1}", "scenario": f"task-{kind}", "prompt": prompt, "answer": answer})
     return tasks
 

@@ -3,7 +3,7 @@ and `specdec bench`'s mode use, how `specdec models`, `--drafter --help` and `be
 describe it, its own keys in a models.yaml mapping, its class by its full dotted path
 (decoding/loaded_pair.py imports it when a pair uses it, and builds it with the class's ``for_pair``),
 and the serving engines' method of the same family, where one has it. A new free drafter is its
-module (specdec's own in ``decoding/drafters/``) plus one line in KINDS; everything else reads KINDS
+module (specdec's own in ``decoding/drafters/``) plus one line in FREE_KINDS; everything else reads FREE_KINDS
 when it is asked, never a copy made at import.
 
 Nothing here imports torch: the registry reads this table to parse models.yaml."""
@@ -29,7 +29,7 @@ class FreeKind:
         return f"{self.name} ({self.what})"
 
 
-KINDS = {kind.name: kind for kind in (
+FREE_KINDS = {kind.name: kind for kind in (
     FreeKind("ngram", "prompt lookup", "specdec_cli.decoding.drafters.lookup:NgramDrafter", ("max_ngram", "min_ngram"),
              beside=False, engines={"vllm": "ngram", "sglang": "NGRAM", "llama.cpp": "ngram-mod",
                                     "transformers": "prompt_lookup_num_tokens"}),
@@ -44,10 +44,11 @@ KINDS = {kind.name: kind for kind in (
 
 def beside_kinds() -> tuple[str, ...]:
     """The kinds models.yaml's `free:` may list."""
-    return tuple(name for name, kind in KINDS.items() if kind.beside)
+    return tuple(name for name, kind in FREE_KINDS.items() if kind.beside)
 
 
 def described() -> str:
     """Every free kind as help text lists them: 'ngram' (prompt lookup), ..."""
     source = ": the file the pair names under drafters:"
-    return ", ".join(f"'{kind.name}' ({kind.what}{source if kind.needs_source else ''})" for kind in KINDS.values())
+    return ", ".join(f"'{kind.name}' ({kind.what}{source if kind.needs_source else ''})"
+                     for kind in FREE_KINDS.values())

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UserError
-from . import free_kinds
+from .free_kinds import FREE_KINDS, beside_kinds
 from .fields import device_map, flag, k_value, known_keys, shown, text, whole_number
 from .meta import read_meta
 from .sources import ModelSource, resolve_path
@@ -32,9 +32,6 @@ NGRAM = "ngram"
 HEAD = "head"
 SUFFIX = "suffix"  # the free kind whose memory `generate --memory` keeps
 STORE = "store"  # the free kind that drafts from a file of the target's answers (decoding/drafters/store.py)
-# Drafters that need no weights and cost nothing to ask: a live view of free_kinds.KINDS, so that a kind
-# added to the table is one here too.
-FREE_KINDS = free_kinds.KINDS.keys()
 DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "int4")  # int8/int4: weight-only, on a CPU (quantize.py)
 
 
@@ -66,7 +63,7 @@ class DrafterSpec:
 
     def __str__(self) -> str:
         text = (str(self.model.source) if self.model else f"head {self.head}" if self.head
-                else free_kinds.KINDS[self.free_kind].text + (f" in {self.answers}" if self.answers else ""))
+                else FREE_KINDS[self.free_kind].text + (f" in {self.answers}" if self.answers else ""))
         text = f"{text}, after prompt lookup" if self.lookup else text
         return f"{text}; {', '.join(self.beside)} beside it under -k auto" if self.beside else text
 
@@ -93,7 +90,7 @@ class PairSpec:
         there is none."""
         if self.drafter.kind == kind:
             return self.drafter
-        always = kind in FREE_KINDS and not free_kinds.KINDS[kind].needs_source
+        always = kind in FREE_KINDS and not FREE_KINDS[kind].needs_source
         return self.alternates.get(kind) or (DrafterSpec(free_kind=kind) if always else None)
 
 
@@ -129,14 +126,14 @@ MODEL_KEYS = ("source", "dtype", "device_map")  # a target's mapping
 
 
 def drafter_kinds() -> tuple[str, ...]:
-    """Every drafter kind: a model, a head, and the free kinds (free_kinds.KINDS, as it is now)."""
+    """Every drafter kind: a model, a head, and the free kinds (FREE_KINDS, as it is now)."""
     return (MODEL, HEAD, *FREE_KINDS)
 
 
 def draft_keys(kind: str) -> tuple[str, ...]:
     """The keys a draft's mapping of this kind may have."""
     own = {HEAD: ("source", "lookup"), MODEL: (*MODEL_KEYS, "lookup")}
-    return ("kind", *(own[kind] if kind in own else free_kinds.KINDS[kind].keys), "free")
+    return ("kind", *(own[kind] if kind in own else FREE_KINDS[kind].keys), "free")
 
 
 def load_registry(explicit: str | Path | None = None) -> Registry:
@@ -192,7 +189,7 @@ def _alternates(listed, default: DrafterSpec, dtype: str, where: str, base: Path
         if kind not in drafter_kinds():
             raise UserError(f"{where}: unknown drafter kind {shown(kind)} under 'drafters'; "
                             f"use {', '.join(drafter_kinds())}")
-        if kind in free_kinds.KINDS and free_kinds.KINDS[kind].needs_source and isinstance(value, str):
+        if kind in FREE_KINDS and FREE_KINDS[kind].needs_source and isinstance(value, str):
             value = {"kind": kind, "source": value}  # drafters: {store: FILE}
         spec = parse_drafter(value, dtype, f"{where} drafters.{kind}", base)
         if spec.kind != kind:
@@ -224,7 +221,7 @@ def parse_drafter(value, dtype: str = "float32", where: str = "draft", base: Pat
     if isinstance(value, dict):
         return _drafter_mapping(value, dtype, where, base)
     if isinstance(value, str) and value in FREE_KINDS:  # only a string names a kind (and a list is unhashable)
-        if free_kinds.KINDS[value].needs_source:
+        if FREE_KINDS[value].needs_source:
             raise UserError(f"{where}: a {value} drafts from a file: name it as {{kind: {value}, source: FILE}}, "
                             f"or under `drafters: {{{value}: FILE}}` and pick it with --drafter {value}")
         return DrafterSpec(free_kind=value)
@@ -247,7 +244,7 @@ def _drafter_mapping(value: dict, dtype: str, where: str, base: Path | None) -> 
         if low > high:
             raise UserError(f"{where}: 'min_ngram' ({low}) must not exceed 'max_ngram' ({high})")
         return DrafterSpec(max_ngram=high, min_ngram=low, beside=beside)
-    if kind in FREE_KINDS and free_kinds.KINDS[kind].needs_source:
+    if kind in FREE_KINDS and FREE_KINDS[kind].needs_source:
         if not isinstance(value.get("source"), str):
             raise UserError(f"{where}: a {kind} needs 'source', the file of the target's answers it drafts from")
         return DrafterSpec(free_kind=kind, answers=resolve_path(value["source"], base), beside=beside)
@@ -268,9 +265,9 @@ def free_beside(value: dict, kind: str, where: str) -> tuple[str, ...]:
     (prompt lookup beside a model or head is ``lookup: true``)."""
     listed = value.get("free") or []
     if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
-        listable = ", ".join(free_kinds.beside_kinds())
+        listable = ", ".join(beside_kinds())
         raise UserError(f"{where}: 'free' must list drafter kinds, as in free: [{listable}]")
-    allowed = tuple(k for k in free_kinds.beside_kinds() if k != kind)
+    allowed = tuple(k for k in beside_kinds() if k != kind)
     for name in listed:
         if name not in allowed or listed.count(name) > 1:
             raise UserError(f"{where}: 'free' lists {shown(name)}; it may list {', '.join(allowed)}, each once")

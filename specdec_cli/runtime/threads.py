@@ -31,7 +31,7 @@ _chosen = False  # whether this process has chosen (or found torch loaded first)
 _begun: tuple[float, int, int, float] | None = None  # the open sample: wall time, /proc/stat ticks, own CPU
 
 
-def plan(cores: int, busy: float) -> dict[str, str]:
+def thread_settings(cores: int, busy: float) -> dict[str, str]:
     """The OpenMP settings for a machine of ``cores`` with ``busy`` cores' worth of other work:
     none on an idle machine (OpenMP's default), else the free cores (at least one), waiting passively."""
     taken = min(cores - 1, round(busy))
@@ -104,7 +104,7 @@ def choose_before_torch() -> None:
     if WAIT_POLICY in os.environ or COUNT in os.environ:
         return
     busy = busy_cores()
-    settings = plan(os.cpu_count() or 1, busy)
+    settings = thread_settings(os.cpu_count() or 1, busy)
     os.environ.update(settings)
     _chosen_by = f"specdec ({busy:.1f} cores busy at start)"
 

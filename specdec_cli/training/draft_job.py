@@ -28,7 +28,7 @@ from ..prompts import read_file
 from .distill import AnswerSettings, Example, answer, encode, split, teacher, top_vocab
 from .loop import Budget, HeadStudent, ModelStudent, Trainer, draft_from_target, narrow_draft, new_head, save_atomically
 
-KINDS = ("model", "head")
+TRAINABLE = ("model", "head")  # the drafter kinds train-draft makes
 DEFAULT_LR = {"model": 1e-4, "head": 1e-3}
 DATA_KEYS = ("kind", "target", "seed", "top_k", "prompts", "heldout", "top_vocab", "examples")  # _make_data()'s
 STATE_KEYS = ("student", "optimizer", "step", "rng", "torch_rng", "history")  # Trainer.checkpoint()'s
@@ -62,8 +62,8 @@ class JobSettings:
     answers: AnswerSettings = field(default_factory=AnswerSettings)
 
     def check(self) -> None:
-        if self.kind not in KINDS:
-            raise UserError(f"unknown drafter kind {self.kind!r}; choose one of {', '.join(KINDS)}")
+        if self.kind not in TRAINABLE:
+            raise UserError(f"unknown drafter kind {self.kind!r}; choose one of {', '.join(TRAINABLE)}")
         if self.prompts is None and not (self.resume or self.data_from):
             raise UserError("give the prompts to train on with --prompts FILE (or reuse a run's with --data-from DIR)")
         if self.prompts is not None and self.data_from:

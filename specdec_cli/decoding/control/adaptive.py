@@ -25,6 +25,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from ...limits import MAX_K
+from ...pairs.registry import MODEL
 from ..events import RoundCounts, RoundEvent
 from ..schedule import KSchedule, Plan, Take
 from ..tree import TreeShape, best_first, judgements, shape_of
@@ -39,7 +40,7 @@ TREE_LEVEL_COST = 1.15  # a tree level's head forward (width rows) against a cha
 
 
 @dataclass
-class Source:
+class Standing:
     """One drafter's standing: its estimates, the K it runs at, and whether it is on."""
 
     acceptance: Acceptance
@@ -61,11 +62,14 @@ class Source:
 
 class AdaptiveK(KSchedule):
     """The controller for one scenario. Its estimates persist across prompts; ``begin`` resets
-    only the per-prompt counters reported in the statistics and halves the acceptance evidence."""
+    only the per-prompt counters reported in the statistics and halves the acceptance evidence.
+
+    ``main``: the pair's own drafter, by the name its drafts carry (Draft.source), which the free
+    drafters' offers stand beside; the K, α and tree it reports are its."""
 
     reads_offer = True  # weighs the free drafters' ready drafts against the learned drafter every round
 
-    def __init__(self, prior: Prior, k_max: int = DEFAULT_K_MAX, main: str = "draft", probe_k: int = 2,
+    def __init__(self, prior: Prior, k_max: int = DEFAULT_K_MAX, main: str = MODEL, probe_k: int = 2,
                  margin: float = 0.05, smoothing: float = 0.2, trees: bool = False, tree_max: int = TREE_MAX,
                  shape: TreeShape = TreeShape(TREE_MAX), gating: bool = True,
                  context_cost: dict[int, float] | None = None):
@@ -82,10 +86,10 @@ class AdaptiveK(KSchedule):
         # read hundreds of times a round; only observe changes block_s, and it clears them.
         self._verify: dict[int, float] = {}
         self._one: float | None | object = UNKNOWN  # one_token_s, once derived this round
-        self.sources: dict[str, Source] = {}
+        self.standings: dict[str, Standing] = {}
         self.probing: str | None = None
         self.rounds_seen = 0
-        self._source(main)
+        self._standing(main)
         self.begin()
 
     # --- the decision ----------------------------------------------------------------------------
@@ -101,11 +105,11 @@ class AdaptiveK(KSchedule):
             if not name or cap < 1:
                 continue
             take = Take.OFFER if name in offers else Take.LEARNED
-            source = self._source(name, free=take is Take.OFFER)
-            if source.on:
+            standing = self._standing(name, free=take is Take.OFFER)
+            if standing.on:
                 # Until its own rounds say otherwise, a drafter runs at the K the profile measured best.
-                untried = source.draft_s_per_token is None and source.level_s is None and source.k <= cap
-                k, rate = (source.k, max(self.rate(name, source.k), best_rate * 1.001)) if untried else self.best(name, cap)
+                untried = standing.draft_s_per_token is None and standing.level_s is None and standing.k <= cap
+                k, rate = (standing.k, max(self.rate(name, standing.k), best_rate * 1.001)) if untried else self.best(name, cap)
                 if rate > best_rate:
                     best_rate, best = rate, Plan(k, take, name)
                 if not untried and self.weighs_trees(name):
@@ -113,8 +117,8 @@ class AdaptiveK(KSchedule):
                     if tree_rate > best_rate:
                         best_rate, best = tree_rate, Plan(nodes, Take.TREE, name)
             else:
-                source.wait -= 1
-                if source.wait <= 0:
+                standing.wait -= 1
+                if standing.wait <= 0:
                     due.append(Plan(min(self.probe_k, cap), take, name))
         if best.take is Take.NOTHING and due:
             self.probing = due[0].source
@@ -130,9 +134,9 @@ class AdaptiveK(KSchedule):
         """This round's gate for a chain of at most ``k`` drafts from ``name`` (None: draft all k)."""
         if not self.gating or self.prior.free_rates(name) is not None or k < 1:
             return None
-        source = self._source(name)
+        standing = self._standing(name)
         return DraftGate(tuple(self.verify_s(d) for d in range(k + 1)), self.draft_s(name, 1), self.overhead_s(),
-                         source.calibration.ratio)
+                         standing.calibration.ratio)
 
     def observe(self, event: RoundEvent) -> None:
         drafted = len(event.drafted)
@@ -145,28 +149,28 @@ class AdaptiveK(KSchedule):
         self._verify, self._one = {}, UNKNOWN
         if event.asked:
             name = event.source or self.main
-            source = self._source(name)
+            standing = self._standing(name)
             # A head's catch-up after sitting out is paid once per gap, not per drafted token.
             drafting = max(event.draft_s - event.catchup_s - event.offer_s, 0.0)
             if event.parents is not None:
                 parents = (-1, *event.parents)
                 for depth, rank, kept in judgements(parents, event.path or [], event.token is not None):
                     if rank == 0:
-                        source.acceptance.judge(depth - 1, kept)
+                        standing.acceptance.judge(depth - 1, kept)
                     else:
-                        source.siblings.judge(depth, rank, kept)
-                source.level_s = smooth(source.level_s, drafting / max(shape_of(parents)[0]), self.smoothing)
+                        standing.siblings.judge(depth, rank, kept)
+                standing.level_s = smooth(standing.level_s, drafting / max(shape_of(parents)[0]), self.smoothing)
                 self.trees_used[drafted] += 1
             else:
                 if drafted:
-                    source.acceptance.observe(event.accepted, drafted)
+                    standing.acceptance.observe(event.accepted, drafted)
                 # Per drafter step: a gated draft took one step more than it drafted where the gate stopped it.
                 steps = len(event.confidence) if event.confidence else drafted
-                source.draft_s_per_token = smooth(source.draft_s_per_token, drafting / steps, self.smoothing)
+                standing.draft_s_per_token = smooth(standing.draft_s_per_token, drafting / steps, self.smoothing)
                 if event.confidence is not None:
-                    source.gated = True
-                    source.passes.observe(drafted, len(event.confidence))
-                    source.calibration.observe(event.confidence[:drafted], event.accepted)
+                    standing.gated = True
+                    standing.passes.observe(drafted, len(event.confidence))
+                    standing.calibration.observe(event.confidence[:drafted], event.accepted)
                     self.declined += not drafted
             self.drafts[name].add(event)
         else:
@@ -181,21 +185,21 @@ class AdaptiveK(KSchedule):
 
     def _decide(self, probed: str | None = None) -> None:
         plain = self.plain_rate()
-        for name, source in self.sources.items():
+        for name, standing in self.standings.items():
             k, rate = self.best(name, self.k_max)
             nodes, tree_rate = self.best_tree(name, self.tree_max) if self.weighs_trees(name) else (0, float("-inf"))
             tree = nodes if tree_rate > rate else 0
             rate = max(rate, tree_rate)
-            if source.on and rate < plain:
-                source.on, source.failures = False, 0
-                source.wait = probe_wait(self.loss(name, self.probe_k), 0)
-            elif source.on:
-                source.k, source.tree = k, tree
-            elif not source.on and rate > plain * (1.0 + self.margin):  # hysteresis: back only when clearly worth it
-                source.on, source.k, source.tree, source.failures = True, k, tree, 0
-            elif not source.on and name == probed:
-                source.failures += 1
-                source.wait = probe_wait(self.loss(name, self.probe_k), source.failures)
+            if standing.on and rate < plain:
+                standing.on, standing.failures = False, 0
+                standing.wait = probe_wait(self.loss(name, self.probe_k), 0)
+            elif standing.on:
+                standing.k, standing.tree = k, tree
+            elif not standing.on and rate > plain * (1.0 + self.margin):  # hysteresis: back only when clearly worth it
+                standing.on, standing.k, standing.tree, standing.failures = True, k, tree, 0
+            elif not standing.on and name == probed:
+                standing.failures += 1
+                standing.wait = probe_wait(self.loss(name, self.probe_k), standing.failures)
 
     # --- estimates (seconds once measured; one-token forwards before) ------------------------------
 
@@ -228,11 +232,11 @@ class AdaptiveK(KSchedule):
         return per_cached_token(self.context_cost, k) * cached if self.context_cost else 0.0
 
     def draft_s(self, name: str, k: int) -> float:
-        source = self._source(name)
+        standing = self._standing(name)
         one = self.one_token_s()
-        if one is not None and source.draft_s_per_token is not None:
-            return k * source.draft_s_per_token
-        return k * source.c * (one or 1.0)
+        if one is not None and standing.draft_s_per_token is not None:
+            return k * standing.draft_s_per_token
+        return k * standing.c * (one or 1.0)
 
     def overhead_s(self) -> float:
         return self.other_s if self.other_s is not None and self.one_token_s() is not None else 0.0
@@ -270,12 +274,12 @@ class AdaptiveK(KSchedule):
         each K afresh, with verify costs recomputed at every read, took 0.15 ms of the controller's
         time a round (0.3 ms in the engine, where a forward has just evicted its data from the
         caches); now 0.05 ms, the same figures to the bit."""
-        source = self._source(name)
-        accepts = source.acceptance.rates(cap)
+        standing = self._standing(name)
+        accepts = standing.acceptance.rates(cap)
         verify = [self.verify_s(d) for d in range(cap + 1)]
         step, overhead = self.draft_s(name, 1), self.overhead_s()
-        if source.gated and self.gating:
-            passes = source.passes.rates(cap)
+        if standing.gated and self.gating:
+            passes = standing.passes.rates(cap)
             return gated_rounds(passes, accepts, verify, step, overhead)
         found, tokens, survive = [], 1.0, 1.0
         for k in range(1, cap + 1):
@@ -289,15 +293,15 @@ class AdaptiveK(KSchedule):
 
     def tree_rates(self, name: str):
         """(depth, rank) → the estimated chance a tree node is kept given its parent was."""
-        source = self._source(name)
-        chain = source.acceptance.rates(self.shape.depth)
-        return lambda depth, rank: chain[depth - 1] if rank == 0 else source.siblings.rate(depth, rank)
+        standing = self._standing(name)
+        chain = standing.acceptance.rates(self.shape.depth)
+        return lambda depth, rank: chain[depth - 1] if rank == 0 else standing.siblings.rate(depth, rank)
 
     def tree_draft_s(self, name: str, levels: int) -> float:
         """A tree draft of this many levels: measured per level, else a chain step's cost a little raised."""
-        source = self._source(name)
-        if source.level_s is not None and self.one_token_s() is not None:
-            return levels * source.level_s
+        standing = self._standing(name)
+        if standing.level_s is not None and self.one_token_s() is not None:
+            return levels * standing.level_s
         return TREE_LEVEL_COST * self.draft_s(name, levels)
 
     def best_tree(self, name: str, cap: int) -> tuple[int, float]:
@@ -326,37 +330,37 @@ class AdaptiveK(KSchedule):
 
     @property
     def alpha(self) -> float:
-        return self._source(self.main).acceptance.alpha
+        return self._standing(self.main).acceptance.alpha
 
     @property
     def off(self) -> bool:
-        return not self._source(self.main).on
+        return not self._standing(self.main).on
 
     @property
     def k(self) -> int:
-        return self._source(self.main).k
+        return self._standing(self.main).k
 
-    def _source(self, name: str, free: bool = False) -> Source:
+    def _standing(self, name: str, free: bool = False) -> Standing:
         """The estimates of drafter ``name``, made on first sight. ``free``: it was offered, a ready draft
         that costs nothing to find, whether or not the priors know its name."""
-        if name not in self.sources:
+        if name not in self.standings:
             rates = self.prior.free_rates(name)
             if rates is not None and name != self.main:  # beside the main drafter: its own rates by position
                 acceptance = Acceptance(rates[0], positions=rates)
             else:
                 acceptance = Acceptance(self.prior.alpha)
-            source = Source(acceptance, 0.0 if free or rates is not None else self.prior.c, 1, self.prior.k > 0,
+            standing = Standing(acceptance, 0.0 if free or rates is not None else self.prior.c, 1, self.prior.k > 0,
                             siblings=Siblings(self.prior.siblings))
-            self.sources[name] = source
+            self.standings[name] = standing
             k, rate = self.best(name, self.k_max)
-            source.k = self.prior.k if self.prior.k > 0 else k
+            standing.k = self.prior.k if self.prior.k > 0 else k
             # A drafter beside the main one starts on only if its prior says it pays (a one-token
             # lookup match does not: it waits for a probe).
-            if source.on and name != self.main and rate < self.plain_rate():
-                source.on = False
-            if not source.on:
-                source.wait = probe_wait(self.loss(name, self.probe_k) if self.prior.k else 1.0, 0)
-        return self.sources[name]
+            if standing.on and name != self.main and rate < self.plain_rate():
+                standing.on = False
+            if not standing.on:
+                standing.wait = probe_wait(self.loss(name, self.probe_k) if self.prior.k else 1.0, 0)
+        return self.standings[name]
 
     # --- reporting -------------------------------------------------------------------------------
 
@@ -369,9 +373,9 @@ class AdaptiveK(KSchedule):
         probe schedule (the scenario's character persists).
         """
         if self.rounds_seen:
-            for source in self.sources.values():
-                source.acceptance.forget()
-                source.siblings.forget()
+            for standing in self.standings.values():
+                standing.acceptance.forget()
+                standing.siblings.forget()
         self.rounds_off, self.probes, self.declined = 0, 0, 0
         self.k_used: Counter[int] = Counter()
         self.trees_used: Counter[int] = Counter()  # tree rounds by nodes drafted
@@ -390,7 +394,7 @@ class AdaptiveK(KSchedule):
             "probes": self.probes,
             "gated_off": self.declined,  # rounds where the gate declined the learned drafter's first guess
             "alpha_estimate": round(self.alpha, 4),
-            **({"tree_end": 0 if self.off else self._source(self.main).tree,
+            **({"tree_end": 0 if self.off else self._standing(self.main).tree,
                 "tree_rounds": sum(self.trees_used.values()),
                 "tree_nodes": {str(n): rounds for n, rounds in sorted(self.trees_used.items())}} if self.trees else {}),
         }
@@ -398,9 +402,9 @@ class AdaptiveK(KSchedule):
     def describe(self) -> str:
         """One line for the live view."""
         parts = []
-        for name, source in sorted(self.sources.items()):
-            alpha = source.acceptance.alpha
-            what = f"tree {source.tree}" if source.tree else f"K {source.k}"
-            parts.append(f"{name} {what} (α≈{alpha:.2f})" if source.on
-                         else f"{name} off (α≈{alpha:.2f}, probe in {max(source.wait, 0)})")
+        for name, standing in sorted(self.standings.items()):
+            alpha = standing.acceptance.alpha
+            what = f"tree {standing.tree}" if standing.tree else f"K {standing.k}"
+            parts.append(f"{name} {what} (α≈{alpha:.2f})" if standing.on
+                         else f"{name} off (α≈{alpha:.2f}, probe in {max(standing.wait, 0)})")
         return "auto: " + ", ".join(parts)

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Callable
 
 from ...pairs.profile import PairProfile
-from ...pairs.registry import FREE_KINDS, NGRAM, PairSpec
+from ...pairs.free_kinds import FREE_KINDS
+from ...pairs.registry import MODEL, NGRAM, PairSpec
 from .adaptive import DEFAULT_K_MAX, AdaptiveK
 from .estimates import SIBLING_PRIOR
 from .priors import Prior
@@ -24,7 +25,7 @@ class AdaptiveController:
     """
 
     def __init__(self, fallback_k: Callable[[str | None], int], model_drafter: bool,
-                 profile: PairProfile | None = None, k_max: int = DEFAULT_K_MAX, main: str = "draft",
+                 profile: PairProfile | None = None, k_max: int = DEFAULT_K_MAX, main: str = MODEL,
                  trees: bool = False, block_cost: dict[int, float] | None = None, alpha: float | None = None,
                  gating: bool = True, context_cost: dict[int, float] | None = None):
         self.fallback_k, self.model_drafter, self.k_max, self.main = fallback_k, model_drafter, k_max, main
@@ -40,9 +41,8 @@ class AdaptiveController:
         """Without a profile, the pair's K per scenario and the drafter's recorded α are the best
         starting point there is. A drafter of a free kind (free_kinds.py) is guessed to cost nothing to
         draft, whether or not the priors know its name."""
-        main = pair.drafter.kind if pair.drafter.kind != NGRAM else "lookup"
-        return cls(pair.k_for, pair.drafter.kind not in FREE_KINDS, profile, main=main, trees=trees, block_cost=block_cost,
-                   alpha=alpha, gating=gating, context_cost=context_cost)
+        return cls(pair.k_for, pair.drafter.kind not in FREE_KINDS, profile, main=main_name(pair.drafter.kind),
+                   trees=trees, block_cost=block_cost, alpha=alpha, gating=gating, context_cost=context_cost)
 
     def reseed(self, profile: PairProfile | None) -> None:
         self.profile = profile
@@ -63,6 +63,13 @@ class AdaptiveController:
         schedule = self.schedules[scenario]
         schedule.begin()
         return schedule
+
+
+def main_name(kind: str) -> str:
+    """The name a pair's own drafter of this kind is kept under (AdaptiveK's ``main``): the source its
+    drafts carry, a free drafter's on its strongest match. That is its kind's name, but for prompt
+    lookup (kind ``ngram``), whose drafts say ``lookup`` (drafters/lookup.lookup_source)."""
+    return "lookup" if kind == NGRAM else kind
 
 
 def sibling_prior(profile: PairProfile | None, scenario: str | None) -> tuple[float, ...] | None:

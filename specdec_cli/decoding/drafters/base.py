@@ -56,9 +56,9 @@ class Verified:
 
     ``context``: every token so far, the round's emitted ones included (1-D, CPU). ``block``: the
     tokens the target scored in the round's forward (the root first; a tree's nodes in block order),
-    and ``successors`` the target's top ids after each of them, best first (rows × ``successors_k``;
+    and ``successors`` the target's top ids after each of them, best first (rows × ``Needs.successors``;
     None when no drafter asked). ``features``: the target's features of the positions that became
-    confirmed (for a drafter that ``uses_target_features``). ``finished``: the answer is complete;
+    confirmed (the layers in ``Needs.features``; None when no drafter reads them). ``finished``: the answer is complete;
     ``prompt_length`` says where it began.
     """
 
@@ -79,30 +79,45 @@ def top_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(logits, k).indices
 
 
+@dataclass(frozen=True)
+class Needs:
+    """What a drafter reads of the target's forward beyond the tokens, declared once: the engine
+    computes it for every drafter that asks and hands it over in ``Verified``.
+
+    ``features``: the target's hidden states it drafts on (indices into transformers'
+    ``hidden_states``: -1 the last, post-norm), concatenated, for every position that became
+    confirmed, in cache order; empty: none (plain decoding and the other drafters pay nothing).
+    ``successors``: how many of the target's top ids after each verified row (0: none).
+    """
+
+    features: tuple[int, ...] = ()
+    successors: int = 0
+
+    @classmethod
+    def union(cls, needs) -> Needs:
+        """What a drafter made of others needs: the features of the first part that reads any (one
+        head per drafter), the most successors any part asks for."""
+        needs = tuple(needs)
+        return cls(next((n.features for n in needs if n.features), ()), max((n.successors for n in needs), default=0))
+
+
 class Drafter:
-    """What every drafter is: ``name``, ``reset`` and ``propose``; the optional parts are declared
-    here with their defaults, and a drafter that has them overrides them (no attribute is probed for).
+    """What every drafter is: ``name``, ``reset``, ``observe`` and ``propose``; the optional parts
+    are declared here with their defaults, and a drafter that has them overrides them (no attribute
+    is probed for).
 
     ``free``: its draft costs nothing to find (a lookup in a table), so a schedule that weighs
     drafters is shown it every round before it decides; a drafter that is not free (a model, a
-    head) costs a forward per token and drafts only when chosen. ``successors_k``: how many of the
-    target's top ids per verified row its ``observe`` wants (0: none; the engine computes them once
-    for every drafter that asks).
-
-    ``uses_target_features`` (a draft head): the engine hands ``add_features(rows)`` the target's
-    hidden states named in ``feature_layers`` (by default the last one, post-norm) of every position
-    that became confirmed, in cache order. ``drafts_trees``: ``propose`` returns trees
-    (Draft.parents), and K is its node budget, not its depth. ``propose_tree``: a learned drafter
-    that also drafts a tree when a schedule plans one (schedule.Take.TREE). ``for_pair``: how a free
-    kind's line in pairs/free_kinds.py builds it (decoding/loaded_pair.py calls it on every free kind).
+    head) costs a forward per token and drafts only when chosen. ``needs``: what it reads of the
+    target's forward (``Needs``: features, successors). ``for_pair``: how a free kind's line in
+    pairs/free_kinds.py builds it (decoding/loaded_pair.py calls it on every free kind). Trees are
+    protocols of their own: ``TreeDrafting`` (drafts a tree when asked), ``TreesOnly`` (drafts
+    nothing but trees).
     """
 
     name: str
     free: bool = False
-    successors_k: int = 0
-    uses_target_features: bool = False
-    feature_layers: tuple[int, ...] = (-1,)
-    drafts_trees: bool = False
+    needs: Needs = Needs()
 
     @classmethod
     def for_pair(cls, spec, vocab_size: int) -> Drafter:
@@ -115,9 +130,8 @@ class Drafter:
         """Forget the previous prompt (what a drafter learns across prompts, it keeps)."""
 
     def observe(self, verified: Verified) -> None:
-        """See what the target confirmed and predicted; a draft head takes its features here."""
-        if self.uses_target_features and verified.features is not None:
-            self.add_features(verified.features)
+        """See what the target confirmed and predicted (and, for a drafter that needs them, the
+        successors and features it declared)."""
 
     def propose(
         self, context: torch.Tensor, k: int, sampling: SamplingParams, noise: PositionNoise | None,
@@ -132,43 +146,45 @@ class Drafter:
         weigh and drafts as it would."""
         raise NotImplementedError
 
-    def add_features(self, rows: torch.Tensor) -> None:
-        """The target's features of newly confirmed positions (only called when ``uses_target_features``)."""
-
     def parts(self) -> tuple[tuple["Drafter", ...], "Drafter | None"]:
         """(free drafters, learned drafter): what a schedule that weighs drafters chooses among. A free
         drafter's draft is shown to it every round; a model or head is asked only when chosen. By
         default a drafter is one or the other, whole."""
         return ((self,), None) if self.free else ((), self)
 
+
+class TreeDrafting:
+    """A learned drafter that also drafts a tree when a schedule plans one (schedule.Take.TREE): the
+    engine checks once that its learned drafter is one before it runs a schedule that may plan trees."""
+
     def propose_tree(self, context: torch.Tensor, shape: TreeShape) -> Draft:
         """A tree of at most ``shape.nodes`` nodes after ``context``."""
-        raise ValueError(f"drafter {self.name!r} drafts no trees")
+        raise NotImplementedError
+
+
+class TreesOnly(Drafter):
+    """A drafter whose every draft is a tree (Draft.parents): the engine's K is its node budget, not
+    its depth, and no lossy rule (they judge chains) applies."""
 
 
 class Composite(Drafter):
-    """A drafter made of others. What the engine must know of it (it needs the target's features, it
-    drafts trees, how many successors it reads) is derived from its parts, never copied: a wrapper
-    cannot hide what it wraps, and a tree inside lookup is still refused a lossy rule."""
+    """A drafter made of others. What the engine must know of it (what it needs of the target, whether
+    it drafts trees) is derived from its parts, never copied: a wrapper cannot hide what it wraps,
+    and a tree inside lookup is still refused a lossy rule."""
 
     def components(self) -> tuple[Drafter, ...]:
         raise NotImplementedError
 
     @property
-    def uses_target_features(self) -> bool:
-        return any(d.uses_target_features for d in self.components())
+    def needs(self) -> Needs:
+        return Needs.union(d.needs for d in self.components())
 
-    @property
-    def feature_layers(self) -> tuple[int, ...]:
-        return next((d.feature_layers for d in self.components() if d.uses_target_features), (-1,))
 
-    @property
-    def drafts_trees(self) -> bool:
-        return any(d.drafts_trees for d in self.components())
-
-    @property
-    def successors_k(self) -> int:
-        return max(d.successors_k for d in self.components())
+def drafts_trees(drafter: Drafter | None) -> bool:
+    """Whether ``drafter``'s drafts are trees: it drafts nothing else, or a part of it does."""
+    if isinstance(drafter, TreesOnly):
+        return True
+    return isinstance(drafter, Composite) and any(drafts_trees(d) for d in drafter.components())
 
 
 def parts(drafter: Drafter | None) -> tuple[tuple[Drafter, ...], Drafter | None]:

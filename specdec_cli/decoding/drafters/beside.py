@@ -3,9 +3,6 @@ offered beside the pair's own drafter (models.yaml's ``free:``)."""
 
 from __future__ import annotations
 
-import torch
-
-from ..tree import TreeShape
 from .base import Composite, Draft, Drafter, Verified
 
 
@@ -33,9 +30,6 @@ class Beside(Composite):
 
     def propose(self, context, k, sampling, noise, gate=None) -> Draft:
         return self.main.propose(context, k, sampling, noise, gate)
-
-    def propose_tree(self, context: torch.Tensor, shape: TreeShape) -> Draft:
-        return self.main.propose_tree(context, shape)
 
     def parts(self) -> tuple[tuple[Drafter, ...], Drafter | None]:
         free, learned = self.main.parts()

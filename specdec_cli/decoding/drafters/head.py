@@ -21,7 +21,7 @@ from ..head_files import FORMAT, build_head, check_target, read_head
 from ..head_network import DraftHead, head_logits
 from ..kv import crop_cache, reserved_cache
 from ..tree import TreeShape, best_nodes, path_to
-from .base import Composite, Draft, Drafter, autoregress, common_prefix
+from .base import Composite, Draft, Drafter, Needs, TreeDrafting, TreesOnly, Verified, autoregress, common_prefix
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -40,8 +40,9 @@ def load_head(directory: str | Path, target: PreTrainedModel, source, precision:
     return HeadDrafter(head, target, None if top is None else torch.tensor(top, dtype=torch.long), precision)
 
 
-class HeadDrafter(Drafter):
-    """Drafts with a DraftHead on the target's features, which the engine hands over as tokens are confirmed.
+class HeadDrafter(Drafter, TreeDrafting):
+    """Drafts with a DraftHead on the target's features, which the engine hands over as tokens are
+    confirmed (``observe``), in chains or, when asked, trees (``propose_tree``).
 
     The head's KV cache keeps only positions computed from the target's true features; the
     positions it drafted on its own guesses are cropped away each round, and the newly confirmed
@@ -56,7 +57,6 @@ class HeadDrafter(Drafter):
     """
 
     name = "head"
-    uses_target_features = True
 
     def __init__(self, head: DraftHead, target: PreTrainedModel, allowed: torch.Tensor | None = None,
                  precision: str = "float32"):
@@ -68,7 +68,7 @@ class HeadDrafter(Drafter):
         if self.precision in QUANTISED:  # a copy: the float head may be shared (training, tests)
             self.head = quantise_model(copy.deepcopy(self.head), self.precision, native=native)
             self.head.go_lean(native)
-        self.feature_layers = head.feature_layers
+        self.needs = Needs(features=head.feature_layers)
         self.embed = target.get_input_embeddings()
         self.vocab_size = target.config.get_text_config().vocab_size
         self.allowed = None if allowed is None else allowed.to(self.device)
@@ -85,7 +85,7 @@ class HeadDrafter(Drafter):
         # Row t + 1 holds the target's feature at position t; row 0 stays zero (what the first token
         # reads). Grown by doubling, so handing over a round's rows costs those rows, not the context:
         # the engine hands them every round, speculating or not.
-        self._rows = torch.zeros(256, len(self.feature_layers) * self.head.config.hidden_size, device=self.device)
+        self._rows = torch.zeros(256, len(self.needs.features) * self.head.config.hidden_size, device=self.device)
         self._count = 1
 
     @property
@@ -93,7 +93,11 @@ class HeadDrafter(Drafter):
         """The target's features handed over so far, one row per confirmed position."""
         return self._rows[1 : self._count]
 
-    def add_features(self, rows: torch.Tensor) -> None:
+    def observe(self, verified: Verified) -> None:
+        """Take the target's features of the newly confirmed positions."""
+        if verified.features is None:
+            return
+        rows = verified.features
         end = self._count + rows.shape[0]
         if end > self._rows.shape[0]:
             grown = self._rows.new_zeros(max(end, 2 * self._rows.shape[0]), self._rows.shape[1])
@@ -219,10 +223,8 @@ class HeadDrafter(Drafter):
         return full
 
 
-class HeadTree(Composite):
+class HeadTree(TreesOnly, Composite):
     """A HeadDrafter drafting trees: the engine's K is the node budget (``generate --tree N``)."""
-
-    drafts_trees = True  # whatever the head it wraps says: here it drafts nothing but trees
 
     def __init__(self, head: HeadDrafter, width: int = TreeShape.width, depth: int = TreeShape.depth):
         self.head, self.width, self.depth = head, width, depth

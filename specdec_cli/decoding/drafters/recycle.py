@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Draft, Drafter, Verified
+from .base import Draft, Drafter, Needs, Verified
 
 # Successors kept per token. The paper keeps 8 and drafts a tree from them; a chain reads only the
 # first, and one is an argmax of the verify rows (0.02 ms a round, base.top_ids) where 8 are a
@@ -31,7 +31,7 @@ class RecycleDrafter(Drafter):
 
     name = "recycle"
     free = True
-    successors_k = WIDTH
+    needs = Needs(successors=WIDTH)
 
     def __init__(self, vocab_size: int):
         # -1: never verified. int32, vocab × WIDTH: 0.2 MB a successor for a 49k vocabulary.
