@@ -1,18 +1,18 @@
 """Verify-block padding: on some CPUs a longer forward is cheaper than a shorter one.
 
-BLAS libraries pick different matrix kernels by row count. Measured on this project's 2-core CPU
-(SmolLM2-135M, float32, 2 threads), a forward of n tokens costs, relative to one token:
-2: 1.61, 3: 1.96, 4: 1.39, 5: 1.28, 6: 1.33, 7: 1.67, 8: 1.40. Verifying 2 tokens is dearer than
-verifying 5. Padding a block with dummy tokens after the real ones changes nothing for the real
-positions (attention is causal, and the padded cache entries are cropped with the rejected drafts),
-so a block of n is run at the cheapest length m ≥ n. The costs are measured once per machine, model,
-library versions and forward code, and kept in the cache directory.
+BLAS libraries pick different matrix kernels by row count, so a forward's cost need not grow with
+its tokens: on this project's first 2-core CPU (SmolLM2-135M, float32) verifying 2 tokens was dearer
+than verifying 5 (docs/notebook.md, "Figures that were in the code's docstrings"). Padding a block
+with dummy tokens after the real ones changes nothing for the real positions (attention is causal,
+and the padded cache entries are cropped with the rejected drafts), so a block of n is run at the
+cheapest length m ≥ n. The costs are measured once per machine, model, library versions and
+forward code, and kept in the cache directory.
 
 A block's cost also grows with the context it attends over, and by more than a one-token forward's
-(each row reads the whole cache): on the int4 default pair, AVX-512, a 3-token block costs 1.11
-one-token forwards over 64 cached tokens and 1.30 over 1,500. So the adaptive controller is also
-given what each block length adds per cached token (``context_slopes``), from a measurement over a
-short and a long context, taken once, where it is first needed.
+(each row reads the whole cache; docs/notebook.md, "A verify block's cost by its context"). So the
+adaptive controller is also given what each block length adds per cached token
+(``context_slopes``), from a measurement over a short and a long context, taken once, where it is
+first needed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The draft head's decoder layer for drafting with a quantised head: its parameters without
 transformers' Llama classes, whose import (the model registry, ``modeling_utils``) costs more
-than loading the head, and, imported mid-decode, stalls a round by 1.5 s. A quantised head runs
-every block through the lean forward's layer (runtime/lean_forward.py, head.py ``lean_forward``),
-which only reads the layer's kernels and norms. Training and float heads keep transformers' layer
+than loading the head, and, imported mid-decode, stalls the round that imports it (docs/notebook.md,
+"Figures that were in the code's docstrings"). A quantised head runs every block through the lean
+forward's layer (runtime/lean_forward.py, head.py ``lean_forward``), which only reads the layer's
+kernels and norms. Training and float heads keep transformers' layer
 from the start (head.py)."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Converting takes tens of seconds (de-quantising every tensor); later runs read t
 start that maps a prepared target reads only its small files (config, generation config, tokenizer);
 its weights are read when a target is prepared from them or loaded unquantised. So the conversion
 records a sampled digest of every file (``DIGESTS``, runtime/sampled_digest.py), and each reader checks
-the files it reads: the small ones at every start (a few pages, ~0.2 ms), the weights before they are
+the files it reads: the small ones at every start (a few pages, cheap), the weights before they are
 read. A file that does not match is reported on one line and the conversion made again. A conversion
 written before the digests existed has none, and is read unchecked.
 """

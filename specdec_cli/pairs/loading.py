@@ -144,8 +144,8 @@ def quantised_target(spec: ModelSpec, directory: str, gguf_path: Path | None,
     Llama comes as runtime/lean_model.py's skeleton, without transformers' model.
 
     One process prepares at a time (the cache directory's lock, as for a conversion): another that
-    needs the same target meanwhile waits, then maps what the first wrote, instead of spending a minute
-    and 0.6 GB of writes on the same file beside it."""
+    needs the same target meanwhile waits, then maps what the first wrote, instead of spending a
+    whole preparation's time and writes on the same file beside it."""
     lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
     native = native_kernels.available(open_cache())
     dense_dtype = dense_prefill.dense_dtype(native_kernels.cpu_path() if native else "") if lean else None
@@ -291,7 +291,7 @@ def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None, dense_
                native: bool) -> tuple[PreTrainedModel, list | None]:
     """Weight-only int8/int4 linears in a model that otherwise stays float32: on specdec's kernel
     (``native``: int8 activation codes, float32 in and out, runtime/native_kernels.py), else on torch's,
-    which take and give bfloat16 (float32 inputs take their slow paths: 3-7x slower here). Norms,
+    which take and give bfloat16 (float32 inputs take their slow paths, several times slower). Norms,
     attention and residuals in float32 are faster on a CPU than in bfloat16 and do not depend on the
     block length, while the kernels give each row the same result at any block length, so a verify
     block scores exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are. A Llama target

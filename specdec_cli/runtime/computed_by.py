@@ -1,9 +1,9 @@
 """What computed a target's tokens: which kernels, on which CPU path, which precision its prompts ran
 in, on how many threads.
 
-Greedy output itself depends on these (docs/precision.md: specdec's int4 kernels and torch's agree on
-5 of 20 prompts), so every result names them, and a calibration profile measured on other kernels is
-not used as if it were this run's (profile.kernels_mismatch).
+Greedy output itself depends on these (docs/precision.md: specdec's int4 kernels and torch's give
+different answers to most prompts), so every result names them, and a calibration profile measured
+on other kernels is not used as if it were this run's (profile.kernels_mismatch).
 """
 
 from __future__ import annotations

@@ -2,15 +2,12 @@
 
 Decoding streams every weight once per token, so the weight-only int4/int8 kernels win there: it is
 the bytes. A prompt's forward multiplies each weight by many rows, and there the int4 kernel is
-compute-bound. A CPU with AMX (or AVX-512 BF16) runs oneDNN's bfloat16 matmul several times faster:
-gate/up at 37 rows took 1.0 ms in int4 and 0.3 ms in bfloat16, at 512 rows 12.9 ms against 1.1 ms.
-Elsewhere bfloat16 is emulated (slower than int4), but float32 BLAS still beats the int4 kernel from
-a few dozen rows on (an AVX2 EPYC: 37 rows 1.4 against 1.8 ms, 512 rows 10.9 against 23.1 ms), for
-twice bfloat16's memory (~425 MB of copies for this project's target, ~215 MB in bfloat16). Those
-were torch's int4 kernels. specdec's own on AVX-512 VNNI multiply int8 codes at 64 a cycle and beat
-bfloat16 without AMX at every prompt length measured (an AVX-512 BF16 EPYC: 38 tokens 28 against
-49 ms, 413 tokens 296 against 365 ms; docs/performance.md, "A prompt's forward"): there prompts stay
-on the kernels and no copies are made.
+compute-bound. A CPU with AMX (or AVX-512 BF16) runs oneDNN's bfloat16 matmul several times faster,
+the more so the more rows. Elsewhere bfloat16 is emulated (slower than int4), but float32 BLAS still
+beats the int4 kernel from a few dozen rows on, for twice bfloat16's memory. Those were torch's int4
+kernels. specdec's own on AVX-512 VNNI multiply int8 codes at 64 a cycle and beat bfloat16 without
+AMX at every prompt length measured: there prompts stay on the kernels and no copies are made
+(the figures: docs/notebook.md, "A prompt's forward").
 
 So a forward on an empty cache that asks for its last row's logits only — a prompt; a verify block
 scores every row — runs its linears on those copies, taken from the float model before
@@ -28,8 +25,8 @@ import os
 import torch
 
 # Prompt rows from which the dense weights pay; below, the kernels' forward is as fast (bfloat16 on
-# AMX), or faster: float32 streams 8x an int4 target's bytes (an AVX2 EPYC: 8 rows 40 ms in int4
-# against 61 in float32, 16 rows 67 against 74, 20 rows 81 against 78, 32 rows 122 against 96).
+# AMX), or faster: float32 streams 8x an int4 target's bytes, which a short prompt's few rows do
+# not repay (docs/notebook.md, "A prompt's forward").
 DENSE_FROM = {torch.bfloat16: 8, torch.float32: 20}
 
 

@@ -2,14 +2,14 @@
 gpt-fast's model.py: the same arithmetic as transformers' LlamaForCausalLM, op for op, without its
 per-layer module and kwargs dispatch.
 
-A one-token forward of a small quantised target spends about two thirds of its time outside the
-matmuls: ~250 aten calls and a tower of Python calls per layer. Here a layer is a flat loop over
-precomputed kernels and weights: RMSNorm, one fused q/k/v matmul, rotary (cos/sin from the
-model's own rotary module once a forward, applied to q and k heads in one go), the DynamicCache
-update, attention, o_proj, RMSNorm, fused gate/up, SiLU * up, down. Every op is the one
-transformers runs on the same values (float32 activations, each linear cast to bfloat16 and
-back), so logits are bit-identical to the transformers forward (tested), and a verify block still
-scores exactly as one-token forwards (rowwise_attention.py).
+A one-token forward of a small quantised target spends most of its time outside the matmuls:
+hundreds of aten calls and a tower of Python calls per layer (docs/notebook.md, "Where an int4 token
+goes"). Here a layer is a flat loop over precomputed kernels and weights: RMSNorm, one fused q/k/v
+matmul, rotary (cos/sin from the model's own rotary module once a forward, applied to q and k heads
+in one go), the DynamicCache update, attention, o_proj, RMSNorm, fused gate/up, SiLU * up, down.
+Every op is the one transformers runs on the same values (float32 activations, each linear cast to
+bfloat16 and back), so logits are bit-identical to the transformers forward (tested), and a verify
+block still scores exactly as one-token forwards (rowwise_attention.py).
 
 It covers what the engine asks: batch of one, at most ``ROWWISE_UP_TO`` rows, a DynamicCache or
 none, position ids, a 4D bool tree mask, ``logits_to_keep``, ``output_hidden_states`` (a flag, an

@@ -12,11 +12,11 @@ docs/precision.md says by how much.
 
 The same library holds the attention op a target on these kernels attends with
 (native/attention_rows.cpp, rowwise_attention.py). It is compiled once per torch version and source,
-with the machine's C++ compiler, into specdec's cache (``install.sh`` runs this module to do it ahead;
-the first load does it otherwise, ~10 s). Where it cannot be built or the CPU lacks AVX2, ``load``
-says why, ``available`` tells the user once, and the target runs on torch's kernels instead. It runs AVX-512
-VNNI where torch's own CPU capability is AVX-512, else AVX2 (``ATEN_CPU_CAPABILITY=avx2`` gives the
-AVX2 path here); the matmul gives the same bits on both.
+with the machine's C++ compiler, into specdec's cache (``install.sh`` runs this module to do it
+ahead; the first load does it otherwise, and waits for the compile). Where it cannot be built or the
+CPU lacks AVX2, ``load`` says why, ``available`` tells the user once, and the target runs on torch's
+kernels instead. It runs AVX-512 VNNI where torch's own CPU capability is AVX-512, else AVX2
+(``ATEN_CPU_CAPABILITY=avx2`` gives the AVX2 path here); the matmul gives the same bits on both.
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ def avx512() -> bool:
 @dataclass(frozen=True)
 class Kernels:
     """The two ops and their CPU-path argument, looked up once where a model on them is built
-    (``bound``): a lookup by name costs about a microsecond, and a token calls them ~120 times."""
+    (``bound``): a lookup by name is not free, and a token calls them over a hundred times."""
 
     q8_matmul: object
     attend_rows_op: object

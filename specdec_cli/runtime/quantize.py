@@ -187,11 +187,12 @@ def dense_kernels(model: nn.Module):
     weights, rounding inputs and outputs to the kernels' dtype as the kernels do.
 
     For a training teacher pass (training/distill.py), which scores whole answers, hundreds of rows
-    a forward, where the int4 kernel is compute-bound: float32 BLAS scored a shard in 0.65x the time
-    on an AVX2 CPU. It is the kernels' arithmetic up to summation order: on 1,652 answer positions
-    the top-1 ids agreed on 98.4 %, and matched the target's greedy answers exactly as often (1,374
-    of 1,400). Costs the float32 weights' memory while it lasts, and ~3 s to de-quantise this
-    project's target: nested, the inner context reuses the outer one's weights."""
+    a forward, where the int4 kernel is compute-bound and float32 BLAS is faster. It is the
+    kernels' arithmetic up to summation order: its top-1 ids agreed with the kernels' at nearly
+    every answer position, and matched the target's greedy answers exactly as often
+    (docs/notebook.md, "Figures that were in the code's docstrings"). Costs the float32 weights'
+    memory while it lasts, and seconds to de-quantise this project's target: nested, the inner
+    context reuses the outer one's weights."""
     patched = [m for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear, Q8Linear)) and "forward" not in vars(m)]
     for module in patched:
         module.forward = _dense_forward(module)

@@ -4,7 +4,7 @@ position exactly as a one-token forward does.
 With weight-only int8/int4 linears every other op of a decoder layer already gives each row the
 same result whatever the block length (the kernels are row-independent; norms and element-wise
 ops work per row); the attention kernels do not, and their float round-off, re-rounded to bfloat16
-at the next linear, flips near-tied greedy tokens (logits moved by up to ~0.4 here). Running each
+at the next linear, flips near-tied greedy tokens (docs/precision.md says by how much). Running each
 of a short block's rows as a one-query call over the keys it may see — the very call a one-token
 forward makes — removes the difference. A row's keys are its causal prefix, or, under a tree's
 mask, the cache and its ancestors gathered in order: what the cache holds once the path is kept.

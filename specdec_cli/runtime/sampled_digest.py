@@ -1,13 +1,14 @@
 """A digest of a cache entry's bytes cheap enough to check at every start: sha256 over the entry's
 index and a sample of its data, not over all of it.
 
-Hashing the whole ~620 MB prepared target would take longer than the rest of a warm start (~0.4 s).
+Hashing the whole prepared target would take longer than the rest of a warm start.
 So the data (a file's bytes, or a prepared target's tensors laid end to end) is hashed ``SAMPLE``
 bytes at every ``STRIDE``, and at its end. Any damaged run of at least ``STRIDE`` bytes holds a
 sampled byte: it spans a multiple of ``STRIDE``, or it holds the last byte. Shorter damage is caught
 only where it meets a sample; it is not what a full disk, a copy cut short or a stray write over a
 cache file makes. The stride sets that guarantee; the sample's size only the chance of catching less,
-so it is small: 1 KiB a mebibyte, ~3 ms on the default target (a 4 KiB page: ~4.5 ms).
+so it is small: 1 KiB a mebibyte, a small part of a warm start (docs/notebook.md, "Figures that
+were in the code's docstrings").
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 OpenMP's worker threads spin at every barrier while they wait for each other. On an idle machine
 that is the fastest way to wait; when another process holds one of the cores, two spinning threads
 fight it for the CPU and every op waits on the descheduled one: with the int4 target on this
-project's 2-core machine, one busy process took plain decoding from 36 to 2 tok/s. A passive wait
-(threads sleep) survives that, but on an idle machine its wake-ups halve the speed of the int4
-target (19 vs 36 tok/s), whose tokens are many small ops. No single policy serves both (docs/performance.md,
+project's 2-core machine, one busy process slowed plain decoding to a crawl. A passive wait
+(threads sleep) survives that, but on an idle machine its wake-ups cost much of the speed of the
+int4 target, whose tokens are many small ops. No single policy serves both (docs/performance.md,
 "Threads"), so the CLI looks before it starts: where other processes keep cores busy it runs on
 the cores left free with a passive wait; on an idle machine it leaves OpenMP's own default. A user
 who set OMP_NUM_THREADS or OMP_WAIT_POLICY decides alone; `--threads N` sets the count.
@@ -83,9 +83,9 @@ def busy_cores(sample_s: float = SAMPLE_S) -> float:
 
 
 # MKL picks its code path per call, by the inputs' memory alignment among other things, so the same
-# float32 op could round differently from one process to the next: an int4 greedy run of the
-# sky prompt stopped after 59 tokens in about half of a dozen runs and after 64 in the rest; with
-# MKL's reproducible AVX2 path, 6 of 6 gave the same tokens at the same speed (docs/precision.md).
+# float32 op could round differently from one process to the next, and an int4 greedy run of one
+# prompt ended at different lengths from run to run; with MKL's reproducible AVX2 path every run
+# gave the same tokens at the same speed (docs/precision.md).
 REPRODUCIBLE = {"MKL_CBWR": "AVX2"}
 
 
@@ -110,10 +110,10 @@ def choose_before_torch() -> None:
 
 
 # `--threads` takes at most THREADS_PER_CORE threads a core. More threads than cores only take turns
-# on them, and every op waits at its barrier for the last one descheduled (one busy core took the
-# int4 target from 36 to 2 tok/s, above), so a few per core leave room to measure oversubscription
-# on purpose and nothing past that helps; thousands break OpenMP itself: 5,000 hung, 20,000 ended in
-# a libgomp error and 60,000 in a segfault.
+# on them, and every op waits at its barrier for the last one descheduled (one busy core slows the
+# int4 target to a crawl, above), so a few per core leave room to measure oversubscription on
+# purpose and nothing past that helps; thousands break OpenMP itself (hangs, libgomp errors,
+# segfaults: docs/notebook.md, "Figures that were in the code's docstrings").
 THREADS_PER_CORE = 4
 
 

@@ -87,7 +87,7 @@ def free_port() -> int:
 
 def check_port(port: int, label: str) -> None:
     """A port the user chose that something already listens on: said now, in one line, rather than
-    after the engine has spent its start-up (~40 s for vLLM here) finding out. The probe binds as the
+    after the engine has spent its start-up (tens of seconds for vLLM) finding out. The probe binds as the
     engines do (SO_REUSEADDR), so a port a closed connection lingers on is not taken for a busy one;
     a port taken between this probe and the engine's bind is still told from its log (``_reason``)."""
     with socket.socket() as probe:

@@ -270,10 +270,10 @@ class AdaptiveK(KSchedule):
 
     def rounds(self, name: str, cap: int) -> list[tuple[float, float]]:
         """``round(name, k)`` for k = 1 .. cap from one read of the estimates (and, gated, one pass of
-        gate.gated_rounds): the controller weighs every K of every drafter twice a round. Weighing
-        each K afresh, with verify costs recomputed at every read, took 0.15 ms of the controller's
-        time a round (0.3 ms in the engine, where a forward has just evicted its data from the
-        caches); now 0.05 ms, the same figures to the bit."""
+        gate.gated_rounds): the controller weighs every K of every drafter twice a round, so weighing
+        each K afresh, with verify costs recomputed at every read, is a cost paid twice a round; one
+        read gives the same figures to the bit (docs/notebook.md, "Figures that were in the code's
+        docstrings")."""
         standing = self._standing(name)
         accepts = standing.acceptance.rates(cap)
         verify = [self.verify_s(d) for d in range(cap + 1)]

@@ -1,12 +1,13 @@
 """The confidence gate: a learned drafter stops where its next guess is not worth verifying.
 
-A head's probability of its own guess predicts whether the target keeps it (the shipped head on
-34 prompts it never saw, first draft tokens: confidence under 0.1 kept 8 % of the time, 0.3-0.4
-43 %, 0.9 and over 93 %). A fixed K drafts every round as if all guesses were average; the gate
-drafts a token only when its chance of surviving, with those before it, pays for it: another
-drafter step and a longer verify block. Adding it raises the round's tokens per second E/T iff
-P·T > Δ·E (E expected tokens and T seconds of the round so far, Δ the seconds it adds, P its
-chance). The controller fills in the seconds from its estimates each round (adaptive.py).
+A head's probability of its own guess predicts whether the target keeps it: on prompts it never saw,
+the shipped head's unconfident first guesses were rarely kept and its confident ones nearly always
+(docs/notebook.md, "Figures that were in the code's docstrings"). A fixed K drafts every round as if
+all guesses were average; the gate drafts a token only when its chance of surviving, with those
+before it, pays for it: another drafter step and a longer verify block. Adding it raises the round's
+tokens per second E/T iff P·T > Δ·E (E expected tokens and T seconds of the round so far, Δ the
+seconds it adds, P its chance). The controller fills in the seconds from its estimates each round
+(adaptive.py).
 
 The test reads only the drafter's own distribution before the token is drawn from it (its largest
 probability), never the target's, so acceptance stays exact: how long a draft is changes how many

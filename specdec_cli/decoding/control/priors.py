@@ -49,26 +49,14 @@ class Prior:
         by draft position (the chance draft i is kept given those before were), soon replaced; None
         for a drafter that is not free.
 
-        Replayed on the default target's plain answers to the 93 prompts of the calibration, bench,
-        random, equivalence, lossy and held-out files (every step where lookup had a match;
-        benchmarks/free_drafter_priors.py): a match of three or more tokens 0.83 / 0.88 / 0.90 / 0.92
-        (1,027 matches), of two 0.45 / 0.55 / 0.80 / 0.76 (333), of one 0.19 / 0.52 / 0.56 / 0.79
-        (1,253; once its first guess holds, the match is longer). Taken together, two or more tokens
-        gave 0.73 / 0.83 / 0.89 / 0.90, which let a two-token match draft like a long one. On
-        chat-like prompts the first guesses are weaker; the per-scenario estimates learn that.
-
-        Token recycling by how many times in a row its first guess was the target's choice
-        (recycle.py), and the suffix memory by match length (suffix.py): replayed the same way, in
-        the same order (one process's memory), on specdec's kernels
-        (``benchmarks/results/free-drafters/priors.json``): recycling seen three times or more
-        0.74 / 0.69 / 0.89 / 0.92 (359 drafts), twice 0.44 / 0.55 / 0.68 / 0.77 (380), once 0.24 /
-        0.47 / 0.59 / 0.71 (2,548); the memory on a match of four or more 0.77 / 0.90 / 0.96 / 0.96
-        (729), of three 0.40 / 0.31 / 0.18 (103), of two 0.16 / 0.35 (465). Lookup's, replayed
-        there too, moved by at most 0.06 (its greedy answers differ on those kernels) and were kept.
-        The default pair's store (store.py), replayed on the same files less the held-out ones (it
-        holds their answers; ``benchmarks/results/free-drafters/store/priors.json``): a match of four
-        or more 0.52 / 0.63 / 0.73 / 0.77 (1,340 drafts), of three 0.37 / 0.41 / 0.39 (569), of two
-        0.29 / 0.34 (729).
+        FREE_RATES holds rates replayed on the default target's plain answers, at every step where
+        the drafter had a draft to offer (benchmarks/free_drafter_priors.py; docs/notebook.md,
+        "Drafters that learn as they run" and "Figures that were in the code's docstrings"). A draft
+        is kept more often the stronger the evidence behind it (a longer lookup or memory match, a
+        successor the target chose more times in a row), so each kind has one entry per strength:
+        pooled, a two-token match would draft like a long one. The store's rates were replayed
+        without the prompts whose answers it holds. On chat-like prompts the first guesses are
+        weaker; the per-scenario estimates learn that.
         """
         return FREE_RATES.get(name)
 

@@ -71,9 +71,10 @@ class Verified:
 
 
 def top_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """The ``k`` highest-scoring ids of each row, best first. One id by numpy's argmax: 0.02 ms for
-    four rows of a 49k vocabulary where torch's argmax and topk take 0.16-0.27 ms, 1.4-2.3 % of a
-    one-token forward added to every round (benchmarks/free_drafter_bookkeeping.py)."""
+    """The ``k`` highest-scoring ids of each row, best first. One id by numpy's argmax: on a few rows
+    of a large vocabulary torch's argmax and topk cost several times more, added to every round
+    (benchmarks/free_drafter_bookkeeping.py; docs/notebook.md, "Figures that were in the code's
+    docstrings")."""
     if k == 1:
         return torch.from_numpy(logits.numpy().argmax(-1)[:, None])
     return torch.topk(logits, k).indices

@@ -51,9 +51,9 @@ class HeadDrafter(Drafter, TreeDrafting):
     A head whose target runs weight-only int8 or int4 (``precision``) runs int8: its linears and
     output rows on the target's kernels (specdec's where the target's are), fused like the target's
     (runtime/quantize.py), its layer through the lean path. Between two target forwards its weights leave the CPU's caches, so a
-    draft is paid in bytes: int8 made the shipped head's rounds 1.6x cheaper than float32 at the
-    same acceptance; int4 saved another 17 % of draft time but cost 0.02 of α, a wash. Only the
-    drafts change, never what the target accepts.
+    draft is paid in bytes: int8 made the shipped head's rounds much cheaper than float32 at the
+    same acceptance; int4 saved a little more draft time but lost as much in acceptance, a wash
+    (docs/notebook.md, "What was tried"). Only the drafts change, never what the target accepts.
     """
 
     name = "head"

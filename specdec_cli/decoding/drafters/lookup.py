@@ -16,7 +16,8 @@ class NgramDrafter(Drafter):
 
     The n-grams are indexed as the context grows (latest start per n-gram), so a round's lookup
     costs the tokens it added, not the context: scanning the whole context for each n every round
-    took ~0.16 ms, ~1 % of an int4 token, paid by adaptive speculation even while it drafts nothing."""
+    is paid by adaptive speculation even while it drafts nothing (docs/notebook.md, "Figures that
+    were in the code's docstrings")."""
 
     name = "ngram"
     free = True
@@ -65,8 +66,8 @@ class NgramDrafter(Drafter):
 
 def lookup_source(n: int) -> str:
     """A lookup draft's source, by the length of its match: the longer, the stronger the evidence
-    (the target's answers: first guesses kept ~20 % of the time on a one-token match, ~50 % on
-    two, ~80 % on three or more), so the adaptive controller keeps separate estimates for each."""
+    (on the target's answers a first guess is kept far more often after a long match than after a
+    one-token one: priors.FREE_RATES), so the adaptive controller keeps separate estimates for each."""
     return "lookup" if n >= 3 else f"lookup-{n}"
 
 

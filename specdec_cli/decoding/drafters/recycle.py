@@ -3,13 +3,13 @@
 Every verify forward already yields the target's distribution after each row of its block; the
 runners-up it did not emit are thrown away. Token Recycling (Luo et al., ACL 2025) keeps them: a
 table of each token's top successors, a whole row replaced each time the token is verified again,
-and a draft that walks the table from the last token, its first successor at every step. It costs
-a top-k of the verify rows and an index per drafted token, needs no training, and works for any
-target. A draft is tagged by how many times in a row the target chose the same successor after
-its first token (``recycle_source``): replayed on the default target's plain answers, a first guess
-seen once held 24 % of the time, seen twice 44 %, three times or more 73 %, so the adaptive
-controller keeps apart estimates for each. The table is kept across prompts: which token follows which depends on the target far
-more than on one prompt. It holds token ids the target predicted after the user's own text.
+and a draft that walks the table from the last token, its first successor at every step. It costs a
+top-k of the verify rows and an index per drafted token, needs no training, and works for any
+target. A draft is tagged by how many times in a row the target chose the same successor after its
+first token (``recycle_source``): the more times, the more often the target keeps the draft
+(priors.FREE_RATES), so the adaptive controller keeps apart estimates for each. The table is kept
+across prompts: which token follows which depends on the target far more than on one prompt. It
+holds token ids the target predicted after the user's own text.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 from .base import Draft, Drafter, Needs, Verified
 
 # Successors kept per token. The paper keeps 8 and drafts a tree from them; a chain reads only the
-# first, and one is an argmax of the verify rows (0.02 ms a round, base.top_ids) where 8 are a
-# top-k (0.16 ms, 1.3 % of a one-token forward on this CPU).
+# first, and one is an argmax of the verify rows (base.top_ids) where 8 are a top-k, several times
+# dearer, paid every round (docs/notebook.md, "Drafters that learn as they run").
 WIDTH = 1
 DEPTH = 8  # the longest walk: past it a chain of first successors is kept too rarely to verify
 

@@ -4,8 +4,9 @@ The suffix memory (suffix.py) learns from this process's answers and starts empt
 it rarely finds a match. The store is the same n-gram memory filled before the first prompt with
 answers the target wrote earlier (for the default pair, its greedy answers to the project's training
 prompts, none of them a bench prompt), as llama.cpp's ngram-cache keeps a static tier beside its
-dynamic one. Half a million answer tokens hold 1.8M n-grams: as the memory's dictionaries that is
-627 MB and 2.8 s at every start, so the store is a table instead (store_file.py: built once from the
+dynamic one. Half a million answer tokens hold millions of n-grams: as the memory's dictionaries
+they cost hundreds of megabytes and seconds at every start (docs/notebook.md, "Drafters that learn
+as they run"), so the store is a table instead (store_file.py: built once from the
 answers file, kept in the cache and mapped).
 
 A draft walks the table as suffix.continuation walks the memory: the longest known n-gram at the end

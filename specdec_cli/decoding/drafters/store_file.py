@@ -13,7 +13,7 @@ before an answer are indexed, as leads into it.
 
 Reading it is a user's file and is checked: a missing, unreadable or damaged file, or a token id
 outside the target's vocabulary, is one line naming the file and the line, before any prompt runs.
-The table (``build_table``: 2.5 s for half a million tokens) is kept under ``stores/`` in the cache,
+The table (``build_table``: seconds for half a million tokens) is kept under ``stores/`` in the cache,
 keyed by the file's bytes, the n-gram lengths and the target's vocabulary size, written whole or not at all (runtime/staging.py),
 and mapped at later starts (a few milliseconds, its successors checked). A kept table that does not load,
 or whose successors are not the target's token ids, is built again with one warning.

@@ -11,8 +11,8 @@ chance of the whole draft (the product of each step's count share) stays at leas
 MIN_PROBABILITY, and no further than the match was long (SPEC_FACTOR times it): a long match is
 strong evidence, a short one weak (SuffixDecoding, Oliaro et al., NeurIPS 2025; vLLM's
 ``suffix_decoding_max_spec_factor`` and ``min_token_prob``). A draft is tagged by its match's
-length (``suffix_source``): replayed on the default target's plain answers, a first guess held 16 %
-of the time on a match of two tokens, 36 % on three, 76 % on four or more.
+length (``suffix_source``): the longer the match, the more often the target keeps the draft
+(priors.FREE_RATES), so the adaptive controller keeps apart estimates for each.
 
 Bounded: the oldest answers are forgotten past MEMORY_TOKENS answer tokens, their counts removed.
 It holds the text of earlier answers, in this process only, unless `generate --memory PATH` keeps

@@ -44,7 +44,9 @@ def max_bytes(tokens: int = MEMORY_TOKENS) -> int:
     """The most a memory file of ``tokens`` answer tokens takes: an id is at most 7 digits and its comma
     (vocabularies run to ~260k), and an answer (a lead and at least one token) adds at most 8 bytes of
     brackets and lead, ≤ 4 a token: 12, rounded up to 16; plus 64 KiB for the target's identity. A file
-    past it is not one specdec wrote, and is not read: a 50 MB one took 43 s and ~1 GB to index."""
+    past it is not one specdec wrote, and is not read: indexing a file far past the bound stalls the
+    start and takes far more memory than the bound allows (docs/notebook.md, "Figures that were in
+    the code's docstrings")."""
     return 16 * tokens + 64 * 1024
 
 
