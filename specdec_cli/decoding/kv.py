@@ -18,14 +18,17 @@ if TYPE_CHECKING:
 def reserved_cache(config) -> ReservedCache | DynamicCache:
     """A cache for a model of ``config`` whose layers update in place (runtime/reserved_cache.py): for
     a model loaded without transformers (its config a LeanConfig) a ReservedCache; else a DynamicCache
-    of such layers, which transformers' forward and generate take as one, and so does the lean forward."""
+    of such layers, which transformers' forward and generate take as one, and so does the lean forward.
+
+    Every layer keeps every position, sliding-window layers too (Mistral, Gemma 2 and 3): transformers'
+    sliding layers drop what falls out of the window, so a rejected draft past it could not be rolled
+    back; the attention mask, built from the config's window, still hides what the window hides."""
     if isinstance(config, LeanConfig):
         return ReservedCache(config.num_hidden_layers)
-    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from transformers.cache_utils import DynamicCache
 
     cache = DynamicCache(config=config)
-    if all(type(layer) is DynamicLayer for layer in cache.layers):
-        cache.layers = [transformers_layer()() for _ in cache.layers]
+    cache.layers = [transformers_layer()() for _ in cache.layers]
     return cache
 
 

@@ -74,16 +74,37 @@ def path_to(parents: Sequence[int], node: int) -> list[int]:
     return path[::-1]
 
 
-def attention_mask(tree: Tree, cached: int, dtype: torch.dtype = torch.bool) -> torch.Tensor:
-    """[1, 1, N, cached + N]: every node sees the cache and its ancestors.
+def attention_mask(tree: Tree, cached: int, dtype: torch.dtype = torch.bool, window: int | None = None) -> torch.Tensor:
+    """[1, 1, N, cached + N]: every node sees the cache and its ancestors; with a sliding ``window``,
+    only those less than ``window`` positions back (a node's position is cached + its depth), as a
+    sliding-window layer sees them.
 
     Bool (True = attend) for SDPA; a float dtype gives the additive form eager attention needs (a
     bool mask there is silently added as 0/1 and gives wrong logits).
     """
     seen = torch.cat([torch.ones(len(tree), cached, dtype=torch.bool), tree.ancestors()], dim=1)
+    if window is not None:
+        rows = cached + tree.depths()
+        columns = torch.cat([torch.arange(cached), rows])
+        seen &= (rows[:, None] - columns[None, :]) < window
     if dtype == torch.bool:
         return seen[None, None]
     return torch.zeros(seen.shape, dtype=dtype).masked_fill(~seen, torch.finfo(dtype).min)[None, None]
+
+
+def tree_masks(config, tree: Tree, cached: int, dtype: torch.dtype = torch.bool):
+    """The tree's mask for a model of ``config``: one mask where every layer attends alike; where some
+    layers slide a window and others see everything (Gemma 2 and 3), one mask per kind of layer, as
+    transformers takes them (a mapping by layer type). A mask handed to a forward is used as given, so
+    the window must be in it."""
+    text = config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    types = set(getattr(text, "layer_types", None) or (["sliding_attention"] if window else ["full_attention"]))
+    full = attention_mask(tree, cached, dtype)
+    if not window or "sliding_attention" not in types:
+        return full
+    sliding = attention_mask(tree, cached, dtype, window)
+    return sliding if types == {"sliding_attention"} else {"full_attention": full, "sliding_attention": sliding}
 
 
 def greedy_tree_accept(tree: Tree, target_logits: torch.Tensor) -> tuple[list[int], int]:
@@ -208,9 +229,10 @@ def verify_tree(model, cache, tree: Tree, device: torch.device, **extra):
     """One target forward over the whole tree; ``out.logits[0, i]`` scores the children of node i."""
     cached = cache.get_seq_length()
     eager = getattr(model.config, "_attn_implementation", None) == "eager"
-    mask = attention_mask(tree, cached, model.dtype if eager else torch.bool)
+    masks = tree_masks(model.config, tree, cached, model.dtype if eager else torch.bool)
+    masks = {kind: m.to(device) for kind, m in masks.items()} if isinstance(masks, dict) else masks.to(device)
     positions = (cached + tree.depths())[None]
     return model(
-        tree.tokens[None].to(device), cache=cache, use_cache=True, attention_mask=mask.to(device),
+        tree.tokens[None].to(device), cache=cache, use_cache=True, attention_mask=masks,
         position_ids=positions.to(device), **extra,
     )
