@@ -24,6 +24,12 @@ class PromptTooLong(UserError):
             raise cls(f"the prompt is {tokens} tokens; the target's context holds {context}")
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line of a UserError: its first line, or its type's name when it says nothing."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 class JsonTooLarge(ValueError):
     """User JSON past a bound, too deep or too long: a ValueError, so that readers treat it as malformed."""
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import updating
-from ..errors import UserError
+from ..errors import UserError, first_line
 from ..notices import log
 from ..runtime import staging
 from ..runtime.sampled_digest import file_digest
@@ -117,7 +117,7 @@ def _convert(source: ModelSource, directory: str, gguf_file: str, into: Path) ->
             tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
             model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
     except (OSError, ValueError) as exc:
-        raise UserError(f"could not load GGUF {source}: {_first_line(exc)}") from None
+        raise UserError(f"could not load GGUF {source}: {first_line(exc)}") from None
     # A GGUF-loaded model refuses save_pretrained while it remembers its quantizer; the weights
     # are already de-quantised, so forgetting it is exact.
     model.hf_quantizer = None
@@ -140,8 +140,3 @@ def cache_key(source: ModelSource, directory: str, gguf_file: str) -> str:
         identity = f"{Path(directory).resolve() / gguf_file}:{stat.st_size}:{stat.st_mtime_ns}"
     digest = hashlib.sha256(f"{identity}|transformers {transformers_version()}".encode()).hexdigest()[:12]
     return f"{Path(gguf_file).stem}-{digest}"
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..atomic import updating
-from ..errors import UserError
+from ..errors import UserError, first_line
 from ..notices import log
 from ..runtime import dense_prefill, native_kernels, prepared_file
 from ..runtime.computed_by import computed_by
@@ -81,7 +81,7 @@ def load(spec: ModelSpec, lean: bool = False, accept: Callable | None = None) ->
         if tokenizer is None:
             tokenizer = target_tokenizer(directory, isinstance(model, LeanCausalLM))
     except (OSError, ValueError) as exc:
-        raise UserError(f"could not load {spec.source}: {_first_line(exc)}") from None
+        raise UserError(f"could not load {spec.source}: {first_line(exc)}") from None
     files = Path(directory) if spec.source.kind != "hub" else None
     precision = str(model.dtype).removeprefix("torch.") if spec.dtype == "auto" else spec.dtype
     return LoadedModel(model.eval(), tokenizer, spec.source, files, precision)
@@ -190,7 +190,7 @@ def _mapped(path: Path, key: str, directory: str, lean: bool, lean_model: bool) 
                 return model
         return _finish(prepared_file.assemble(_skeleton(directory), tensors, layout), dense, lean)
     except prepared_file.Unusable as exc:
-        log.warning(f"the prepared target is unusable ({_first_line(exc)}); preparing it again")
+        log.warning(f"the prepared target is unusable ({first_line(exc)}); preparing it again")
         return None
 
 
@@ -339,8 +339,3 @@ def _check_files(directory: Path) -> None:
 
 def _dtype(name: str):
     return "auto" if name == "auto" else getattr(torch, name)
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

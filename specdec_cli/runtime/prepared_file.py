@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..errors import first_line
 from . import staging
 from .fused_projections import SIBLINGS, SharedProjection, install
 from .quantize import Int4Linear, Int8Linear, Q8Linear, int8_columns
@@ -102,7 +103,7 @@ def read(path: Path, key: str) -> tuple[dict[str, torch.Tensor], dict]:
         raise
     except (OSError, EOFError, KeyError, ValueError, TypeError, RuntimeError, AttributeError, pickle.UnpicklingError,
             zipfile.BadZipFile) as exc:
-        raise Unusable(f"{path}: {_first_line(exc)}") from None
+        raise Unusable(f"{path}: {first_line(exc)}") from None
     misaligned = [name for name, tensor in tensors.items() if tensor.data_ptr() % ALIGNMENT]
     if misaligned:
         raise Unusable(f"{path}: {misaligned[0]} is not aligned to {ALIGNMENT} bytes")
@@ -223,8 +224,3 @@ def _dense(tensors: dict[str, torch.Tensor], counts: list[int] | None) -> list[t
     if counts is None:
         return None
     return [tuple(tensors[f"{DENSE}.{layer}.{index}"] for index in range(count)) for layer, count in enumerate(counts)]
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__

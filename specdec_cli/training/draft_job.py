@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 
 from ..decoding.head_files import save_head, target_identity
-from ..errors import UserError
+from ..errors import UserError, first_line
 from ..pairs.loading import LoadedModel, load
 from ..pairs.meta import write_meta
 from ..pairs.registry import ModelSpec
@@ -228,7 +228,7 @@ def load_checkpoint(path: Path, keys: tuple[str, ...] = ()) -> dict:
     try:
         data = torch.load(path, weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as exc:
-        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)[:200]
         raise UserError(f"{path}: not a checkpoint specdec wrote ({reason}); it was not loaded: "
                         "remove it, or choose another --out") from None
     missing = [key for key in keys if key not in data] if isinstance(data, dict) else ["a mapping"]
