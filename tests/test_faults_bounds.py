@@ -188,3 +188,18 @@ def test_a_kept_table_with_successors_outside_the_vocabulary_is_built_again(pair
     warning = f"the store's kept table {entry} is damaged (successors outside the target's vocabulary (0 to 97)); building it again"
     assert warning in " ".join(result.stderr.split())
     assert np.array_equal(np.load(entry / "successors.npy"), successors)
+
+
+def test_a_store_that_inflates_past_its_bound_is_refused_in_bounded_memory(pair_dir, tmp_path, cache, monkeypatch):
+    """A small gzip may stand for gigabytes: it is inflated in bounded steps and refused at the bound."""
+    from specdec_cli.decoding.drafters import store_file
+
+    monkeypatch.setattr(store_file, "MAX_ANSWERS_BYTES", 100_000)
+    models = store_pair(tmp_path, pair_dir)
+    answers = tmp_path / "answers.jsonl.gz"
+    answers.write_bytes(gzip.compress(b" " * 1_000_000))  # 1 MB of blanks in ~1 kB
+    message = one_line_error(generate(models, "--drafter", "store", "-k", "3"))
+    assert message == f"store {answers}: inflates past 100,000 bytes; a store holds at most that"
+    line = json.dumps({"ids": list(range(5, 60))}).encode() + b"\n"
+    answers.write_bytes(gzip.compress(line) + gzip.compress(line))  # two members, within the bound: read whole
+    assert generate(models, "--drafter", "store", "-k", "3").exit_code == 0

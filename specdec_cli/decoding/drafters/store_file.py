@@ -181,9 +181,17 @@ def table_damage(table: Table, vocab_size: int) -> str | None:
     return None
 
 
+# The answers a store may hold, as JSON text: far above any store a 2-core index would be built from,
+# and a bound on what a small gzip file may inflate to (a "zip bomb" would otherwise fill the memory).
+MAX_ANSWERS_BYTES = 2 * 1024**3
+
+
 def read_bytes(path: Path) -> bytes:
     """The answers file's bytes, as stored (compressed or not); a file that cannot be read is one line."""
     try:
+        size = Path(path).stat().st_size
+        if size > MAX_ANSWERS_BYTES:
+            raise UserError(f"store {path}: {size:,} bytes; a store holds at most {MAX_ANSWERS_BYTES:,}")
         return Path(path).read_bytes()
     except FileNotFoundError:
         raise UserError(f"store {path}: not found; name a file of the target's answers (JSON lines of ids and start)") from None
@@ -193,10 +201,27 @@ def read_bytes(path: Path) -> bytes:
         raise UserError(f"store {path}: cannot be read ({exc.strerror or exc})") from None
 
 
+def inflated(path: Path, data: bytes) -> bytes:
+    """A gzip file's content, member after member, refused once it passes MAX_ANSWERS_BYTES: inflated
+    in bounded steps, so a bomb costs the bound, not what it would inflate to."""
+    out, rest = bytearray(), data
+    while rest:
+        if rest[:2] != b"\x1f\x8b":  # as gzip's own reader says it
+            raise gzip.BadGzipFile(f"Not a gzipped file ({bytes(rest[:2])!r})")
+        member = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip's header and trailer
+        out += member.decompress(rest, MAX_ANSWERS_BYTES + 1 - len(out))
+        if len(out) > MAX_ANSWERS_BYTES or member.unconsumed_tail:
+            raise UserError(f"store {path}: inflates past {MAX_ANSWERS_BYTES:,} bytes; a store holds at most that")
+        if not member.eof:
+            raise EOFError("the compressed file ends before its end-of-stream marker")
+        rest = member.unused_data
+    return bytes(out)
+
+
 def parse_answers(path: Path, data: bytes, vocab_size: int) -> list[tuple[list[int], int]]:
     """Each answer as (its tokens from MAX_MATCH before its start, how many of them lead into it)."""
     try:
-        text = (gzip.decompress(data) if str(path).endswith(".gz") else data).decode("utf-8")
+        text = (inflated(path, data) if str(path).endswith(".gz") else data).decode("utf-8")
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:  # a bad header, a cut or a corrupt body
         kind = "zlib" if isinstance(exc, zlib.error) else type(exc).__name__  # zlib's class is named "error"
         raise UserError(f"store {path}: damaged ({kind}: {exc}); write it again") from None
