@@ -32,7 +32,8 @@ def test_generate_json_names_the_kernels_prefill_and_threads(models):
     result = runner.invoke(app, ["generate", "--models", models, "--json", "-k", "2", "--threads", "1",
                                  "--max-new-tokens", "3", "abc"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["stats"]["computed_by"] == {"kernels": TORCH, "prefill": "as decoding", "threads": 1}
+    assert json.loads(result.stdout)["stats"]["computed_by"] == {"kernels": TORCH, "prefill": "as decoding",
+                                                                 "forward": "transformers", "threads": 1}
 
 
 def tiny_profile(pair_dir, path, computed_by: dict):
@@ -85,4 +86,4 @@ def test_calibrate_writes_and_verify_reports_the_kernels(models, tmp_path):
                                  "--max-new-tokens", "4", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["computed_by"] == {"kernels": TORCH, "prefill": "as decoding",
-                                                        "threads": torch.get_num_threads()}
+                                                        "forward": "transformers", "threads": torch.get_num_threads()}

@@ -38,8 +38,9 @@ def test_default_pair_speculative_output_equals_plain_decoding(dtype):
 
 
 def computed_by(dtype: str) -> dict:
-    """What the default pair's target runs on here: specdec's kernels for int4 (unless told to use
-    torch's) with prompts on dense copies where this CPU takes them, torch's for float32."""
+    """What the default pair's target runs on here: specdec's kernels and its lean forward for int4
+    (unless told to use torch's kernels) with prompts on dense copies where this CPU takes them,
+    torch's kernels in transformers' forward for float32."""
     import os
 
     import torch
@@ -48,12 +49,13 @@ def computed_by(dtype: str) -> dict:
 
     torch_kernels = f"torch-{torch.backends.cpu.get_cpu_capability().lower()}"
     if dtype == "float32":
-        return {"kernels": torch_kernels, "prefill": "as decoding", "threads": torch.get_num_threads()}
+        return {"kernels": torch_kernels, "prefill": "as decoding", "forward": "transformers",
+                "threads": torch.get_num_threads()}
     native = not os.environ.get("SPECDEC_TORCH_KERNELS") and native_kernels.cpu_path()
     prefill = dense_prefill.dense_dtype(native or "")
     return {"kernels": f"specdec-{native_kernels.cpu_path()}" if native else torch_kernels,
             "prefill": str(prefill).removeprefix("torch.") if prefill is not None else "as decoding",
-            "threads": torch.get_num_threads()}
+            "forward": "lean", "threads": torch.get_num_threads()}
 
 
 UNSEEN = Path(__file__).resolve().parents[1] / "benchmarks" / "unseen-prompts.jsonl"

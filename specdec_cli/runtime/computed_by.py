@@ -16,8 +16,17 @@ from .quantize import Q8Linear
 
 
 def computed_by(model) -> dict:
-    """``{"kernels": "specdec-avx2" | "torch-avx512" | …, "prefill": "bfloat16" | …, "threads": N}``."""
-    return {"kernels": kernels(model), "prefill": prefill(model), "threads": torch.get_num_threads()}
+    """``{"kernels": "specdec-avx2" | "torch-avx512" | …, "prefill": "bfloat16" | …, "forward": "lean" |
+    "transformers", "threads": N}``."""
+    return {"kernels": kernels(model), "prefill": prefill(model), "forward": forward(model),
+            "threads": torch.get_num_threads()}
+
+
+def forward(model) -> str:
+    """Which forward ran the target: specdec's lean one (a Llama on its kernels, runtime/lean_forward.py)
+    or transformers' own, with specdec's linears inside where it quantised them. A result says which,
+    since the lean one is the fast path and only some architectures take it."""
+    return "lean" if isinstance(getattr(model.forward, "__self__", None), LeanLlama) else "transformers"
 
 
 def kernels(model) -> str:
