@@ -94,6 +94,17 @@ def foreign(target: Path, directory: bool, ours: Callable[[Path], bool]) -> bool
         return True
 
 
+def read_at_most(path: str | Path, limit: int) -> tuple[bytes | None, int]:
+    """A file's bytes, or None when it has more than ``limit`` (read no further); and how many it has.
+    What a reader of a file the user names uses before judging it, so that no file costs more than its bound."""
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+        if len(data) <= limit:
+            return data, len(data)
+        handle.seek(0, 2)
+        return None, handle.tell()
+
+
 def write_atomically(path: str | Path, content: str | bytes, mode: int | None = None) -> None:
     """A temp file beside the target (the symlink's target, for a link), flushed to disk, then
     os.replace over it. OSError for a target that is not a regular file, as for a failed write.

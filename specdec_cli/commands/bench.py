@@ -261,7 +261,7 @@ def markdown_page(result: dict) -> str:
     from ..measure import lossy
 
     meta = result["manifest"]
-    lines = ["# Benchmark", "", f"Made with `{meta['command']}` on {meta['date']}.", ""]
+    lines = [own_files.BENCH_TITLE, "", f"Made with `{meta['command']}` on {meta['date']}.", ""]
     for scope, by_mode in [("all prompts", result["modes"])] + [(f"scenario `{s}`", m) for s, m in result["scenarios"].items()]:
         columns = _columns(by_mode)
         lines += [f"## {scope}", "", "| mode | " + " | ".join(h for h, _ in columns) + " |",

@@ -249,7 +249,7 @@ def summary_lines(result: dict) -> list[str]:
 
 def markdown_page(result: dict) -> str:
     headers = ["level", "mode", "gain"] + [h for h, _ in COLUMNS]
-    lines = ["# Engine benchmark", "", f"Made with `{result['manifest']['command']}` on {result['manifest']['date']}.", ""]
+    lines = [own_files.ENGINE_BENCH_TITLE, "", f"Made with `{result['manifest']['command']}` on {result['manifest']['date']}.", ""]
     if result.get("interrupted"):
         lines += [f"**Interrupted:** {result['interrupted']}; the levels below finished before it.", ""]
     lines += ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]

@@ -10,20 +10,19 @@ past the bound is not read to find out, and so is not ours.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ..pairs.meta import META_FILE
+from ..atomic import read_at_most
+from ..errors import loads
+from ..pairs.meta import EXPORT_FILE, META_FILE
 
 MAX_READ = 64 * 1024 * 1024  # bytes: far above any report, profile or config specdec writes
 HEAD_BYTES = 4096  # bytes: enough for a page's title or an image's signature
 
 
 def _bytes(path: Path, limit: int = MAX_READ) -> bytes | None:
-    """The file's first ``limit`` bytes; None when it is longer (a whole-file reader cannot judge it)."""
-    with open(path, "rb") as handle:
-        data = handle.read(limit + 1)
-    return None if len(data) > limit else data
+    """The file's bytes; None when it has more than ``limit`` (a whole-file reader cannot judge it)."""
+    return read_at_most(path, limit)[0]
 
 
 def _head(path: Path) -> bytes:
@@ -34,8 +33,8 @@ def _head(path: Path) -> bytes:
 def _json_object(path: Path) -> dict | None:
     data = _bytes(path)
     try:
-        value = json.loads(data) if data is not None else None
-    except (ValueError, RecursionError):  # not JSON, or nested past the parser's recursion
+        value = loads(data.decode("utf-8"), max_chars=None) if data is not None else None
+    except ValueError:  # not JSON (UnicodeDecodeError is one), or nested past the parser's bound
         return None
     return value if isinstance(value, dict) else None
 
@@ -72,13 +71,13 @@ def engine_config(path: Path) -> bool:
     return "\n" not in line and line.startswith(ENGINE_COMMANDS)
 
 
-MARKDOWN_TITLES = ("# Benchmark", "# Engine benchmark")  # bench's markdown_page and engine_bench's
+BENCH_TITLE, ENGINE_BENCH_TITLE = "# Benchmark", "# Engine benchmark"  # the pages bench --markdown writes
 
 
 def markdown_page(path: Path) -> bool:
     """bench --markdown, this loop's or an engine's: its title, then the line naming the command."""
     lines = _head(path).decode("utf-8", errors="replace").splitlines()
-    return len(lines) > 2 and lines[0] in MARKDOWN_TITLES and lines[2].startswith("Made with `specdec ")
+    return len(lines) > 2 and lines[0] in (BENCH_TITLE, ENGINE_BENCH_TITLE) and lines[2].startswith("Made with `specdec ")
 
 
 IMAGE_SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"%PDF-", b"%!PS", b"\xff\xd8\xff", b"II*\x00", b"MM\x00*")
@@ -109,9 +108,6 @@ def training_run(directory: Path) -> bool:
         checkpoint.is_dir() and any(entry.name.startswith(("data.", "state.")) for entry in checkpoint.iterdir()))
 
 
-EXPORT_RECORD = "specdec-export.json"  # export/eagle3.py's save_eagle3 writes it beside the weights
-
-
 def eagle3_export(directory: Path) -> bool:
     """export-head --out: a directory an earlier export wrote (never a model directory of the user's)."""
-    return (directory / EXPORT_RECORD).is_file()
+    return (directory / EXPORT_FILE).is_file()

@@ -38,6 +38,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from ..pairs.meta import EXPORT_FILE
+
 WEIGHTS = "model.safetensors"
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -265,7 +267,7 @@ def save_eagle3(directory: Path, head: Eagle3Head, provenance: dict) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     save_file(head.checkpoint(), directory / WEIGHTS, metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(head.config, indent=1) + "\n")
-    (directory / "specdec-export.json").write_text(json.dumps(provenance, indent=1) + "\n")
+    (directory / EXPORT_FILE).write_text(json.dumps(provenance, indent=1) + "\n")
 
 
 def load_eagle3(directory: Path) -> Eagle3Head:

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..errors import UserError, json_type
 
 META_FILE = "specdec-draft.json"  # written next to every trained drafter, both kinds
+EXPORT_FILE = "specdec-export.json"  # an exported head's provenance, beside its weights (export/eagle3.py)
 MODEL_CONFIG = "config.json"  # a draft model's (transformers'); a head has none
 
 

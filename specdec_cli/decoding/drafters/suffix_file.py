@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...atomic import updating, write_atomically
+from ...atomic import read_at_most, updating, write_atomically
 from ...errors import UserError, loads
 from ...limits import MEMORY_TOKENS
 
@@ -99,7 +99,7 @@ class MemoryFile:
 def recognise(path: Path) -> bool:
     """Whether ``path`` (an existing, non-empty file) is a memory file, read within ``max_bytes``: what
     atomic.check_writable asks before --memory may replace it. A UserError says why for a file too large."""
-    data, size = _bounded_bytes(path, max_bytes())
+    data, size = read_at_most(path, max_bytes())
     if data is None:
         raise UserError(f"--memory {path}: {size:,} bytes, more than a memory file holds ({max_bytes():,}): not a "
                         "file specdec wrote, so it is left alone; give another name or delete it")
@@ -111,7 +111,7 @@ def read(path: Path, identity: dict, vocab: int | None, limit: int | None = None
     """The answers a memory file holds, as (tokens, lead); why none could be used (None: fine); and
     whether the file is to be left as it is (another target's, or not a memory file at all)."""
     try:
-        data, size = _bounded_bytes(path, limit or max_bytes())
+        data, size = read_at_most(path, limit or max_bytes())
     except FileNotFoundError:
         return [], None, False
     except OSError as error:
@@ -129,16 +129,6 @@ def read(path: Path, identity: dict, vocab: int | None, limit: int | None = None
     if not isinstance(answers, list) or not all(valid(entry, vocab) for entry in answers):
         return [], "its answers are damaged", False
     return [(tokens, lead) for lead, tokens in answers], None, False
-
-
-def _bounded_bytes(path: Path, limit: int) -> tuple[bytes | None, int]:
-    """The file's bytes, or None past ``limit`` (then not read further); and how many it has."""
-    with open(path, "rb") as handle:
-        data = handle.read(limit + 1)
-        if len(data) <= limit:
-            return data, len(data)
-        handle.seek(0, 2)
-        return None, handle.tell()
 
 
 def _parsed(data: bytes) -> dict | None:
