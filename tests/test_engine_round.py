@@ -82,7 +82,7 @@ def test_the_interfaces_declare_their_optional_parts_with_defaults():
 
     drafter = Plain()
     members = {name for name in (*dir(Drafter), *Drafter.__annotations__) if not name.startswith("_")}
-    assert members == {"name", "free", "needs", "for_pair", "reset", "observe", "propose", "parts"}
+    assert members == {"name", "free", "needs", "for_pair", "reset", "fork", "observe", "propose", "parts"}
     assert (drafter.free, drafter.needs, Needs().features, Needs().successors) == (False, Needs(), (), 0)
     assert drafter.parts() == ((), drafter) and not drafts_trees(drafter) and not isinstance(drafter, TreeDrafting)
     schedule = FixedK(3)

@@ -267,3 +267,33 @@ def test_train_draft_says_when_its_checkpoint_is_kept(tmp_path):
     assert said.line() == f"interrupted while training; {kept}"
     ProgressReporter(Progress(disable=True), tmp_path / "checkpoint", resume=True).phase("loading the target", None)
     assert said.line() == f"interrupted while loading the target; {kept}"
+
+
+def test_ctrl_c_in_a_batch_waiting_for_the_pipe_keeps_every_answer_and_says_how_many(models):
+    """A batch reads the pipe on a thread of its own: answers are written while it waits for the next
+    line, and a stop there is the same one line."""
+    process = start([*SPECDEC, "generate", "--models", models, "--json", "--dtype", "int8", "--batch", "3",
+                     "--max-new-tokens", "4"])
+    process.stdin.write("first\nsecond\n")
+    process.stdin.flush()
+    answered = [json.loads(process.stdout.readline())["prompt"] for _ in range(2)]
+    assert answered == ["first", "second"]  # written though the batch is not full and stdin is open
+    code, out, err = interrupt(process)
+    assert code == 130 and out == ""
+    assert err.splitlines() == ["specdec: interrupted while reading the next prompt; "
+                                "2 prompts answered, their results were written"]
+
+
+def test_a_stop_writes_the_finished_answers_that_wait_for_an_unfinished_one():
+    from specdec_cli.commands.answering import InOrder
+
+    written = []
+    order = InOrder()
+    places = [order.place() for _ in range(4)]
+    order.done(places[1], lambda: written.append(1))
+    order.done(places[3], lambda: written.append(3))
+    assert written == []  # in input order: they wait for the first
+    order.done(places[0], lambda: written.append(0))
+    assert written == [0, 1]
+    order.drain()  # a stop: what finished is written, in order, past the unfinished one
+    assert written == [0, 1, 3]

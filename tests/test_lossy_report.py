@@ -90,7 +90,7 @@ def test_parse_modes_with_rules_keeps_a_rules_comma_and_adds_the_lossless_twin()
                        "ngram+spec, ngram+head, auto), not to plain decoding or transformers' generate"),
     ("plain@top:3", "mode 'plain@top:3': a rule applies to this loop's speculative modes (spec, ngram, head, "
                     "ngram+spec, ngram+head, auto), not to plain decoding or transformers' generate"),
-    ("spec:3@top:0", "mode 'spec:3@top:0': rule 'top:0': expected exact, lenient:L (L >= 1), typical:EPS,DELTA "
+    ("spec:3@top:0", "mode 'spec:3@top:0': rule 'top:0': expected exact, standard, lenient:L (L >= 1), typical:EPS,DELTA "
                      "(both in (0, 1]) or top:N (N >= 1)"),
 ])
 def test_parse_modes_refuses_bad_rules(text, message):
@@ -134,7 +134,7 @@ def test_generate_with_a_lossy_rule_says_so(pair_dir):
 def test_a_bad_rule_is_one_line_and_exit_2(pair_dir):
     result = runner.invoke(app, ["generate", "--models", str(pair_dir / "models.yaml"), "--accept", "top:x", "hi"])
     assert result.exit_code == 2
-    assert result.stderr == ("specdec: error: --accept 'top:x': expected exact, lenient:L (L >= 1), typical:EPS,DELTA "
+    assert result.stderr == ("specdec: error: --accept 'top:x': expected exact, standard, lenient:L (L >= 1), typical:EPS,DELTA "
                              "(both in (0, 1]) or top:N (N >= 1)\n")
 
 
@@ -194,7 +194,8 @@ def test_calibrate_k_with_a_lossy_rule_reports_length_and_quality(pair_dir, tmp_
     assert exact["lossless"] is True and "nll" not in exact["overall"]["per_k"][1]
     refused = runner.invoke(app, args + ["--accept", "top:3", "--write"])
     assert refused.exit_code == 2 and refused.stderr.splitlines()[-1] == (
-        "specdec: error: --write keeps K for lossless decoding; a K measured under the lossy rule top:3 is not written")
+        "specdec: error: --write keeps K for the default rule (exact), which -k auto runs; a K measured under the lossy "
+        "rule top:3 is not written")
 
 
 LIGHT = r"""

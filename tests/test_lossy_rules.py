@@ -52,7 +52,7 @@ def test_parse_rule(text, rule):
 def test_parse_rule_refuses_in_one_line(text):
     with pytest.raises(UserError) as error:
         parse_rule(text)
-    assert str(error.value) == (f"--accept {text!r}: expected exact, lenient:L (L >= 1), typical:EPS,DELTA (both in (0, 1]) "
+    assert str(error.value) == (f"--accept {text!r}: expected exact, standard, lenient:L (L >= 1), typical:EPS,DELTA (both in (0, 1]) "
                                 "or top:N (N >= 1)")
 
 

@@ -98,8 +98,9 @@ def calibrate_k(
     budgets = parse_k_list(tree, "--tree", least=1) if tree is not None else []
     if budgets:
         check_tree_rule(rule)
-    if write and not rule.lossless:
-        raise UserError(f"--write keeps K for lossless decoding; a K measured under the lossy rule {rule} is not written")
+    if write and not rule.raced:  # standard keeps more drafts than the race that -k auto runs: its K overstates
+        what = "lossy rule" if not rule.lossless else "rule"
+        raise UserError(f"--write keeps K for the default rule (exact), which -k auto runs; a K measured under the {what} {rule} is not written")
     if plot:
         check_writable(plot, "--plot", ours=own_files.image)
         _check_plotting()

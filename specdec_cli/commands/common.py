@@ -40,7 +40,7 @@ DrafterOption = Annotated[Optional[str], typer.Option("--drafter", metavar="KIND
 PromptsOption = Annotated[Path, typer.Option("--prompts", metavar="FILE", help="Prompt file: one prompt per line, plain text or JSON with 'prompt' and optional 'id', 'scenario'.")]
 MaxNewTokensOption = Annotated[int, typer.Option("--max-new-tokens", metavar="N", help="Most new tokens per answer (per prompt, and per K or mode where there are several).")]
 TemperatureOption = Annotated[float, typer.Option("--temperature", metavar="T", help="0 decodes greedily; above 0 samples (speculative sampling keeps the target's distribution).")]
-SeedOption = Annotated[int, typer.Option("--seed", metavar="N", help="Seed for sampling, 0 to 2^64 - 1: it fixes the text, whatever K and drafter; each prompt starts from it.")]
+SeedOption = Annotated[int, typer.Option("--seed", metavar="N", help="Seed for sampling, 0 to 2^64 - 1: under the default rule (--accept exact) it fixes the text, whatever K and drafter; each prompt starts from it.")]
 RawOption = Annotated[bool, typer.Option("--raw", help="Send prompts as they are, without the model's chat template.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Results as JSON on stdout instead of text and tables.")]
 ProfileOption = Annotated[Optional[str], typer.Option("--profile", metavar="FILE", help="Calibration profile. Default: the pair's `profile:` key, else $SPECDEC_PROFILE, else ~/.config/specdec/profile.yaml.")]
@@ -49,7 +49,7 @@ ThreadsOption = Annotated[Optional[int], typer.Option("--threads", metavar="N", 
 TreeBudgetsOption = Annotated[Optional[str], typer.Option("--tree", metavar="N,N,...", help=f"Also measure the pair's draft head drafting trees of these node budgets (1 to {MAX_K}), beside the chains of K; --write keeps what they did for -k auto's trees.")]
 DtypeOption = Annotated[Optional[str], typer.Option("--dtype", metavar="DTYPE", help="Target precision: float32, bfloat16, int8 or int4 (weight-only, on a CPU; an int4 GGUF keeps its own blocks), float16, auto. Default: the pair's `dtype:`.")]
 ConcurrencyOption = Annotated[Optional[str], typer.Option("--concurrency", metavar="N,N,...", help="Serving engine: requests kept in flight, one level each (default 1,4).")]
-AcceptOption = Annotated[str, typer.Option("--accept", metavar="RULE", help="Acceptance rule: exact (the default: lossless) or a LOSSY relaxed rule, lenient:L, typical:EPS,DELTA or top:N, whose output is no longer the target's and is flagged as such (README: 'Why specdec is lossless by default').")]
+AcceptOption = Annotated[str, typer.Option("--accept", metavar="RULE", help="Acceptance rule. exact (the default): lossless, and under sampling the seed fixes the text whatever K and drafter. standard: min(1, p/q) with a residual draw; lossless in distribution and keeps more of a draft model's tokens, but the seed fixes the text only for a given drafter and K (greedy: the same as exact). Or a LOSSY relaxed rule, lenient:L, typical:EPS,DELTA or top:N, whose output is no longer the target's and is flagged as such (README: 'Why specdec is lossless by default').")]
 
 # The least temperature that samples: logits divided by a smaller one overflow float32 (1e-320 made
 # every probability nan); at this one logits up to 1e32 still fit, and sampling is all but greedy already.

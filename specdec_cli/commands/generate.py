@@ -22,7 +22,7 @@ from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import ProfileWatcher, open_profile
 from ..pairs.registry import SUFFIX
-from ..prompts import BadPrompt, Prompt, named, parse_lines
+from ..prompts import BadPrompt, Prompt, parse_lines
 from .common import (
     AcceptOption,
     DrafterOption,
@@ -57,13 +57,13 @@ from .common import (
     write_output,
 )
 
+DEFAULT_BATCH = 8  # piped prompts decoded at once (docs/performance.md, "Many prompts at once")
+MAX_BATCH = 64
 PROMPTS_FAILED = 1  # exit code: some prompts of the stream failed, each said on stderr (and in --json); the rest ran
 
 if TYPE_CHECKING:
     from ..decoding.control.controller import AdaptiveController
-    from ..decoding.engine import RoundEvent, SpeculativeEngine
     from ..decoding.loaded_pair import LoadedPair
-    from .live import LiveView
 
 
 @user_errors
@@ -90,6 +90,7 @@ def generate(
     profile: ProfileOption = None,
     threads: ThreadsOption = None,
     accept: AcceptOption = "exact",
+    batch: Annotated[Optional[int], typer.Option("--batch", metavar="N", help=f"Decode up to N piped prompts at once, each with its own cache, drafts and acceptance, all verified in one target forward a step; each answer is token for token what it is alone. Results stay in input order. Default: {DEFAULT_BATCH} for a stream on stdin where the target runs specdec's lean forward, else 1.")] = None,
     memory: Annotated[Optional[Path], typer.Option("--memory", metavar="FILE", help="Keep the suffix memory (the token ids of earlier answers) in FILE between runs: read at the start, this run's answers added at the end. It drafts beside the pair's drafter under -k auto; with a fixed -k, give --drafter suffix.")] = None,
 ) -> None:
     """Generate with speculative decoding, showing which draft tokens the target accepted.
@@ -104,6 +105,11 @@ def generate(
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_threads(threads)
     check_seed(seed)
+    batch_given = batch is not None
+    if batch_given:
+        check_count("--batch", batch, 1)
+        if batch > MAX_BATCH:
+            raise UserError(f"--batch must be at most {MAX_BATCH}, got {batch}")
     fixed_k = parse_k(k, allow_auto=True)
     rule = accept_rule(accept)
     tree = parse_tree(tree, k)
@@ -111,6 +117,8 @@ def generate(
         fixed_k = tree  # a fixed tree: the engine's K is its node budget; auto: adaptive, trees weighed too
         check_tree_rule(rule)
     prompts = _prompts(prompt)
+    if batch is None:
+        batch = 1 if isinstance(prompts, list) else DEFAULT_BATCH
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
     if tree is not None:
         check_tree_drafter(spec)
@@ -121,8 +129,8 @@ def generate(
                             "--drafter suffix (and K above 0); use -k auto or --drafter suffix")
 
     thread_policy.apply(threads)  # before torch loads
-    from ..decoding.events import CONTEXT
     from ..decoding.loaded_pair import load_pair
+    from .answering import Settings, answer
 
     sampling = sampling_params(temperature, top_k, top_p)
     console = stderr_console()
@@ -139,44 +147,25 @@ def generate(
     if isinstance(tree, int):
         runtime.drafter = runtime.tree_drafter()
 
-    failed = 0
+    if batch > 1 and runtime.engine.batched is None:  # the default batches where the lean forward runs
+        if batch_given:
+            raise UserError("--batch above 1 needs the lean forward (Llama-architecture targets on int8/int4 kernels); "
+                            "this target runs transformers' forward: use --batch 1")
+        batch = 1
+    state = {"controller": controller}
+
+    def schedule_for(item: Prompt):
+        """The prompt's K, and what its statistics say of it (hot reload: a recalibration applies from the next prompt)."""
+        if watcher and watcher.changed():
+            state["controller"] = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
+        if state["controller"] is None:
+            return fixed_k, {}
+        profile_path = str(watcher.path) if watcher.profile else None  # which profile seeded auto (None: the pair's K)
+        return state["controller"].schedule(item.scenario), {"profile": profile_path}
+
+    settings = Settings(runtime, schedule_for, max_new_tokens, sampling, seed, raw, rule, tree, json_lines, computed_by, batch)
     with _memory_kept(runtime, controller, memory):
-        finished, warned = 0, False
-        interrupt.now("reading the prompts")
-        for item in prompts:
-            if isinstance(item, BadPrompt):  # a line of the stream that is no prompt
-                failed += _failed(item, json_lines, finished)
-                continue
-            interrupt.now(f"answering {item.label}", interrupt.answered(finished))
-            if watcher and watcher.changed():  # hot reload: a recalibration applies from the next prompt
-                controller = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
-            k_for_item = controller.schedule(item.scenario) if controller else fixed_k
-            try:
-                result, view = _run_one(runtime, item, k_for_item, max_new_tokens, sampling, seed, raw, console if live else None, rule, tree)
-            except BadPrompt as bad:  # longer than the context
-                if item.line is None:  # the command line's one prompt: the mistake is the command's, exit 2
-                    raise
-                failed += _failed(bad, json_lines, finished)
-                continue
-            if view is not None and _stdout_is_a_file():
-                view.show_answer()  # the answer goes to a file: the terminal keeps its own copy
-            result["stats"]["computed_by"] = computed_by
-            if controller is not None:  # which profile seeded auto (None: the pair's K)
-                result["stats"]["profile"] = str(watcher.path) if watcher.profile else None
-            if result["stats"]["fallback_forwards"] and not warned:  # once a run: a slowdown nothing else shows
-                warning_line(f"prompt {item.id}: {result['stats']['fallback_forwards']} target forward(s) ran transformers' "
-                             "forward instead of the lean int8/int4 one (slower); fallback_forwards counts them")
-                warned = True
-            finished += 1  # said before it is printed: a reader that has the result is told it was written
-            interrupt.now("reading the next prompt", interrupt.answered(finished))
-            if json_lines:
-                print(json_line(result), flush=True)
-            else:  # always, terminal or not: copy, tee and script get the clean answer
-                print(result["text"], flush=True)
-                if result["stats"]["stop"] == CONTEXT:  # --json says it in the stats
-                    warning_line(context_cut(item, result["stats"]["new_tokens"], runtime.engine.context_length))
-            if view is not None:
-                view.show_summary()
+        failed = answer(settings, prompts, console if live else None)
     if failed:
         raise typer.Exit(PROMPTS_FAILED)
 
@@ -185,16 +174,6 @@ def json_line(record: dict) -> str:
     """One result or error object as --json writes it: valid JSON always (no NaN, no Infinity), so that
     a reader's parser never stops at a line; prompts.py refuses the ids that would need them."""
     return json.dumps(record, ensure_ascii=False, allow_nan=False)
-
-
-def _failed(bad: BadPrompt, json_lines: bool, finished: int) -> int:
-    """A prompt of the stream that cannot be answered: its line on stderr, its error object in --json
-    (``{"id", "line", "error"}``), and the stream goes on. Returns 1, for the count of failures."""
-    error_line(str(bad))
-    if json_lines:
-        print(json_line(bad.as_json()), flush=True)
-    interrupt.now("reading the next prompt", interrupt.answered(finished))
-    return 1
 
 
 @contextmanager
@@ -238,58 +217,13 @@ def _memory_file(runtime: LoadedPair, controller, path: Path):
     return kept
 
 
-def _stdout_is_a_file() -> bool:
+def stdout_is_a_file() -> bool:
     """stdout redirected to a file, not a terminal nor a pipe (`| tee`, `| less` show it themselves)."""
     try:
         mode = os.fstat(sys.stdout.fileno()).st_mode
     except (OSError, ValueError, AttributeError):
         return False
     return not sys.stdout.isatty() and not stat.S_ISFIFO(mode)
-
-
-def _run_one(runtime: LoadedPair, item: Prompt, fixed_k, max_new_tokens, sampling, seed, raw, console, rule, tree=None) -> tuple[dict, LiveView | None]:
-    from .live import LiveView
-    from ..measure.run_stats import RunStats
-    from ..pairs.tokenization import encode_prompt
-
-    tokenizer = runtime.tokenizer
-    ids = encode_prompt(tokenizer, item.text, raw)
-    k = runtime.pair.k_for(item.scenario) if fixed_k is None else fixed_k
-    adaptive = not isinstance(k, int)
-    stats = RunStats("auto" if adaptive else k, str(rule), tree=tree)
-    emitted: list[int] = []
-    view = None
-    events = _events(runtime.engine, item, ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, rule=rule)
-    if console is None:
-        for event in events:
-            stats.add(event)
-            emitted += event.emitted
-        stats.finish()
-    else:
-        drafting = f"{runtime.drafter.name} drafter" if runtime.drafter is not None else "plain decoding"
-        title = f"{runtime.pair.name} · {drafting} · prompt {item.id}"
-        with LiveView(console, tokenizer, title) as view:  # transient: gone when the prompt is done
-            for event in events:
-                stats.add(event)
-                emitted += event.emitted
-                view.update(event, stats, k.describe() if adaptive else None)
-            stats.finish()
-    result = {
-        "id": item.id,
-        "prompt": item.text,
-        "text": tokenizer.decode(emitted, skip_special_tokens=True),
-        "token_ids": emitted,
-        "stats": stats.as_dict() | (k.report() if adaptive else {}),
-    }
-    if item.scenario is not None:
-        result["scenario"] = item.scenario
-    return result, view
-
-
-def _events(engine: SpeculativeEngine, item: Prompt, ids: list[int], **settings) -> Iterator[RoundEvent]:
-    """The engine's rounds for ``item``; a prompt the context cannot hold is named, with its line."""
-    with named(item):
-        yield from engine.generate(ids, **settings)
 
 
 def context_cut(item: Prompt, tokens: int, context: int) -> str:

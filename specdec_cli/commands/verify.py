@@ -75,7 +75,7 @@ def verify_equivalence(
     max_new_tokens: MaxNewTokensOption = 128,
     tolerance: Annotated[Optional[float], typer.Option("--tolerance", metavar="MARGIN", help=f"Largest logit margin a near-tie may have. Default by the target's dtype: {TOLERANCE_HELP}.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Fail on any divergence, near-ties included.")] = False,
-    draws: Annotated[int, typer.Option("--sampling", metavar="N", help=f"Also sample N seeds ({SAMPLING_TOKENS} tokens each) for the first {SAMPLING_PROMPTS} prompts: speculative runs must equal plain sampling under each seed token for token, and plain sampling is tested against transformers' sampler (0: skip).")] = 0,
+    draws: Annotated[int, typer.Option("--sampling", metavar="N", help=f"Also sample N seeds ({SAMPLING_TOKENS} tokens each) for the first {SAMPLING_PROMPTS} prompts: speculative runs must equal plain sampling under each seed token for token (under an --accept rule other than exact, whose seed fixes no text plain sampling shares, their distribution is tested instead), and plain sampling is tested against transformers' sampler (0: skip).")] = 0,
     temperature: Annotated[float, typer.Option("--temperature", metavar="T", help="Temperature for --sampling.")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="First seed for --sampling.")] = 0,
     raw: RawOption = False,
@@ -100,7 +100,9 @@ def verify_equivalence(
     Each divergence is located and classified by the target's logit margin: a `numerical
     near-tie` (round-off between a 1-token and a (K+1)-token forward) or a `mismatch` (a bug).
     With --sampling N, a seed fixes the sampled text: N seeds per prompt are sampled plainly and
-    at each K, and must agree token for token (divergences classified the same way).
+    at each K, and must agree token for token (divergences classified the same way). Under
+    another --accept rule (standard, a lossy one) the seed fixes no text that plain sampling shares:
+    each K's draws are tested against transformers' sampler as plain sampling's are.
 
     With --engine vllm|llama.cpp --spec ngram:K (or --server URL --reference URL) it checks a
     serving engine: the speculative server's greedy token ids against the plain server's at
@@ -229,7 +231,7 @@ def render(console: Console, greedy: GreedyResult, sampled: SamplingResult | Non
         console.print(table)
     if greedy.divergences:
         _divergences(console, "divergences (margin = logit[plain token] − logit[other token])", greedy.divergences)
-    if sampled is not None:
+    if sampled is not None and sampled.runs:  # none where the rule is not the race: its draws are tested by distribution
         table = Table(title=f"sampling: seeds against plain sampling, {unit} by {unit}", title_justify="left", box=box.SIMPLE_HEAD)
         for column in ("prompt", unit, "same as plain"):
             table.add_column(column)
@@ -237,13 +239,15 @@ def render(console: Console, greedy: GreedyResult, sampled: SamplingResult | Non
             same = f"{r.identical}/{r.draws}"
             table.add_row(Text(str(r.prompt_id)), str(r.k), same if r.identical == r.draws else f"[red]{same}[/]")
         console.print(table)
+    if sampled is not None:
         if sampled.divergences:
             _divergences(console, "sampled divergences (margin of the race's scores, in logits)", sampled.divergences)
-        table = Table(title="sampling: plain against transformers' sampler", title_justify="left", box=box.SIMPLE_HEAD)
-        for column in ("prompt", "outcome", "distinct", "p-value"):
+        whose = "plain" if sampled.raced else "plain and speculative"
+        table = Table(title=f"sampling: {whose} draws against transformers' sampler", title_justify="left", box=box.SIMPLE_HEAD)
+        for column in ("prompt", "draws", "outcome", "distinct", "p-value"):
             table.add_column(column)
         for t in sampled.tests:
-            table.add_row(Text(str(t.prompt_id)), t.statistic, str(t.outcomes), f"{t.p_value:.4g}")
+            table.add_row(Text(str(t.prompt_id)), t.draws, t.statistic, str(t.outcomes), f"{t.p_value:.4g}")
         console.print(table)
         console.print(f"{sampled.n} seeds of {SAMPLING_TOKENS} tokens at temperature {sampled.temperature:g}; "
                       f"{sampled.drafted} draft tokens proposed, {sampled.accepted} accepted; permutation test, "

@@ -9,9 +9,16 @@ The draft only proposes; every emitted token is judged by p:
   p / noise, and the test is greedy's on them. Each emitted token is distributed exactly as p, and
   the text depends on the seed, not on what drafted it.
 
-The opt-in lossy rules below judge a chain on p and q (Leviathan et al.'s min(1, p/q) made
-lenient, Medusa's typical acceptance, top-N). A drafter that proposes deterministically (n-gram
-lookup) has a one-hot q; it is passed as ``q=None`` rather than materialised.
+The standard rule (``--accept standard``; Leviathan et al., Chen et al.) judges a chain on p and q
+instead: x is kept with probability min(1, p(x)/q(x)), and at the first rejection the target's token
+is drawn from norm(max(0, p − q)). Each emitted token is still distributed exactly as p, and more of
+a draft model's guesses survive (Σ min(p, q) = 1 − TV against the race's ≥ (1 − TV)/(1 + TV)), but
+its uniforms come from a generator whose draws follow the drafts: the seed fixes the text only for a
+given drafter and K. It is lenient:1 of the lossy family below, and shares its code.
+
+The opt-in lossy rules judge a chain on p and q too (min(1, p/q) made lenient, Medusa's typical
+acceptance, top-N). A drafter that proposes deterministically (n-gram lookup) has a one-hot q; it
+is passed as ``q=None`` rather than materialised (min(1, p/q) keeps its x with probability p(x)).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .rules import EXACT, LENIENT, TOP, TYPICAL, AcceptRule, parse_rule  # noqa: F401  (the rules' names live beside their math)
+from .rules import EXACT, LENIENT, STANDARD, TOP, TYPICAL, AcceptRule, parse_rule  # noqa: F401  (the rules' names live beside their math)
 
 
 if TYPE_CHECKING:
@@ -91,7 +98,7 @@ def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, p - q)): what a lenient rule's rejected position is resampled from.
+    """norm(max(0, p - q)): what the standard (or a lenient) rule's rejected position is resampled from.
 
     If p ≤ q everywhere the draft token could not have been rejected; p is returned then so
     that float round-off never leaves an all-zero row to sample from.
@@ -111,15 +118,40 @@ def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-# ---- Relaxed (lossy) rules: opt-in only, never a default -------------------------------------------
+# ---- Rules that judge a chain on p and q: the standard rule, and the relaxed (lossy) ones ---------
 #
-# Each accepts some draft tokens the exact test would turn down, so the output is no longer the
-# target's. They exist to measure what that costs (measure/lossy.py), not to be used unawares.
-# After the first rejected draft the target's own token is drawn as under the exact test.
+# Each lossy rule accepts some draft tokens the exact test would turn down, so the output is no longer
+# the target's. They exist to measure what that costs (measure/lossy.py), not to be used unawares.
+# After the first rejected draft the target's own token is drawn as under the standard rule.
 
 def lenient_probability(p_x: torch.Tensor, q_x: torch.Tensor, lenience: float) -> torch.Tensor:
-    """min(1, L·p(x) / q(x)): Leviathan et al.'s lenience; L = 1 is their exact test."""
+    """min(1, L·p(x) / q(x)): Leviathan et al.'s lenience; L = 1 is their exact test (the standard rule)."""
     return torch.clamp(lenience * p_x / q_x, max=1.0)
+
+
+def lenient_verdict(
+    p: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor, lenience: float, uniforms: torch.Tensor
+) -> tuple[int, torch.Tensor]:
+    """min(1, L·p/q) on a sampled chain, given one uniform per draft token: how many drafts survive,
+    and the distribution the target's token is drawn from (the residual norm(max(0, p − q)) at the
+    first rejection, p's next row when every draft survives). Pure, so that a test can integrate it
+    over the uniforms exactly; at L = 1 each emitted token is distributed as p.
+
+    ``p`` has one row per draft token plus one; ``q`` one per draft token, or None (one-hot q)."""
+    k = draft.shape[0]
+    rows = torch.arange(k, device=p.device)
+    q_x = torch.ones(k, device=p.device) if q is None else q[rows, draft]
+    keep = uniforms.to(p.device) < lenient_probability(p[rows, draft], q_x, lenience)
+    n = first_rejected(keep)
+    if n == k:
+        return n, p[n]
+    return n, residual_distribution(p[n], _one_hot(draft[n], p.shape[-1], p) if q is None else q[n])
+
+
+def first_rejected(keep: torch.Tensor) -> int:
+    """The index of the first False in ``keep``, or its length: how many drafts a chain keeps."""
+    rejected = (~keep).nonzero()
+    return int(rejected[0, 0]) if rejected.numel() else keep.shape[0]
 
 
 def typical_keep(p: torch.Tensor, draft: torch.Tensor, eps: float, delta: float) -> torch.Tensor:
@@ -147,36 +179,32 @@ def relaxed_accept(
     sampling: SamplingParams,
     generator: torch.Generator | None = None,
 ) -> tuple[int, int]:
-    """A lossy rule's verdict: how many draft tokens survive, and the token the target adds.
+    """The verdict of a rule that judges a chain on p and q (the standard rule or a lossy one): how
+    many draft tokens survive, and the token the target adds.
 
-    Under greedy decoding p is the softmax of the raw logits (temperature 1), which the rules need to
-    see how likely a token is; lenient then keeps x when L·p(x) ≥ max p, and the target's token
+    The standard rule under greedy decoding is the exact test itself (``greedy_accept`` on the logits).
+    For the lossy rules under greedy p is the softmax of the raw logits (temperature 1), which they need
+    to see how likely a token is; lenient then keeps x when L·p(x) ≥ max p, and the target's token
     after a rejection is its argmax. Under sampling p is the warped distribution, and the target's
-    token is drawn from the lenient residual or, for the other rules, from p itself.
+    token is drawn from the residual (standard, lenient) or, for the other rules, from p itself.
     """
+    if rule.kind == STANDARD and sampling.greedy:
+        return greedy_accept(draft, logits)
     k = draft.shape[0]
     p = torch.softmax(logits.float(), dim=-1) if sampling.greedy else distribution(logits, sampling)
     q = None if q is None else q.to(p)
     rows = torch.arange(k, device=p.device)
-    if rule.kind == LENIENT:
-        lenience = rule.params[0]
-        if sampling.greedy:
-            keep = lenience * p[rows, draft] >= p[:k].max(-1).values
-        else:
-            q_x = torch.ones(k, device=p.device) if q is None else q[rows, draft]
-            u = torch.rand(k, generator=generator, device=p.device)
-            keep = u < lenient_probability(p[rows, draft], q_x, lenience)
+    if rule.kind in (STANDARD, LENIENT):
+        lenience = rule.params[0] if rule.kind == LENIENT else 1.0
+        if not sampling.greedy:
+            n, after = lenient_verdict(p, q, draft, lenience, torch.rand(k, generator=generator, device=p.device))
+            return n, _sample(after, generator)
+        keep = lenience * p[rows, draft] >= p[:k].max(-1).values
     elif rule.kind == TYPICAL:
         keep = typical_keep(p[:k], draft, *rule.params)
     elif rule.kind == TOP:
         keep = top_keep(p[:k], draft, int(rule.params[0]))
     else:
-        raise ValueError(f"not a relaxed rule: {rule}")
-    rejected = (~keep).nonzero()
-    n = int(rejected[0, 0]) if rejected.numel() else k
-    if sampling.greedy:
-        return n, int(p[n].argmax())
-    if n < k and rule.kind == LENIENT:
-        q_n = _one_hot(draft[n], p.shape[-1], p) if q is None else q[n]
-        return n, _sample(residual_distribution(p[n], q_n), generator)
-    return n, _sample(p[n], generator)
+        raise ValueError(f"not a rule that reads p and q: {rule}")
+    n = first_rejected(keep)
+    return n, int(p[n].argmax()) if sampling.greedy else _sample(p[n], generator)

@@ -14,6 +14,10 @@ same noise, so the two agree often where q is close to p; a deterministic one (l
 candidates) is kept with chance p(x), as under the min(1, p/q) rule. No draft changes which random
 numbers the target's tokens see, so K, the drafter, a tree and the timing that picks among them
 leave the text unchanged, and plain decoding (K = 0) gives the same text as every speculative run.
+It is the default rule (``--accept exact``). The standard rule (``--accept standard``, acceptance.py)
+keeps more of a draft model's guesses, 1 − TV of them against the race's ≥ (1 − TV)/(1 + TV), and is
+as lossless in distribution, but draws its own uniforms, so its text follows the drafts. A drafter
+drafts under this noise either way: its winner is a draw from q, which is all that rule asks of it.
 """
 
 from __future__ import annotations

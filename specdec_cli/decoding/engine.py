@@ -7,7 +7,8 @@ features keep exactly that path. Verify looks at the shape: a chain is fed causa
 whose rows equal one-token forwards bit for bit (runtime/rowwise_attention.py), a tree under its
 ancestor mask (tree.py). Accept does not: the target's token at each position is its argmax, or
 under sampling the winner of a race under noise fixed by the seed and the position (coupling.py),
-and a draft token is kept when it is that token. Only the opt-in lossy rules judge a chain on q.
+and a draft token is kept when it is that token. Only the opt-in rules judge a chain on q: the
+standard rule (min(1, p/q) and the residual draw) and the lossy ones.
 
 It knows nothing of terminals or command lines. ``SpeculativeEngine.generate`` yields one
 ``RoundEvent`` per verify round; the live view, JSON output and statistics all consume those.
@@ -18,13 +19,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 
 from ..errors import PromptTooLong, UserError
 from ..limits import MAX_K
-from ..runtime.lean_forward import fallback_forwards
+from ..runtime.lean_forward import Block, fallback_forwards, forward_many
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept
 from .blocks import padded_chain, padded_tree
 from .coupling import PositionNoise, race_scores
@@ -33,7 +34,7 @@ from .events import CONTEXT, EOS, MAX_NEW_TOKENS, RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
 from .rules import check_tree_rule
 from .schedule import FixedK, KSchedule, Take
-from .tree import Tree, TreeShape, greedy_tree_accept, verify_tree
+from .tree import Tree, TreeShape, greedy_tree_accept, tree_masks, verify_tree
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
     from ..runtime.reserved_cache import ReservedCache
 
 __all__ = ["FixedK", "KSchedule", "RoundEvent", "SpeculativeEngine"]
+
+DONE = object()  # the requests are all read
 
 
 @dataclass
@@ -58,15 +61,32 @@ class Request:
     device: object
     sampling: SamplingParams
     noise: PositionNoise | None  # the race's, under sampling
-    generator: torch.Generator | None  # a lossy rule's draws
+    generator: torch.Generator | None  # the draws of a rule that judges p and q (not the race)
     rule: AcceptRule
     record_logits: bool
-    fallbacks: int  # the target's fallback forwards counted so far, for each event's own
+    fallbacks: int = 0  # the target's fallback forwards counted so far, for each event's own
     produced: int = 0
+    key: object = None  # the caller's name for it, which ``run`` hands back with each event
+    drafter: Drafter | None = None  # this answer's own (a fork of the engine's, when batched)
+    prompted: bool = False  # its prompt is cached
 
     @property
     def left(self) -> int:
         return self.budget - self.produced
+
+
+@dataclass
+class Pending:
+    """A round between its draft and its verify forward: what ``_finish`` reads."""
+
+    started: float
+    want: int
+    draft: Draft
+    offer_s: float
+    draft_s: float
+    block: torch.Tensor  # index 0 the root (the last emitted token), i the i-th draft node
+    tree: Tree | None  # None: a chain
+    cached: int
 
 
 class SpeculativeEngine:
@@ -82,67 +102,148 @@ class SpeculativeEngine:
         # What the drafter reads of the target's forward, declared once: only a drafter that reads the
         # target's features gets them, plain decoding and the other drafters pay nothing.
         self.needs = drafter.needs if drafter is not None else Needs()
-        self._free, self._learned = parts(drafter)
+        learned = parts(drafter)[1]
         self._extra = {"output_hidden_states": list(self.needs.features)} if self.needs.features else {}
         # Trees, decided once: the drafter's every draft is one (K its node budget), and the learned
         # drafter a schedule may ask for one (Take.TREE), where it drafts them.
         self.drafts_trees = drafts_trees(drafter)
-        self._trees = self._learned if isinstance(self._learned, TreeDrafting) else None
+        self._trees = isinstance(learned, TreeDrafting)
+        # Several answers' blocks in one forward (``run``'s batches) where the target runs the lean forward.
+        self.batched = forward_many(target)
 
     @torch.inference_mode()
-    def generate(
-        self,
-        prompt_ids: list[int],
-        *,
-        k: int | KSchedule,
-        max_new_tokens: int,
-        sampling: SamplingParams = SamplingParams(),
-        seed: int = 0,
-        record_logits: bool = False,
-        rule: AcceptRule = AcceptRule(),
-    ) -> Iterator[RoundEvent]:
-        """``rule`` other than exact is a lossy acceptance rule (acceptance.py): opt-in, and every
-        caller that passes one must say so in its output.
+    def generate(self, prompt_ids: list[int], *, k: int | KSchedule, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
+                 seed: int = 0, record_logits: bool = False, rule: AcceptRule = AcceptRule()) -> Iterator[RoundEvent]:
+        """One answer's rounds (``request`` says what the settings mean)."""
+        request = self.request(prompt_ids, k=k, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                               record_logits=record_logits, rule=rule)
+        for _, event in self.run([request]):
+            yield event
+
+    def request(self, prompt_ids: list[int], *, k: int | KSchedule, max_new_tokens: int,
+                sampling: SamplingParams = SamplingParams(), seed: int = 0, record_logits: bool = False,
+                rule: AcceptRule = AcceptRule(), key: object = None) -> Request:
+        """An answer to decode, once it is found sound (a UserError says why not). ``rule`` other than
+        exact judges p and q (acceptance.py): ``standard`` exactly, the others lossily (opt-in, and every
+        caller that passes one must say so in its output).
 
         Sampling is drafter-invariant (coupling.py): the answer's i-th token is fixed by ``seed``, i
         and the target's distribution there, so the same seed gives the same text at every K, with
-        every drafter, and plainly. A lossy rule also draws from a generator seeded with ``seed``,
+        every drafter, plainly and batched. Any other rule draws from a generator seeded with ``seed``,
         whose draws depend on the drafts: its text is not invariant."""
         schedule = FixedK(k) if isinstance(k, int) else k
-        budget = self._budget(prompt_ids, max_new_tokens, schedule, rule)
+        try:
+            budget = self._budget(prompt_ids, max_new_tokens, schedule, rule)
+        except Exception:
+            schedule.end()
+            raise
         device = input_device(self.target)
-        tokens = torch.tensor(prompt_ids, dtype=torch.long)
-        if self.drafter is not None:
-            self.drafter.reset()
-        fallbacks = fallback_forwards(self.target)  # the prompt's are the first event's
-        cache, out = self.prompt_cache(tokens)
-        if out is not None and self.drafter is not None:
-            self.drafter.observe(Verified(tokens, len(prompt_ids), features=self._features(out, slice(0, len(prompt_ids) - 1))))
-        request = Request(
-            schedule, cache, tokens, len(prompt_ids), budget,
+        return Request(
+            schedule, None, torch.tensor(prompt_ids, dtype=torch.long), len(prompt_ids), budget,
             limit=MAX_NEW_TOKENS if budget == max_new_tokens else CONTEXT, device=device, sampling=sampling,
             noise=None if sampling.greedy else PositionNoise(seed, self.vocab_size, len(prompt_ids)),
-            generator=None if rule.lossless else torch.Generator(device=device).manual_seed(seed),
-            rule=rule, record_logits=record_logits, fallbacks=fallbacks,
+            generator=None if rule.raced else torch.Generator(device=device).manual_seed(seed),
+            rule=rule, record_logits=record_logits, key=key,
         )
-        while request.left > 0:
-            event = self._round(request)
-            schedule.observe(event)
-            yield event
-            if event.finished:
-                return
 
-    def _round(self, request: Request) -> RoundEvent:
-        """One round, in its steps: plan and draft (a chain or a tree), verify in one forward, accept,
-        commit the kept path (cache and tokens), show the drafters what the target said, and the event."""
+    @torch.inference_mode()
+    def run(self, requests: Iterable[Request], batch: int = 1) -> Iterator[tuple[Request, RoundEvent]]:
+        """Decode ``requests`` (read lazily), up to ``batch`` at once: one target forward a step caches
+        the prompts that joined and verifies every other answer's round (continuous batching: one that
+        finishes frees its place for the next). Each answer has its own cache, drafter (a fork of the
+        engine's) and schedule, and its tokens are the ones it gets alone (the forward computes each
+        row as its own forward does: runtime/lean_forward.forward_many). Yields each round's event
+        with its request, answers interleaved. ``requests`` may yield None for "none ready yet" (a
+        slow pipe): the running answers go on; with none running it must block instead."""
+        if batch > 1 and self.batched is None:
+            raise UserError("batched decoding (a batch above 1) needs the lean forward (runtime/lean_forward.py: Llama-"
+                            "architecture targets on int8/int4 kernels); this target runs transformers' forward")
+        pending, exhausted = iter(requests), False
+        drafters = [self.drafter] if self.drafter is not None else []
+        running: list[Request] = []
+        while True:
+            while len(running) < batch and not exhausted:
+                request = next(pending, DONE)
+                exhausted = request is DONE
+                if request is None or exhausted:  # None: none is ready yet, the running ones go on
+                    break
+                request.drafter = None if self.drafter is None else (drafters.pop() if drafters else self.drafter.fork())
+                if request.drafter is not None:
+                    request.drafter.reset()
+                request.cache = reserved_cache(self.target.config)
+                request.fallbacks = fallback_forwards(self.target)  # the prompt's are the first event's
+                running.append(request)
+            if not running:
+                if exhausted:
+                    return
+                continue  # nothing ready and nothing running: the requests block until one is
+            for request, event in self._step(running):
+                if event is None:
+                    continue
+                request.schedule.observe(event)
+                yield request, event
+                if event.finished or request.left == 0:
+                    running.remove(request)
+                    request.schedule.end()
+                    if request.drafter is not None:
+                        drafters.append(request.drafter)
+
+    def _step(self, running: list[Request]) -> list[tuple[Request, RoundEvent | None]]:
+        """One target forward for every running answer: a new one's prompt (no event), the others' rounds.
+        Prompts that cannot share a forward (dense copies: dense_prefill.py) are cached alone first."""
+        if len(running) == 1 or (self.batched is not None and not self.batched.batches_prompts):
+            for request in running:
+                if not request.prompted:
+                    self._prompt(request, *self.prompt_cache(request.tokens, request.cache))
+            if len(running) == 1:
+                request = running[0]
+                pending = self._plan(request)
+                started = time.perf_counter()
+                out = self._verify(request.cache, pending.block, pending.tree, pending.cached, request.device)
+                return [(request, self._finish(request, pending, out, time.perf_counter() - started))]
+        joining = [r for r in running if not r.prompted]
+        rounds = [r for r in running if r.prompted]
+        plans = [self._plan(r) for r in rounds]
+        blocks = [Block(r.tokens[:-1], r.cache, keep=1) for r in joining if r.tokens.shape[0] > 1]
+        blocks += [self._block(p, r) for p, r in zip(plans, rounds)]
+        started = time.perf_counter()
+        outs = self.batched.forward_many(blocks, **self._extra) if blocks else []
+        forward_s = time.perf_counter() - started
+        outs = iter(outs)
+        for request in joining:
+            self._prompt(request, request.cache, next(outs) if request.tokens.shape[0] > 1 else None)
+        return [(r, None) for r in joining] + [(r, self._finish(r, p, next(outs), forward_s, len(rounds))) for p, r in zip(plans, rounds)]
+
+    def _block(self, pending: Pending, request: Request) -> Block:
+        """A round's block in a forward of several: a chain causally, a tree under its ancestor mask."""
+        if pending.tree is None:
+            return Block(pending.block, request.cache)
+        mask = tree_masks(self.target.config, pending.tree, pending.cached, torch.bool)
+        return Block(pending.tree.tokens, request.cache, pending.cached + pending.tree.depths(), mask)
+
+    def _prompt(self, request: Request, cache, out) -> None:
+        """The prompt is cached: the drafter reads it (its features, where it needs them)."""
+        request.cache, request.prompted = cache, True
+        if out is not None and request.drafter is not None:
+            length = request.prompt_length
+            request.drafter.observe(Verified(request.tokens, length, features=self._features(out, slice(0, length - 1))))
+
+    def _plan(self, request: Request) -> Pending:
+        """A round up to its verify forward: plan and draft (a chain or a tree), and the block to verify."""
         started = time.perf_counter()
         cached = request.tokens.shape[0] - 1
         request.schedule.context(cached)
         want, draft, offer_s = self._draft(request)
-        drafted_at = time.perf_counter()
-        block = torch.cat([request.tokens[-1:], draft.tokens])  # block index 0 the root, i the i-th draft node
-        tree = None if draft.parents is None else Tree(block, (-1, *draft.parents))  # None: a chain
-        out = self._verify(request.cache, block, tree, cached, request.device)
+        draft_s = time.perf_counter() - started
+        block = torch.cat([request.tokens[-1:], draft.tokens])
+        tree = None if draft.parents is None else Tree(block, (-1, *draft.parents))
+        return Pending(started, want, draft, offer_s, draft_s, block, tree, cached)
+
+    def _finish(self, request: Request, pending: Pending, out, forward_s: float, batch: int = 1) -> RoundEvent:
+        """A round after its verify forward: accept, commit the kept path (cache and tokens), show the
+        drafters what the target said, and the event."""
+        draft, tree, block = pending.draft, pending.tree, pending.block
+        accept_started = time.perf_counter()
         logits = out.logits[0, : block.shape[0], : self.vocab_size].float()
         path, token = self._accept(request, draft, tree, logits)
         verified_at = time.perf_counter()
@@ -158,19 +259,20 @@ class SpeculativeEngine:
         return RoundEvent(
             source=draft.source if len(draft) or draft.confidence else "",
             catchup_s=draft.catchup_s,
-            offer_s=offer_s,
+            offer_s=pending.offer_s,
             confidence=draft.confidence,
-            k=want,
+            k=pending.want,
             drafted=draft.tokens.tolist(),
             accepted=min(len(path), len(emitted)),  # drafts past an EOS or the budget were not used
             token=token if complete else None,
             emitted=emitted,
-            draft_s=drafted_at - started,
-            verify_s=verified_at - drafted_at,
+            draft_s=pending.draft_s,
+            verify_s=forward_s + verified_at - accept_started,
             finished=finished,
             logits=logits[rows_kept].cpu() if request.record_logits else None,
             stop=EOS if eos else (request.limit if finished else None),
-            cached=cached,
+            batch=batch,
+            cached=pending.cached,
             fallback_forwards=fallbacks,
             parents=None if tree is None else tuple(draft.parents),
             path=None if tree is None else rows[1:],
@@ -190,19 +292,19 @@ class SpeculativeEngine:
 
     def _observe(self, request: Request, block, logits, out, rows_kept, finished: bool) -> None:
         """Show the drafter what the target said of the round: the context now, its successors and features."""
-        if self.drafter is None:
+        if request.drafter is None:
             return
         successors = top_ids(logits.cpu(), self.needs.successors) if self.needs.successors else None
-        self.drafter.observe(Verified(request.tokens, request.prompt_length, block, successors,
+        request.drafter.observe(Verified(request.tokens, request.prompt_length, block, successors,
                                       self._features(out, rows_kept), finished))
 
     @torch.inference_mode()
-    def prompt_cache(self, tokens: torch.Tensor) -> tuple[ReservedCache | DynamicCache, object]:
+    def prompt_cache(self, tokens: torch.Tensor, cache=None) -> tuple[ReservedCache | DynamicCache, object]:
         """The target's cache of every prompt token but the last (the invariant of every round: the
         cache holds all tokens but the last emitted one), and the forward's output (None for a
         one-token prompt). Its only logits asked for are the last row's: a quantised target runs
         it as a prompt (runtime/dense_prefill.py), which a verify block, scoring every row, never is."""
-        cache = reserved_cache(self.target.config)
+        cache = reserved_cache(self.target.config) if cache is None else cache
         if tokens.shape[0] < 2:
             return cache, None
         out = self.target(tokens[None, :-1].to(input_device(self.target)), cache=cache, use_cache=True,
@@ -213,7 +315,7 @@ class SpeculativeEngine:
         """The tokens this run may add, once the request is found sound."""
         if self.drafts_trees or schedule.trees:
             check_tree_rule(rule)
-        if schedule.trees and self.drafter is not None and self._trees is None:
+        if schedule.trees and self.drafter is not None and not self._trees:
             raise ValueError(f"the schedule may plan trees, and drafter {self.drafter.name!r} has no learned drafter "
                              "that drafts them (decoding/drafters/base.TreeDrafting)")
         if not prompt_ids:
@@ -230,20 +332,20 @@ class SpeculativeEngine:
         # A round emits at most K + 1 tokens: drafting past the budget is wasted work.
         room = max(0, min(MAX_K, request.left - 1))
         started = time.perf_counter()
-        offers = self._offers(request.tokens, room) if request.schedule.reads_offer and room else {}
+        free, learned = parts(request.drafter)
+        offers = self._offers(free, request.tokens, room) if request.schedule.reads_offer and room else {}
         offer_s = time.perf_counter() - started
-        want, draft = self._chosen(request.schedule, request.tokens, offers, room, request.sampling, request.noise)
+        want, draft = self._chosen(request, learned, offers, room)
         return want, draft, offer_s
 
-    def _chosen(self, schedule: KSchedule, tokens, offers: dict[str, Draft], room: int, sampling,
-                noise) -> tuple[int, Draft]:
+    def _chosen(self, request: Request, learned: Drafter | None, offers: dict[str, Draft], room: int) -> tuple[int, Draft]:
         """The K and draft of the schedule's plan among the offers, the learned drafter and none."""
-        learned = self._learned.name if self._learned is not None else None
-        plan = schedule.plan({name: len(offer) for name, offer in offers.items()}, learned, room)
+        schedule, tokens, sampling, noise, drafter = request.schedule, request.tokens, request.sampling, request.noise, request.drafter
+        plan = schedule.plan({name: len(offer) for name, offer in offers.items()}, learned.name if learned else None, room)
         tree = plan.take is Take.TREE or (plan.take is Take.AS_IS and self.drafts_trees)
         # A chain's K is its depth; a tree's is its node count, however shallow (paths past the budget are cut).
         want = max(0, min(plan.k, MAX_K if room else 0) if tree else min(plan.k, room))
-        if plan.take is Take.NOTHING or want == 0 or self.drafter is None:
+        if plan.take is Take.NOTHING or want == 0 or drafter is None:
             return (0 if plan.take is Take.NOTHING else want), Draft.empty()
         if plan.take is Take.OFFER:
             offer = offers.get(plan.source)
@@ -252,26 +354,27 @@ class SpeculativeEngine:
                                  + (", ".join(f"{name!r} ({len(o)} tokens)" for name, o in offers.items()) or "nothing"))
             return want, offer.first(want)
         if plan.take is Take.AS_IS:
-            draft = self.drafter.propose(tokens, want, sampling, noise)
-        elif self._learned is None:
+            draft = drafter.propose(tokens, want, sampling, noise)
+        elif learned is None:
             raise ValueError(f"schedule chose the learned drafter ({plan.take.value}); this drafter has none")
         elif plan.take is Take.LEARNED:
             gate = schedule.gate(plan.source, want)  # the drafter stops where its guesses stop paying (gate.py)
-            draft = self._learned.propose(tokens, want, sampling, noise, gate=gate)
-        elif self._trees is None:
-            raise ValueError(f"schedule planned a tree; drafter {self._learned.name!r} drafts no trees")
+            draft = learned.propose(tokens, want, sampling, noise, gate=gate)
+        elif not isinstance(learned, TreeDrafting):
+            raise ValueError(f"schedule planned a tree; drafter {learned.name!r} drafts no trees")
         else:
-            draft = self._trees.propose_tree(tokens, TreeShape(want))
+            draft = learned.propose_tree(tokens, TreeShape(want))
         if draft.parents is None:
             return want, draft.first(want)
         if len(draft) > want:
-            raise RuntimeError(f"drafter {self.drafter.name} proposed a tree of {len(draft)} nodes, {want} asked for")
+            raise RuntimeError(f"drafter {drafter.name} proposed a tree of {len(draft)} nodes, {want} asked for")
         return want, draft
 
-    def _offers(self, tokens: torch.Tensor, room: int) -> dict[str, Draft]:
+    @staticmethod
+    def _offers(free: tuple[Drafter, ...], tokens: torch.Tensor, room: int) -> dict[str, Draft]:
         """Each free drafter's ready draft of at most ``room`` tokens, by its source (none where it has none)."""
         offers = {}
-        for drafter in self._free:
+        for drafter in free:
             draft = drafter.propose(tokens, room, None, None)
             if len(draft):
                 offers.setdefault(draft.source or drafter.name, draft)
@@ -295,18 +398,18 @@ class SpeculativeEngine:
         """The kept path (block indices, the root left out) and the target's own next token: the
         longest path whose every token is the target's choice, the argmax of its scores (the logits
         under greedy; under sampling the race's, coupling.py: row i scores the position after block
-        node i, at its depth), chain or tree alike. A lossy rule judges a chain's drafts on p and q
+        node i, at its depth), chain or tree alike. Any other rule judges a chain's drafts on p and q
         instead (acceptance.py)."""
         sampling, rule = request.sampling, request.rule
         scores = logits
-        if not sampling.greedy and rule.lossless:  # a lossy rule judges p and q instead
+        if not sampling.greedy and rule.raced:  # every other rule judges p and q instead
             start = request.tokens.shape[0]
             depths = range(logits.shape[0]) if tree is None else tree.depths().tolist()
             scores = race_scores(distribution(logits, sampling), request.noise.rows(start + d for d in depths))
         if tree is not None:
             return greedy_tree_accept(tree, scores)
         drafts = draft.tokens.to(logits.device)
-        if rule.lossless:
+        if rule.raced:
             accepted, token = greedy_accept(drafts, scores)
         else:
             accepted, token = relaxed_accept(rule, drafts, draft.probs, logits, sampling, request.generator)

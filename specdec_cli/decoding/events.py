@@ -46,6 +46,7 @@ class RoundEvent:
     path: list[int] | None = None  # a tree round's kept nodes, as block indices (1 the first draft node)
     cached: int = 0  # tokens in the target's cache when it verified the block: the context it attended over
     stop: str | None = None  # the last round's: why the run ended (EOS, MAX_NEW_TOKENS or CONTEXT); None before
+    batch: int = 1  # answers whose rounds the same target forward verified (1: this one alone)
 
     @property
     def nodes(self) -> int:

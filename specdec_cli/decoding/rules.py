@@ -1,4 +1,5 @@
-"""Which acceptance rule a run uses: ``exact`` (lossless, the default) or an opt-in lossy one.
+"""Which acceptance rule a run uses: ``exact`` (the race: lossless, the seed fixes the text; the
+default), ``standard`` (min(1, p/q) with a residual draw: lossless in distribution) or an opt-in lossy one.
 
 Kept free of torch so that a bad ``--accept`` is refused before any model loads; the rules' math is in
 ``acceptance.py``.
@@ -12,21 +13,30 @@ from dataclasses import dataclass
 from ..errors import UserError
 
 EXACT = "exact"
+STANDARD = "standard"
 LENIENT = "lenient"
 TYPICAL = "typical"
 TOP = "top"
-RULE_SYNTAX = "exact, lenient:L (L >= 1), typical:EPS,DELTA (both in (0, 1]) or top:N (N >= 1)"
+RULE_SYNTAX = "exact, standard, lenient:L (L >= 1), typical:EPS,DELTA (both in (0, 1]) or top:N (N >= 1)"
 
 
 @dataclass(frozen=True)
 class AcceptRule:
-    """How a draft token is judged. ``exact`` is the lossless test; every other kind is lossy."""
+    """How a draft token is judged. ``exact`` and ``standard`` are lossless; every other kind is lossy."""
 
     kind: str = EXACT
     params: tuple[float, ...] = ()
 
     @property
     def lossless(self) -> bool:
+        """Each emitted token is distributed exactly as the target's p (greedy: is its argmax)."""
+        return self.kind in (EXACT, STANDARD)
+
+    @property
+    def raced(self) -> bool:
+        """The target's token is the race's winner (coupling.py): the seed fixes the text, whatever
+        drafted it. Every other rule judges a chain on p and q and draws from a seeded generator whose
+        draws follow the drafts (the standard rule's text is fixed by the seed for one drafter and K)."""
         return self.kind == EXACT
 
     def __str__(self) -> str:
@@ -36,13 +46,13 @@ class AcceptRule:
 
 
 def parse_rule(text: str, origin: str = "--accept") -> AcceptRule:
-    """'exact', 'lenient:2', 'typical:0.3,0.09', 'top:3' → AcceptRule; anything else is a UserError."""
+    """'exact', 'standard', 'lenient:2', 'typical:0.3,0.09', 'top:3' → AcceptRule; anything else is a UserError."""
     kind, colon, rest = text.strip().partition(":")
     bad = UserError(f"{origin} {text!r}: expected {RULE_SYNTAX}")
-    if kind == EXACT:
+    if kind in (EXACT, STANDARD):
         if colon:
             raise bad
-        return AcceptRule()
+        return AcceptRule(kind)
     try:
         values = tuple(float(v) for v in rest.split(",")) if colon else ()
     except ValueError:
@@ -59,6 +69,7 @@ def parse_rule(text: str, origin: str = "--accept") -> AcceptRule:
 
 
 def check_tree_rule(rule: AcceptRule) -> None:
-    """Trees are verified exactly: a lossy rule judges a chain's drafts in order, which a tree's are not."""
-    if not rule.lossless:
+    """Trees are verified exactly, by the race: every other rule judges a chain's drafts in order, which a
+    tree's are not (min(1, p/q) over siblings would need a residual per rejected sibling)."""
+    if not rule.raced:
         raise UserError(f"acceptance rule {rule} applies to chains of drafts; trees are verified exactly")

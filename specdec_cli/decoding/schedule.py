@@ -67,6 +67,10 @@ class KSchedule:
     def observe(self, event: RoundEvent) -> None:
         """See how the round went."""
 
+    def end(self) -> None:
+        """The answer it planned for is over (finished, stopped or refused): one kept for an answer at a
+        time may serve another."""
+
 
 @dataclass
 class FixedK(KSchedule):

@@ -11,8 +11,9 @@ a pair drafted by n-gram lookup by default still benches its draft model and its
 pair's calibration profile (read, never written); ``auto-ungated`` the same without the learned
 drafter's confidence gate (gate.py: every round drafts the K chosen), to see what the gate gives.
 
-``MODE@RULE`` runs a mode under a lossy acceptance rule (``head:3@top:3``); its lossless twin runs
-beside it, interleaved, and ``lossy.py`` reports what the rule cost. With ``samples`` > 1 each prompt
+``MODE@RULE`` runs a mode under another acceptance rule than the race (``head:3@top:3``,
+``spec:3@standard``); its twin under the race runs beside it, interleaved, and for a lossy rule
+``lossy.py`` reports what the rule cost. With ``samples`` > 1 each prompt
 runs that many times per mode, with seeds seed, seed+1, … shared by every mode (paired).
 """
 
@@ -56,7 +57,7 @@ class Mode:
 
     def __str__(self) -> str:
         name = f"{self.kind}:{self.k}" if self.kind not in WITHOUT_K else self.kind
-        return name if self.rule.lossless else f"{name}@{self.rule}"
+        return name if self.rule.raced else f"{name}@{self.rule}"  # standard is lossless, yet not the race
 
     @property
     def lossless_twin(self) -> "Mode":
@@ -81,7 +82,8 @@ def _items(text: str) -> list[str]:
 
 
 def parse_modes(text: str) -> list[Mode]:
-    """Modes in order, plain first; a lossy mode brings its lossless twin (what it is measured against)."""
+    """Modes in order, plain first; a mode under another rule than the race brings its twin under the
+    race (what it is measured against)."""
     modes = []
     for full in _items(text):
         item, at, rule_text = full.partition("@")
@@ -106,19 +108,19 @@ def parse_modes(text: str) -> list[Mode]:
         raise UserError("no modes given")
     if Mode("plain") not in modes:
         modes.insert(0, Mode("plain"))  # every figure is relative to it
-    for mode in [m for m in modes if not m.rule.lossless and m.lossless_twin not in modes]:
+    for mode in [m for m in modes if not m.rule.raced and m.lossless_twin not in modes]:
         modes.insert(modes.index(mode), mode.lossless_twin)
     return list(dict.fromkeys(modes))
 
 
 def with_rule(modes: list[Mode], rule: AcceptRule) -> list[Mode]:
     """``bench --accept RULE``: every speculative mode of this loop also runs under the rule."""
-    if rule.lossless:
+    if rule.raced:
         return modes
     for mode in modes:
         if mode.kind in DRAFTS_TREES:
             _check_tree_rule(f"{mode} (--accept {rule})", rule)
-    extra = [Mode(m.kind, m.k, rule) for m in modes if m.kind in engine_kinds() and m.kind != "plain" and m.rule.lossless]
+    extra = [Mode(m.kind, m.k, rule) for m in modes if m.kind in engine_kinds() and m.kind != "plain" and m.rule.raced]
     return list(dict.fromkeys(modes + extra))
 
 

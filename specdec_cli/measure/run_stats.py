@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ..decoding.events import RoundCounts, RoundEvent
+from ..decoding.rules import parse_rule
 
 
 # Kept for timing, or for bench and calibration, and not part of a run's reported statistics.
@@ -19,7 +20,7 @@ UNREPORTED = ("started", "first", "ended", "k_total", "judged", "other_s", "tree
 @dataclass
 class RunStats(RoundCounts):
     k: int | str
-    accept: str = "exact"  # the acceptance rule; anything else is lossy and says so in every output
+    accept: str = "exact"  # the acceptance rule; one that is not lossless (rules.py) says so in every output
     tree: int | str | None = None  # a tree's node budget (`generate --tree N`), or auto (`--tree auto`); None for chains
     started: float = field(default_factory=time.perf_counter, repr=False)
     first: float | None = field(default=None, repr=False)  # when the first round (the prompt's forward before it) ended
@@ -57,7 +58,8 @@ class RunStats(RoundCounts):
 
     @property
     def lossless(self) -> bool:
-        return self.accept == "exact"
+        """Asked of the rule itself: ``standard`` is lossless too, though it is not the default."""
+        return parse_rule(self.accept).lossless
 
     @property
     def tokens_per_s(self) -> float:

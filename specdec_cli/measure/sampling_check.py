@@ -1,4 +1,5 @@
-"""The sampling half of verify-equivalence: a seed fixes the sampled text, whatever drafts.
+"""The sampling half of verify-equivalence: under the race (the default rule) a seed fixes the sampled
+text, whatever drafts.
 
 Sampling is drafter-invariant (decoding/coupling.py), so it is checked as greedy decoding is: N
 seeds per prompt, each seed's speculative continuation at every K against the plain one under the
@@ -8,6 +9,11 @@ sampler on the same target (other seeds) on the first token and the first two to
 two-sample permutation test of the chi-square statistic: that checks the race's distribution is
 the target's. A permutation test needs no minimum expected count, so the long tail of a real
 model's distribution stays in the test instead of being pooled away.
+
+Under a rule other than the race (``--accept standard``, a lossy one) the seed fixes no text that
+plain decoding shares, so there is nothing to compare seed by seed: each K's draws are tested
+against transformers' by the same permutation test instead (its seeds are not theirs, so the two
+samples are independent), beside plain's.
 """
 
 from __future__ import annotations
@@ -68,12 +74,13 @@ def detectable_shift(n: int, threshold: float, power: float = 0.8) -> float:
 
 @dataclass
 class SampleTest:
-    """Plain draws against transformers' sampler, on one prompt and one statistic."""
+    """specdec's draws (plain, or at one K) against transformers' sampler, on one prompt and one statistic."""
 
     prompt_id: str | int
     statistic: str
     outcomes: int  # distinct outcomes seen over both samples
     p_value: float
+    draws: str = "plain"  # whose: "plain", or "K=3" where the rule is not the race
 
 
 @dataclass
@@ -96,6 +103,7 @@ class SamplingResult:
     drafted: int = 0  # draft tokens proposed over all speculative draws: 0 would test nothing
     accepted: int = 0
     alpha: float = ALPHA
+    raced: bool = True  # the rule is the race: seeds compared one by one; else every K's distribution tested
 
     @property
     def threshold(self) -> float:
@@ -130,9 +138,16 @@ class SamplingResult:
         """No mismatch, and the race's draws look like transformers' (near-ties fail only under --strict)."""
         return self.count(MISMATCH) == 0 and self.same_distribution
 
+    @property
+    def sampler(self) -> str:
+        """Whose draws the permutation tests judged."""
+        return "plain sampling" if self.raced else "plain sampling, speculative sampling"
+
     def verdict(self) -> str:
         identity = (f"{self.identical}/{self.seeded} seeded speculative runs token-identical to plain sampling, "
                     f"{self.count(MISMATCH)} mismatch(es), {self.count(NEAR_TIE)} numerical near-tie(s)")
+        if not self.raced:
+            identity = "speculative draws tested by distribution (this rule's seed fixes no text that plain sampling shares)"
         if self.drafted == 0:  # plain against plain: the identity could not have failed
             return f"inconclusive: no draft token was proposed while sampling, so nothing speculative was tested ({identity})"
         return f"{identity}; {self.distribution_verdict()}"
@@ -140,16 +155,17 @@ class SamplingResult:
     def distribution_verdict(self) -> str:
         p, threshold = f"{self.min_p:.3g}", f"{self.threshold:.3g}"
         if not self.same_distribution:
-            return f"plain sampling and transformers' sampler differ: strong evidence (smallest p = {p} < threshold {threshold})"
+            return f"{self.sampler} and transformers' sampler differ: strong evidence (smallest p = {p} < threshold {threshold})"
         shift = detectable_shift(self.n, self.threshold)
         power = f"with {self.n} draws per side, a shift of about {shift:.0%} in one outcome's probability would be detected 80% of the time"
         if self.min_p < 0.05:
-            return (f"weak evidence that plain sampling and transformers' sampler differ (smallest p = {p}), not "
+            return (f"weak evidence that {self.sampler} and transformers' sampler differ (smallest p = {p}), not "
                     f"significant at threshold {threshold}; rerun with a larger --sampling N ({power})")
-        return f"no evidence that plain sampling and transformers' sampler differ (smallest p = {p} ≥ threshold {threshold}); {power}"
+        return f"no evidence that {self.sampler} and transformers' sampler differ (smallest p = {p} ≥ threshold {threshold}); {power}"
 
     def as_dict(self) -> dict:
         return dict(n=self.n, temperature=self.temperature, tokens=TOKENS, alpha=self.alpha,
+                    compared="seed by seed" if self.raced else "by distribution",
                     threshold=self.threshold, permutations=self.rounds, min_p=self.min_p, passed=self.passed,
                     identical=self.identical, seeded=self.seeded,
                     drafted=self.drafted, accepted=self.accepted, verdict=self.verdict(),
@@ -189,19 +205,29 @@ def check_sampling(
     rule: AcceptRule = AcceptRule(),
     tolerance: float = 0.0,
 ) -> SamplingResult:
-    """Seeds ``seed`` to ``seed + n - 1`` per prompt, plainly and at every K; transformers' draws beside."""
+    """Seeds ``seed`` to ``seed + n - 1`` per prompt, plainly and at every K; transformers' draws beside.
+    Under the race each K's draws are compared with plain's seed by seed; else tested as plain's are."""
     sampling = SamplingParams(temperature)
-    result = SamplingResult(n, temperature)
+    result = SamplingResult(n, temperature, raced=rule.raced)
     pending = []
+
+    def tested(prompt_id, draws: str, ours: list[tuple], reference: list[tuple]) -> list:
+        return [(SampleTest(prompt_id, name, 0, 0.0, draws), [s[:m] for s in ours], [s[:m] for s in reference])
+                for name, m in STATISTICS.items()]
+
     for prompt_id, ids in prompts[:PROMPTS]:
         plain, _, _ = draw(engine, ids, 0, n, seed, sampling)
         reference = reference_draws(engine, ids, n, seed + REFERENCE_SEEDS, temperature)
-        pending += [(prompt_id, name, [s[:m] for s in plain], [s[:m] for s in reference]) for name, m in STATISTICS.items()]
+        pending += tested(prompt_id, "plain", plain, reference)
         step(f"sampling prompt {prompt_id} plainly and with transformers")
         for k in ks:
             speculative, drafted, accepted = draw(engine, ids, k, n, seed, sampling, rule)
             result.drafted += drafted
             result.accepted += accepted
+            if not rule.raced:
+                pending += tested(prompt_id, f"K={k}", speculative, reference)
+                step(f"sampling prompt {prompt_id} · K={k}")
+                continue
             differing = [i for i in range(n) if speculative[i] != plain[i]]
             result.runs.append(SeededRuns(prompt_id, k, n, n - len(differing)))
             for i in differing:  # located on a rerun of TOKENS tokens each: cheap
@@ -209,8 +235,9 @@ def check_sampling(
                                    tolerance, rule, sampling, seed + i)
                 result.divergences.append(locator.against(Decoded(list(speculative[i]), None), k))
             step(f"sampling prompt {prompt_id} · K={k}")
-    result.tests = [SampleTest(pid, name, len(set(a) | set(b)), 0.0) for pid, name, a, b in pending]
+    result.tests = [test for test, _, _ in pending]
     rounds = result.rounds  # depends on how many tests there are
-    for test, (_, _, a, b) in zip(result.tests, pending):
+    for test, a, b in pending:
+        test.outcomes = len(set(a) | set(b))
         test.p_value = permutation_test(a, b, rounds, seed)
     return result

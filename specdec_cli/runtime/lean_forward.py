@@ -37,7 +37,7 @@ from . import native_kernels
 from .lean_model import LeanCausalLM
 from .quantize import Int4Linear, Int8Linear, Q8Linear, padded_columns
 from .reserved_cache import ReservedCache, appends
-from .rowwise_attention import ROWWISE_UP_TO, native_rows, on_native_kernels, sdpa_rows, visible_keys_once
+from .rowwise_attention import ROWWISE_UP_TO, native_rows, on_native_kernels, sdpa_rows, visible_keys, visible_keys_once
 
 QUANTISED_LINEARS = (Int4Linear, Int8Linear, Q8Linear)
 HANDLED = {"input_ids", "cache", "use_cache", "logits_to_keep", "attention_mask", "position_ids", "output_hidden_states"}
@@ -107,6 +107,17 @@ def layer_supported(layer) -> bool:
     return all(isinstance(m, QUANTISED_LINEARS) and m.bias is None for m in (attention.o_proj, mlp.down_proj))
 
 
+@dataclass(frozen=True)
+class Rows:
+    """One answer's rows in a forward: ``count`` of them, its cache, per row the keys it sees (a tree's
+    gathered positions; None: causal), and whether they are a prompt on an empty cache."""
+
+    count: int
+    cache: object
+    seen: list | None = None
+    prompt: bool = False
+
+
 class LeanDecoder:
     """Llama decoder layers as a flat function of precomputed weights (``layer_weights``)."""
 
@@ -131,18 +142,28 @@ class LeanDecoder:
     def layer(self, x, weights, index, cos, sin, cache, seen, prompt: bool = False):
         """One decoder layer on [rows, hidden] float32; ``cos``/``sin``: [rows, 1, head_dim] from
         ``rotary_tables``; ``prompt``: the rows are a prompt on an empty cache (one causal attention call)."""
+        return self.layer_rows(x, weights, index, cos, sin, (Rows(x.shape[0], cache, seen, prompt),))
+
+    def layer_rows(self, x, weights, index, cos, sin, parts: tuple[Rows, ...] | list[Rows]):
+        """One decoder layer on the rows of several answers, ``parts`` in order: every linear on all
+        rows at once (the kernels compute each row alone), each part's attention on its own cache."""
         norm1, eps1, qkv, o_proj, norm2, eps2, gate_up, down, inner = weights
         rows, q_and_k = x.shape[0], self.heads + self.kv_heads
         h = norm1 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps1))
         heads = qkv(h).view(rows, q_and_k + self.kv_heads, self.head_dim)
         qk = heads[:, :q_and_k]
         qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin
-        query = qk[:, : self.heads].transpose(0, 1)[None]
-        key = qk[:, self.heads :].transpose(0, 1)[None]
-        value = heads[:, q_and_k:].transpose(0, 1)[None]
-        if cache is not None:
-            key, value = cache.update(key, value, index)
-        attended = self.attend_prompt(query, key, value) if prompt else self.attend(query, key, value, seen)
+        attended, start = [], 0
+        for part in parts:
+            end = start + part.count
+            query = qk[start:end, : self.heads].transpose(0, 1)[None]
+            key = qk[start:end, self.heads :].transpose(0, 1)[None]
+            value = heads[start:end, q_and_k:].transpose(0, 1)[None]
+            if part.cache is not None:
+                key, value = part.cache.update(key, value, index)
+            attended.append(self.attend_prompt(query, key, value) if part.prompt else self.attend(query, key, value, part.seen))
+            start = end
+        attended = attended[0] if len(attended) == 1 else torch.cat(attended)
         x = x + o_proj(attended.reshape(rows, -1))
         h = norm2 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps2))
         both = gate_up(h)
@@ -216,10 +237,7 @@ class LeanLlama(LeanDecoder):
             return self.fallback(input_ids, **kwargs)
         past = cache.get_seq_length() if cache is not None else 0
         to_keep = kwargs.get("logits_to_keep", 0)
-        # A prompt: an empty cache, and only its last row's logits wanted (a verify block scores every row):
-        # on the dense copies from dense_from rows; without them, past a block's rows, on the kernels in one causal call.
-        prompt = past == 0 and mask is None and to_keep == 1 and (
-            rows >= self.dense_from if self.prompt_layers is not None else rows > ROWWISE_UP_TO)
+        prompt = self.is_prompt(rows, past, mask, to_keep)
         if rows > ROWWISE_UP_TO and not prompt:
             return self.fallback(input_ids, **kwargs)
         use_cache = kwargs.get("use_cache")
@@ -250,24 +268,93 @@ class LeanLlama(LeanDecoder):
         return {i % count for i in chosen if -count <= i < count}
 
     def layers_forward(self, ids, positions, cache, mask, keep, prompt: bool = False):
+        rows = ids.shape[0]
+        keys = rows + (cache.get_seq_length() if cache is not None else 0)
+        seen = visible_keys_once(mask, rows, keys) if mask is not None else None
+        dense = prompt and self.prompt_layers is not None
+        return self.parts_forward(ids, [positions], [Rows(rows, cache, seen, prompt)], keep, dense)
+
+    def parts_forward(self, ids, positions: list, parts: list[Rows], keep, dense: bool = False):
+        """The decoder over the rows of ``parts`` (``ids`` theirs in order, ``positions`` each part's);
+        ``dense``: one prompt, on the dense copies (dense_prefill.py)."""
         x = self.embed[ids]  # [rows, hidden] float32
-        rows = x.shape[0]
         states = None if keep is None else [None] * (len(self.layers) + 1)
         if states is not None and 0 in keep:
             states[0] = x[None]
-        # The model's own rotary module, once a forward, on the same [1, rows] positions: a table
-        # would round cos/sin differently where a short vector takes the scalar tail loop.
-        cos, sin = self.rotary_tables(self.rotary, x, positions[None])
-        keys = rows + (cache.get_seq_length() if cache is not None else 0)
-        seen = visible_keys_once(mask, rows, keys) if mask is not None else None
-        for index, weights in enumerate(self.prompt_layers if prompt and self.prompt_layers is not None else self.layers):
-            x = self.layer(x, weights, index, cos, sin, cache, seen, prompt)
+        # The model's own rotary module, once a forward a part, on that part's [1, rows] positions: a
+        # table, or the parts' positions in one call, would round cos/sin differently where a short
+        # vector takes the scalar tail loop.
+        tables = [self.rotary_tables(self.rotary, x, p[None]) for p in positions]
+        cos, sin = tables[0] if len(tables) == 1 else (torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables]))
+        for index, weights in enumerate(self.prompt_layers if dense else self.layers):
+            x = self.layer_rows(x, weights, index, cos, sin, parts)
             if states is not None and index + 1 in keep:
                 states[index + 1] = x[None]
         x = self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm_eps))
         if states is not None and states[-1] is not None:
             states[-1] = x[None]  # transformers' last hidden state is the normed one
         return x, states
+
+    def is_prompt(self, rows: int, past: int, mask, to_keep) -> bool:
+        """Whether a forward is a prompt's: an empty cache, and only its last row's logits wanted (a
+        verify block scores every row): on the dense copies from dense_from rows; without them, past a
+        block's rows, on the kernels in one causal call."""
+        return past == 0 and mask is None and to_keep == 1 and (
+            rows >= self.dense_from if self.prompt_layers is not None else rows > ROWWISE_UP_TO)
+
+    @property
+    def batches_prompts(self) -> bool:
+        """Whether a prompt may share a forward with other answers' rows: not on the dense copies,
+        whose matmuls round by the rows they are given."""
+        return self.prompt_layers is None
+
+    def forward_many(self, blocks: list[Block], output_hidden_states=None) -> list:
+        """Several answers' blocks in one forward, each on its own cache: every row is computed as
+        that answer's own forward computes it (the linears' kernels work row by row, each block's
+        attention and rotary tables are its own), so a batched answer is token for token its own."""
+        parts, positions = [], []
+        for block in blocks:
+            rows, past = block.ids.shape[0], block.cache.get_seq_length()
+            prompt = self.is_prompt(rows, past, block.mask, block.keep)
+            if not appends(block.cache) or (prompt and not self.batches_prompts) or (rows > ROWWISE_UP_TO and not prompt):
+                raise ValueError(f"a block of {rows} rows over {past} cached positions cannot share a forward")
+            seen = visible_keys(block.mask, rows, rows + past) if block.mask is not None else None
+            parts.append(Rows(rows, block.cache, seen, prompt))
+            positions.append(torch.arange(past, past + rows) if block.positions is None else block.positions.reshape(-1))
+        keep = self.hidden_state_indices(output_hidden_states)
+        hidden, states = self.parts_forward(torch.cat([b.ids for b in blocks]), positions, parts, keep)
+        spans, start = [], 0
+        for part in parts:
+            spans.append((start, start + part.count))
+            start += part.count
+        kept = [(a if not b.keep else e - b.keep, e) for (a, e), b in zip(spans, blocks)]
+        logits = self.head(torch.cat([hidden[a:e] for a, e in kept]))
+        outputs, at = [], 0
+        for (a, e), (ka, ke), block in zip(spans, kept, blocks):
+            own = None if states is None else tuple(None if s is None else s[:, a:e] for s in states)
+            outputs.append(self.output(logits=logits[None, at : at + ke - ka], cache=block.cache, hidden_states=own))
+            at += ke - ka
+        return outputs
+
+
+@dataclass(frozen=True)
+class Block:
+    """One answer's part of a forward of several (``LeanLlama.forward_many``): its token ids (1-D),
+    its cache, positions (None: after the cached ones), a 4D bool mask (a tree's; None: causal), and
+    how many of its last rows' logits it wants (0: all)."""
+
+    ids: torch.Tensor
+    cache: object
+    positions: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    keep: int = 0
+
+
+def forward_many(model):
+    """``model``'s forward of several answers' blocks (``LeanLlama.forward_many``), or None where its
+    lean forward is not installed."""
+    lean = getattr(model.forward, "__self__", None)
+    return lean if isinstance(lean, LeanLlama) else None
 
 
 def use_lean_forward(model, dense: list[tuple[torch.Tensor, ...]] | None = None) -> bool:

@@ -376,11 +376,15 @@ class AdaptiveK(KSchedule):
             for standing in self.standings.values():
                 standing.acceptance.forget()
                 standing.siblings.forget()
+        self.running = True  # planning an answer's rounds (``end``: no longer)
         self.rounds_off, self.probes, self.declined = 0, 0, 0
         self.k_used: Counter[int] = Counter()
         self.trees_used: Counter[int] = Counter()  # tree rounds by nodes drafted
         self.drafts: defaultdict[str, RoundCounts] = defaultdict(RoundCounts)
         self.k_start = 0 if self.off else self.k
+
+    def end(self) -> None:
+        self.running = False
 
     def report(self) -> dict:
         """Per-prompt figures for the JSON statistics."""

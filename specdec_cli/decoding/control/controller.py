@@ -32,7 +32,8 @@ class AdaptiveController:
         self.gating, self.context_cost = gating, dict(context_cost or {})
         self.alpha = alpha  # the drafter's recorded acceptance, for scenarios no profile covers
         self.profile, self.trees, self.block_cost = profile, trees, dict(block_cost or {})
-        self.schedules: dict[str | None, AdaptiveK] = {}
+        # Per scenario, one AdaptiveK per answer decoded at once (batched decoding), each a prompt at a time.
+        self.schedules: dict[str | None, list[AdaptiveK]] = {}
 
     @classmethod
     def for_pair(cls, pair: PairSpec, profile: PairProfile | None, trees: bool = False,
@@ -49,8 +50,11 @@ class AdaptiveController:
         self.schedules.clear()
 
     def schedule(self, scenario: str | None) -> AdaptiveK:
-        """The scenario's controller, counters reset for a new prompt."""
-        if scenario not in self.schedules:
+        """The scenario's controller, counters reset for a new prompt: one that plans no answer now (a
+        batch runs several at once), or a new one."""
+        lanes = self.schedules.setdefault(scenario, [])
+        schedule = next((s for s in lanes if not s.running), None)
+        if schedule is None:
             section = self.profile.for_scenario(scenario) if self.profile else None
             siblings = sibling_prior(self.profile, scenario)
             if section:
@@ -58,9 +62,9 @@ class AdaptiveController:
             else:
                 guess = Prior.guess(self.fallback_k(scenario), self.model_drafter, self.alpha)
                 prior = Prior(guess.k, guess.alpha, guess.c, block_cost=self.block_cost, siblings=siblings or SIBLING_PRIOR)
-            self.schedules[scenario] = AdaptiveK(prior, self.k_max, main=self.main, trees=self.trees, gating=self.gating,
-                                                 context_cost=self.context_cost)
-        schedule = self.schedules[scenario]
+            schedule = AdaptiveK(prior, self.k_max, main=self.main, trees=self.trees, gating=self.gating,
+                                 context_cost=self.context_cost)
+            lanes.append(schedule)
         schedule.begin()
         return schedule
 

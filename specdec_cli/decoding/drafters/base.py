@@ -8,6 +8,8 @@ what the target said of them, every drafter sees (``observe``), and the ones tha
 
 from __future__ import annotations
 
+import copy
+
 from dataclasses import dataclass
 
 import torch
@@ -130,6 +132,15 @@ class Drafter:
     def reset(self) -> None:
         """Forget the previous prompt (what a drafter learns across prompts, it keeps)."""
 
+    def fork(self) -> Drafter:
+        """A drafter for another answer decoded beside this one's (batched decoding): state of its own
+        for the answer, what it learns across answers shared. By default a shallow copy that ``reset``
+        gives answer state of its own; a drafter whose state is all learned across answers (a table,
+        a memory) is shared whole, and a composite forks its parts."""
+        twin = copy.copy(self)
+        twin.reset()
+        return twin
+
     def observe(self, verified: Verified) -> None:
         """See what the target confirmed and predicted (and, for a drafter that needs them, the
         successors and features it declared)."""
@@ -175,6 +186,9 @@ class Composite(Drafter):
 
     def components(self) -> tuple[Drafter, ...]:
         raise NotImplementedError
+
+    def fork(self) -> Drafter:
+        raise NotImplementedError(f"{type(self).__name__} makes no drafter of forked parts (Drafter.fork)")
 
     @property
     def needs(self) -> Needs:

@@ -20,6 +20,9 @@ class Beside(Composite):
     def components(self) -> tuple[Drafter, ...]:
         return self.main, *self.beside
 
+    def fork(self) -> Beside:
+        return Beside(self.main.fork(), tuple(d.fork() for d in self.beside))
+
     def reset(self) -> None:
         for drafter in self.components():
             drafter.reset()

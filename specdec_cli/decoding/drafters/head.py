@@ -233,6 +233,9 @@ class HeadTree(TreesOnly, Composite):
     def components(self) -> tuple[Drafter, ...]:
         return (self.head,)
 
+    def fork(self) -> HeadTree:
+        return HeadTree(self.head.fork(), self.width, self.depth)
+
     def reset(self) -> None:
         self.head.reset()
 

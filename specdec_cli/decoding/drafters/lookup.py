@@ -90,6 +90,9 @@ class LookupFirst(Composite):
     def components(self) -> tuple[Drafter, ...]:
         return self.lookup, self.any_match, self.learned
 
+    def fork(self) -> LookupFirst:
+        return LookupFirst(self.learned.fork(), self.lookup.fork())
+
     def reset(self) -> None:
         self.lookup.reset()
         self.any_match.reset()

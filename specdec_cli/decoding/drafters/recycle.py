@@ -48,6 +48,10 @@ class RecycleDrafter(Drafter):
             self.seen[rows] = torch.where(self.table[rows, 0] == first, self.seen[rows] + 1, 1)
             self.table[rows] = verified.successors.to(torch.int32)
 
+    def fork(self) -> RecycleDrafter:
+        """Shared whole: every answer decoded beside another adds to what it learns, and reads it."""
+        return self
+
     def propose(self, context, k, sampling, noise, gate=None) -> Draft:
         last = int(context[-1])
         found = walk(self.table, last, min(k, DEPTH))

@@ -43,6 +43,10 @@ class StoreDrafter(Drafter):
     def for_pair(cls, spec, vocab_size: int) -> StoreDrafter:
         return cls(opened_table(spec.answers, vocab_size))
 
+    def fork(self) -> StoreDrafter:
+        """Shared whole: every answer decoded beside another adds to what it learns, and reads it."""
+        return self
+
     def propose(self, context, k, sampling, noise, gate=None) -> Draft:
         found, matched = self.table.continuation(context[-MAX_MATCH:].tolist(), k)
         return Draft(torch.tensor(found, dtype=torch.long), source=store_source(matched) if found else "")

@@ -69,6 +69,10 @@ class SuffixDrafter(Drafter):
             self.size -= len(old)
             count(self.counts, old, old_lead, -1)
 
+    def fork(self) -> SuffixDrafter:
+        """Shared whole: every answer decoded beside another adds to what it learns, and reads it."""
+        return self
+
     def propose(self, context, k, sampling, noise, gate=None) -> Draft:
         found, matched = continuation(self.counts, context[-MAX_MATCH:].tolist(), k)
         return Draft(torch.tensor(found, dtype=torch.long), source=suffix_source(matched) if found else "")
