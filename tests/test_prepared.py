@@ -153,10 +153,14 @@ def test_the_default_pairs_mapped_int4_target_equals_a_fresh_build_bit_for_bit()
     from transformers import AutoModelForCausalLM
 
     from specdec_cli.runtime import dense_prefill
+    from specdec_cli.runtime.gguf_int4 import gguf_int4_blocks
+    from specdec_cli.runtime.quantize import quantise_model
     float_model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
     native = native_kernels.available(cache_root())
     prompt_dtype = dense_prefill.dense_dtype(native_kernels.cpu_path() if native else "")  # as load chose
-    built, dense = loading._quantised(float_model, "int4", Path(directory) / gguf_file, prompt_dtype, native)
+    dense = dense_prefill.dense_weights(float_model, prompt_dtype) if prompt_dtype is not None else None
+    blocks = gguf_int4_blocks(Path(directory) / gguf_file, float_model)  # the whole float model's build, in one call
+    built = quantise_model(float_model, "int4", blocks, native=native)
     built = loading._finish(built, dense, True).eval()
     ids = torch.randint(20, 40000, (1, 40), generator=torch.Generator().manual_seed(3))
     outputs = []

@@ -1,12 +1,15 @@
 """A GGUF source converted once into a transformers directory under the cache, and checked when read.
 
-Converting takes tens of seconds (de-quantising every tensor); later runs read the directory. A warm
-start that maps a prepared target reads only its small files (config, generation config, tokenizer);
-its weights are read when a target is prepared from them or loaded unquantised. So the conversion
-records a sampled digest of every file (``DIGESTS``, runtime/sampled_digest.py), and each reader checks
-the files it reads: the small ones at every start (a few pages, cheap), the weights before they are
-read. A file that does not match is reported on one line and the conversion made again. A conversion
-written before the digests existed has none, and is read unchecked.
+The conversion holds what every start reads: the config, generation config and tokenizer, taken from
+the GGUF's metadata in seconds. Its float32 weights (four times a Q4 file, and the whole float model
+in memory while they are made) are added only when a command loads the model unquantised (a float
+dtype, training's teacher at float32, a server that reads transformers directories): a quantised
+target is prepared from the GGUF itself, one tensor at a time (layerwise.py, gguf_tensors.py).
+
+The conversion records a sampled digest of every file (``DIGESTS``, runtime/sampled_digest.py), and
+each reader checks the files it reads: the small ones at every start (a few pages, cheap), the
+weights before they are read. A file that does not match is reported on one line and the conversion
+made again. A conversion written before the digests existed has none, and is read unchecked.
 """
 
 from __future__ import annotations
@@ -41,14 +44,16 @@ class Damaged(Exception):
 
 def converted(source: ModelSource, directory: str, gguf_file: str, weights: bool = True) -> str:
     """The conversion of ``directory/gguf_file``, made once and reused; checked first (its weights too
-    when ``weights``) and made again, with one warning, when damaged. Its staging directory is made
-    before the work: a cache that cannot take the conversion, which every later start reads, is one
-    line before the work, not a traceback after it."""
+    when ``weights``) and made again, with one warning, when damaged. ``weights``: with its float32
+    weights, added now if it has none. Its staging directory is made before the work: a cache that
+    cannot take the conversion, which every later start reads, is one line before the work, not a
+    traceback after it."""
     target = open_cache() / cache_key(source, directory, gguf_file)
     if (target / "config.json").is_file():
         try:
             check(target, weights)
-            return str(target)
+            if not weights or has_weights(target):
+                return str(target)
         except Damaged as exc:
             log.warning(f"the conversion of {gguf_file} is damaged ({exc}); converting it again")
             shutil.rmtree(target, ignore_errors=True)
@@ -58,7 +63,9 @@ def converted(source: ModelSource, directory: str, gguf_file: str, weights: bool
         # conversion, instead of de-quantising the same file beside it.
         with updating(target):
             if not (target / "config.json").is_file():
-                _convert_once(source, directory, gguf_file, target, identity)
+                _convert_once(source, directory, gguf_file, target, identity, weights)
+            elif weights and not has_weights(target):
+                _add_weights(source, directory, gguf_file, target)
     except OSError as exc:
         raise UserError(f"the conversion of {gguf_file}: {unwritable(target, exc)}") from None
     removed = superseded.remove_superseded(target.parent, target, identity)
@@ -67,21 +74,44 @@ def converted(source: ModelSource, directory: str, gguf_file: str, weights: bool
     return str(target)
 
 
-def _convert_once(source: ModelSource, directory: str, gguf_file: str, target: Path, identity: str) -> None:
+def _convert_once(source: ModelSource, directory: str, gguf_file: str, target: Path, identity: str,
+                  weights: bool) -> None:
     with staging.staging(target.parent) as scratch:
         if target.exists():
             raise PermissionError(13, "a damaged conversion could not be removed", str(target))
         log.info(f"converting {gguf_file} once (later runs read {target})")
         _convert(source, directory, gguf_file, scratch)
+        if weights and not has_weights(scratch):
+            _float_weights(source, directory, gguf_file, scratch)
         superseded.mark(scratch, identity)
         record(scratch)
         os.replace(scratch, target)  # atomic: a half-written conversion is never found
 
 
-def record(directory: Path) -> None:
-    """Write the digest of every file in a finished conversion ``directory``."""
-    digests = {path.name: file_digest(path) for path in sorted(directory.iterdir()) if path.is_file()}
-    (directory / DIGESTS).write_text(json.dumps(digests, indent=1) + "\n")
+def has_weights(directory: Path) -> bool:
+    """Whether a conversion holds its float weights."""
+    return any(path.name.endswith(WEIGHTS_SUFFIX) for path in directory.iterdir())
+
+
+def _add_weights(source: ModelSource, directory: str, gguf_file: str, target: Path) -> None:
+    """The float32 weights added to the conversion ``target``: each weights file moved in whole, then
+    the digests written again with theirs (a reader between the two reads a whole file, unchecked)."""
+    log.info(f"converting {gguf_file}'s weights to float32 once, for a model loaded unquantised "
+             f"(later runs read {target})")
+    with staging.staging(target.parent) as scratch:
+        _float_weights(source, directory, gguf_file, scratch)
+        for path in sorted(scratch.iterdir()):
+            os.replace(path, target / path.name)
+    with staging.staging(target.parent) as scratch:
+        record(target, scratch / DIGESTS)
+        os.replace(scratch / DIGESTS, target / DIGESTS)
+
+
+def record(directory: Path, into: Path | None = None) -> None:
+    """Write the digest of every file in a finished conversion ``directory`` (to ``into``, else its own ``DIGESTS``)."""
+    digests = {path.name: file_digest(path) for path in sorted(directory.iterdir())
+               if path.is_file() and path.name != DIGESTS}
+    (into or directory / DIGESTS).write_text(json.dumps(digests, indent=1) + "\n")
 
 
 def check(directory: str | Path, weights: bool) -> None:
@@ -108,13 +138,33 @@ def check(directory: str | Path, weights: bool) -> None:
 
 
 def _convert(source: ModelSource, directory: str, gguf_file: str, into: Path) -> None:
-    """Load the GGUF (de-quantising every tensor) and save it as a transformers directory ``into``."""
+    """The GGUF's config, generation config and tokenizer as a transformers directory ``into``: the
+    files ``save_pretrained`` of the whole model writes beside its weights, byte for byte (tested)."""
     quiet_transformers()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        with redirect_stderr(io.StringIO()):
+            tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+            config = AutoConfig.from_pretrained(directory, gguf_file=gguf_file)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"could not load GGUF {source}: {first_line(exc)}") from None
+    with torch.device("meta"):  # its class name and generation settings, no weights
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(into)
+    model.generation_config.save_pretrained(into)
+    tokenizer.save_pretrained(into)
+
+
+def _float_weights(source: ModelSource, directory: str, gguf_file: str, into: Path) -> None:
+    """The GGUF's float32 weights as transformers' conversion writes them (the whole float model in
+    memory: only for a command that loads it so), their files alone into ``into``."""
+    quiet_transformers()
+    from transformers import AutoModelForCausalLM
 
     try:
         with redirect_stderr(io.StringIO()):  # the GGUF reader draws its own progress bar
-            tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
             model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
     except (OSError, ValueError) as exc:
         raise UserError(f"could not load GGUF {source}: {first_line(exc)}") from None
@@ -123,8 +173,22 @@ def _convert(source: ModelSource, directory: str, gguf_file: str, into: Path) ->
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(into)
-    tokenizer.save_pretrained(into)
+    with staging.staging(into) as saved:
+        model.save_pretrained(saved)
+        del model
+        for path in saved.iterdir():
+            if path.name.endswith(WEIGHTS_SUFFIX) or path.name.endswith(WEIGHTS_SUFFIX + ".index.json"):
+                os.replace(path, into / path.name)
+
+
+def gguf_path(source: ModelSource, directory: str, gguf_file: str) -> Path:
+    """The GGUF file itself, to prepare a target from: a hub file from the hub's cache, where its
+    conversion fetched it."""
+    if source.kind != "hub":
+        return Path(directory) / gguf_file
+    from transformers.utils import cached_file
+
+    return Path(cached_file(directory, gguf_file))
 
 
 def gguf_identity(source: ModelSource, directory: str, gguf_file: str) -> str:

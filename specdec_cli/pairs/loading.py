@@ -1,8 +1,9 @@
 """Loading models and tokenizers from a ``ModelSpec``, with converted GGUF files cached on disk.
 
-Converting a GGUF file takes tens of seconds (de-quantising every tensor); the converted model is
-saved once under the cache directory (``$SPECDEC_CACHE``, else ``$HF_HOME/specdec``) and reloads
-in a few seconds afterwards. Placement goes through accelerate's ``device_map``, so a target too
+A GGUF's config and tokenizer are converted once under the cache directory (``$SPECDEC_CACHE``, else
+``$HF_HOME/specdec``; conversion.py), its float weights only for a model loaded unquantised; a
+quantised target is prepared from the GGUF a tensor at a time (layerwise.py) and mapped from its
+prepared file afterwards. Placement goes through accelerate's ``device_map``, so a target too
 large for one device can be spread or offloaded while the same code runs on a CPU-only machine.
 """
 
@@ -26,9 +27,11 @@ from ..runtime import dense_prefill, native_kernels, prepared_file
 from ..runtime.computed_by import computed_by
 from ..runtime.lean_forward import use_lean_forward
 from ..runtime.lean_model import LeanCausalLM, lean_config, lean_generation_config
-from ..runtime.quantize import QUANTISED, quantise_model
+from ..runtime.quantize import QUANTISED
 from ..runtime.rowwise_attention import use_rowwise_attention
 from . import conversion, superseded
+from .gguf_tensors import gguf_tensors
+from .layerwise import Progress, prepared_by_layer
 from .cache_dir import open_cache, transformers_version, unwritable
 from .lean_tokenizer import LeanTokenizer, NotLean
 from .quiet import quiet_transformers
@@ -58,11 +61,11 @@ def load(spec: ModelSpec, lean: bool = False, accept: Callable | None = None) ->
     ``accept``: called with the tokenizer before the model is built, to refuse it (a draft whose ids
     differ from the target's) before its int4 copy is prepared into the cache."""
     source_directory, gguf_file = _resolve(spec.source)
-    original = Path(source_directory) / gguf_file if gguf_file and spec.source.kind != "hub" else None
     quantised = spec.dtype in QUANTISED
-    directory = source_directory
-    if gguf_file:  # a warm start maps a prepared target: the conversion's weights are checked where read
+    directory, original = source_directory, None
+    if gguf_file:  # a quantised target is prepared from the GGUF itself: its conversion holds no float weights
         directory = conversion.converted(spec.source, source_directory, gguf_file, weights=not quantised)
+        original = conversion.gguf_path(spec.source, source_directory, gguf_file) if quantised else None
     elif spec.source.local_path() is not None:
         _check_files(Path(directory))
     try:
@@ -70,11 +73,7 @@ def load(spec: ModelSpec, lean: bool = False, accept: Callable | None = None) ->
         if accept:
             accept(tokenizer)
         if quantised:
-            try:
-                model = quantised_target(spec, directory, original, lean)
-            except conversion.Damaged:  # its weights, read to prepare the target: converted again (one warning)
-                directory = conversion.converted(spec.source, source_directory, gguf_file, weights=True)
-                model = quantised_target(spec, directory, original, lean)
+            model = quantised_target(spec, directory, original, lean)
         else:
             model = quiet_transformers().AutoModelForCausalLM.from_pretrained(directory, dtype=_dtype(spec.dtype),
                                                                               device_map=spec.device_map)
@@ -197,13 +196,21 @@ def _mapped(path: Path, key: str, directory: str, lean: bool, lean_model: bool) 
 def _built(spec: ModelSpec, directory: str, gguf_path: Path | None, dense_dtype, native: bool,
            path: Path | None = None) -> tuple[PreTrainedModel, list | None]:
     """The target quantised from its weights, and its dense prompt copies; ``path``: where it is to be
-    kept (a large one says so, as it takes a while)."""
-    conversion.check(directory, weights=True)  # a GGUF's conversion, read now: Damaged when it does not match
-    transformers = quiet_transformers()
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")  # CPU kernels
+    kept (a large one says so, and how far it is, as it takes a while). A GGUF target is read from
+    the GGUF one tensor at a time into a skeleton (layerwise.py), never as a whole float model."""
+    if gguf_path is not None:
+        model = _skeleton(directory, empty=True)
+        tensors = gguf_tensors(gguf_path, model)
+    else:
+        transformers = quiet_transformers()
+        # on the CPU: the kernels are CPU kernels
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, device_map="cpu")
+        tensors = ()
+    progress = None
     if path is not None and sum(p.numel() for p in model.parameters()) >= SLOW_TO_PREPARE:
         log.info(f"preparing the {spec.dtype} target once (later runs map it from {path})")
-    return _quantised(model, spec.dtype, gguf_path, dense_dtype, native)
+        progress = Progress(f"preparing the {spec.dtype} target")
+    return _quantised(model, tensors, spec.dtype, dense_dtype, native, progress)
 
 
 def _keep(path: Path, model, dense, key: str) -> None:
@@ -268,13 +275,16 @@ def _generation_config(directory: str, config):
         return GenerationConfig.from_model_config(config)
 
 
-def _skeleton(directory: str) -> PreTrainedModel:
-    """The float model's structure without its weights (meta device), with its generation settings."""
+def _skeleton(directory: str, empty: bool = False) -> PreTrainedModel:
+    """The float model's structure without its weights (meta device), with its generation settings;
+    ``empty``: its parameters alone on the meta device, its buffers (rotary frequencies) computed, to
+    be filled with weights (layerwise.py)."""
     quiet_transformers()
+    from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(directory)
-    with torch.device("meta"):
+    with init_empty_weights(include_buffers=False) if empty else torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config = _generation_config(directory, config)
     return model
@@ -287,22 +297,19 @@ def _finish(model: PreTrainedModel, dense, lean: bool) -> PreTrainedModel:
     return model
 
 
-def _quantised(model: PreTrainedModel, kind: str, gguf_path: Path | None, dense_dtype,
-               native: bool) -> tuple[PreTrainedModel, list | None]:
+def _quantised(model: PreTrainedModel, tensors, kind: str, dense_dtype, native: bool,
+               progress=None) -> tuple[PreTrainedModel, list | None]:
     """Weight-only int8/int4 linears in a model that otherwise stays float32: on specdec's kernel
     (``native``: int8 activation codes, float32 in and out, runtime/native_kernels.py), else on torch's,
     which take and give bfloat16 (float32 inputs take their slow paths, several times slower). Norms,
     attention and residuals in float32 are faster on a CPU than in bfloat16 and do not depend on the
     block length, while the kernels give each row the same result at any block length, so a verify
-    block scores exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are. A Llama target
+    block scores exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are. ``model``'s
+    weights still on the meta device come from ``tensors``, a layer at a time (layerwise.py). A Llama target
     then runs the lean forward (lean_forward.py: transformers' ops, bit for bit, without its
     dispatch); ``SPECDEC_LEAN_FORWARD=0`` keeps transformers' forward. Its prompts run on dense copies
     of the float weights: bfloat16 where this CPU multiplies it fast, else float32 (dense_prefill.py)."""
-    from ..runtime.gguf_int4 import gguf_int4_blocks
-
-    dense = dense_prefill.dense_weights(model, dense_dtype) if dense_dtype is not None else None
-    blocks = gguf_int4_blocks(gguf_path, model) if kind == "int4" and gguf_path is not None else {}
-    return quantise_model(model, kind, blocks, native=native), dense
+    return prepared_by_layer(model, tensors, kind, dense_dtype, native, progress)
 
 
 def _resolve(source: ModelSource) -> tuple[str, str | None]:

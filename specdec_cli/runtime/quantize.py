@@ -27,6 +27,7 @@ ROWS = 16  # output rows the int4 kernel packs together; others are padded with 
 # Input columns of an int8 weight: on AVX-512 the kernel reads each weight row, and each input row,
 # with aligned 16-byte loads, so a row of other widths faults (even on the heap); zero columns pad it.
 COLUMNS = 16
+ROWS_AT_ONCE = 4096  # rows of a float weight quantised at a time (a multiple of the kernel's 16-row tiles)
 
 
 def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,10 +158,7 @@ class Q8Linear(nn.Module):
     @classmethod
     def from_int8(cls, q: torch.Tensor, scale: torch.Tensor, bias=None) -> "Q8Linear":
         """Per-channel symmetric int8 (``q * scale``) as codes q + 128 with offset −128 · scale."""
-        blocks = q.shape[1] // native_kernels.BLOCK
-        scale = scale.float()[:, None].expand(-1, blocks)
-        packed = native_kernels.pack(q.to(torch.int32) + 128, scale, -128 * scale, 8)
-        return cls(*packed, 8, q.shape[1], q.shape[0], bias)
+        return cls(*int8_packed(q, scale), 8, q.shape[1], q.shape[0], bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.kernels.matmul(x.reshape(-1, self.in_features).float(), self.codes, self.scale, self.offset, self.bits)
@@ -173,12 +171,24 @@ class Q8Linear(nn.Module):
 
 
 def native_linear(weight: torch.Tensor, kind: str, bias: torch.Tensor | None = None, blocks=None) -> Q8Linear:
-    """A float (out, in) weight, or a GGUF's int4 ``blocks``, on specdec's kernel (int8 where int4 groups do not fit)."""
+    """A float (out, in) weight, or a GGUF's int4 ``blocks``, on specdec's kernel (int8 where int4 groups do not fit).
+    A float weight is quantised ``ROWS_AT_ONCE`` rows at a time: both quantisations and the kernel's
+    layout are per row (16-row tiles), so the pieces are the whole weight's, without its several
+    float-sized temporaries (a big vocabulary's output layer would otherwise take gigabytes)."""
     if kind == "int4" and blocks is not None:
         return Q8Linear.from_int4(*blocks, bias)
-    if kind == "int4" and fits_int4(weight.shape[1]):
-        return Q8Linear.from_int4(*int4_groups(weight), bias)
-    return Q8Linear.from_int8(*int8_per_channel(weight), bias)
+    four = kind == "int4" and fits_int4(weight.shape[1])
+    pieces = [native_kernels.pack(*int4_groups(part), 4) if four else int8_packed(*int8_per_channel(part))
+              for part in weight.split(ROWS_AT_ONCE)]
+    codes, scale, offset = (torch.cat(parts) for parts in zip(*pieces))
+    return Q8Linear(codes, scale, offset, 4 if four else 8, weight.shape[1], weight.shape[0], bias)
+
+
+def int8_packed(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per-channel symmetric int8 (``q * scale``) in the kernel's layout: codes q + 128, offset −128 · scale."""
+    blocks = q.shape[1] // native_kernels.BLOCK
+    scale = scale.float()[:, None].expand(-1, blocks)
+    return native_kernels.pack(q.to(torch.int32) + 128, scale, -128 * scale, 8)
 
 
 @contextmanager
