@@ -193,7 +193,7 @@ def test_an_offered_drafter_the_priors_do_not_name_is_free_not_priced_as_a_model
     assert schedule.standings["head"].c == pytest.approx(0.3)
 
 
-def test_controller_keeps_one_schedule_per_scenario_and_reseeds_from_a_new_profile():
+def test_controller_keeps_schedules_per_scenario_one_an_answer_and_reseeds_from_a_new_profile():
     def profile(code_k):
         section = ScenarioProfile(k=code_k, verdict=SPECULATE, best_k=code_k, speedup=1.5, alpha=0.8, c=0.0,
                                   verify_cost=COSTS)
@@ -204,7 +204,11 @@ def test_controller_keeps_one_schedule_per_scenario_and_reseeds_from_a_new_profi
     assert main_k(controller.schedule("code")) == 3
     assert controller.schedule("creative").off
     assert main_k(controller.schedule("elsewhere")) == 3  # unknown scenario: the overall section
-    assert controller.schedule("code") is controller.schedule("code")
+    first = controller.schedule("code")
+    first.end()  # its answer is over: the next prompt of the scenario gets it, with what it learnt
+    assert controller.schedule("code") is first
+    beside = controller.schedule("code")  # a batch: an answer beside one in progress gets one of its own
+    assert beside is not first and main_k(beside) == 3
     controller.reseed(profile(6))
     assert main_k(controller.schedule("code")) == 6
     assert main_k(AdaptiveController(lambda s: 5, model_drafter=True).schedule(None)) == 5  # no profile

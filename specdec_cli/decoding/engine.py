@@ -29,7 +29,9 @@ from ..runtime.lean_forward import Block, fallback_forwards, forward_many
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept
 from .blocks import padded_chain, padded_tree
 from .coupling import PositionNoise, race_scores
+from .control.batch_rows import RowCosts, batch_lengths
 from .drafters.base import Draft, Drafter, Needs, TreeDrafting, Verified, drafts_trees, parts, top_ids
+from .drafting import Decision, decide, gains, propose
 from .events import CONTEXT, EOS, MAX_NEW_TOKENS, RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
 from .rules import check_tree_rule
@@ -110,6 +112,7 @@ class SpeculativeEngine:
         self._trees = isinstance(learned, TreeDrafting)
         # Several answers' blocks in one forward (``run``'s batches) where the target runs the lean forward.
         self.batched = forward_many(target)
+        self.row_costs = RowCosts()  # a batched forward's seconds by its rows: what a batch's draft rows cost
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], *, k: int | KSchedule, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
@@ -203,16 +206,31 @@ class SpeculativeEngine:
                 return [(request, self._finish(request, pending, out, time.perf_counter() - started))]
         joining = [r for r in running if not r.prompted]
         rounds = [r for r in running if r.prompted]
-        plans = [self._plan(r) for r in rounds]
         blocks = [Block(r.tokens[:-1], r.cache, keep=1) for r in joining if r.tokens.shape[0] > 1]
+        decisions = []
+        for request in rounds:
+            request.schedule.context(request.tokens.shape[0] - 1)
+            decisions.append(decide(request, self.drafts_trees))
+        caps = self._caps(rounds, decisions, sum(b.ids.shape[0] for b in blocks))
+        plans = [self._plan(r, d, c) for r, d, c in zip(rounds, decisions, caps)]
         blocks += [self._block(p, r) for p, r in zip(plans, rounds)]
         started = time.perf_counter()
         outs = self.batched.forward_many(blocks, **self._extra) if blocks else []
         forward_s = time.perf_counter() - started
+        self.row_costs.observe(sum(b.ids.shape[0] for b in blocks), forward_s)
         outs = iter(outs)
         for request in joining:
             self._prompt(request, request.cache, next(outs) if request.tokens.shape[0] > 1 else None)
         return [(r, None) for r in joining] + [(r, self._finish(r, p, next(outs), forward_s, len(rounds))) for p, r in zip(plans, rounds)]
+
+    def _caps(self, rounds: list[Request], decisions: list[Decision], prompt_rows: int) -> list[int | None]:
+        """Each round's longest chain in this step, chosen for the batch as a whole by what its rows
+        cost (control/batch_rows.py); None: as decided (a fixed K, a tree, or costs not known yet)."""
+        found = [gains(r, d) for r, d in zip(rounds, decisions)]
+        if len(rounds) < 2 or not self.row_costs.known() or all(g is None for g in found):
+            return [None] * len(rounds)
+        kept_rows = sum(1 + (d.want if g is None else 0) for d, g in zip(decisions, found))
+        return batch_lengths(found, prompt_rows + kept_rows, self.row_costs.cost)
 
     def _block(self, pending: Pending, request: Request) -> Block:
         """A round's block in a forward of several: a chain causally, a tree under its ancestor mask."""
@@ -228,16 +246,19 @@ class SpeculativeEngine:
             length = request.prompt_length
             request.drafter.observe(Verified(request.tokens, length, features=self._features(out, slice(0, length - 1))))
 
-    def _plan(self, request: Request) -> Pending:
-        """A round up to its verify forward: plan and draft (a chain or a tree), and the block to verify."""
+    def _plan(self, request: Request, decision: Decision | None = None, cap: int | None = None) -> Pending:
+        """A round up to its verify forward: decide and draft (a chain, at most ``cap`` long where a
+        batch caps it, or a tree), and the block to verify."""
         started = time.perf_counter()
         cached = request.tokens.shape[0] - 1
-        request.schedule.context(cached)
-        want, draft, offer_s = self._draft(request)
-        draft_s = time.perf_counter() - started
+        if decision is None:
+            request.schedule.context(cached)
+            decision = decide(request, self.drafts_trees)
+        want, draft = propose(request, decision, cap)
+        draft_s = decision.decide_s + time.perf_counter() - started
         block = torch.cat([request.tokens[-1:], draft.tokens])
         tree = None if draft.parents is None else Tree(block, (-1, *draft.parents))
-        return Pending(started, want, draft, offer_s, draft_s, block, tree, cached)
+        return Pending(started, want, draft, decision.decide_s if decision.offers else 0.0, draft_s, block, tree, cached)
 
     def _finish(self, request: Request, pending: Pending, out, forward_s: float, batch: int = 1) -> RoundEvent:
         """A round after its verify forward: accept, commit the kept path (cache and tokens), show the
@@ -324,61 +345,6 @@ class SpeculativeEngine:
             return max_new_tokens
         PromptTooLong.check(len(prompt_ids), self.context_length)
         return min(max_new_tokens, self.context_length - len(prompt_ids))
-
-    def _draft(self, request: Request) -> tuple[int, Draft, float]:
-        """The round's K and draft, as the schedule plans them: the drafter as it is, a free drafter's
-        ready draft, the learned drafter (a chain, gated where the schedule says, or a tree), or none;
-        and the seconds spent finding the free drafters' drafts, which every round pays."""
-        # A round emits at most K + 1 tokens: drafting past the budget is wasted work.
-        room = max(0, min(MAX_K, request.left - 1))
-        started = time.perf_counter()
-        free, learned = parts(request.drafter)
-        offers = self._offers(free, request.tokens, room) if request.schedule.reads_offer and room else {}
-        offer_s = time.perf_counter() - started
-        want, draft = self._chosen(request, learned, offers, room)
-        return want, draft, offer_s
-
-    def _chosen(self, request: Request, learned: Drafter | None, offers: dict[str, Draft], room: int) -> tuple[int, Draft]:
-        """The K and draft of the schedule's plan among the offers, the learned drafter and none."""
-        schedule, tokens, sampling, noise, drafter = request.schedule, request.tokens, request.sampling, request.noise, request.drafter
-        plan = schedule.plan({name: len(offer) for name, offer in offers.items()}, learned.name if learned else None, room)
-        tree = plan.take is Take.TREE or (plan.take is Take.AS_IS and self.drafts_trees)
-        # A chain's K is its depth; a tree's is its node count, however shallow (paths past the budget are cut).
-        want = max(0, min(plan.k, MAX_K if room else 0) if tree else min(plan.k, room))
-        if plan.take is Take.NOTHING or want == 0 or drafter is None:
-            return (0 if plan.take is Take.NOTHING else want), Draft.empty()
-        if plan.take is Take.OFFER:
-            offer = offers.get(plan.source)
-            if offer is None or want > len(offer):
-                raise ValueError(f"schedule took {want} tokens of {plan.source!r}'s offer; offered "
-                                 + (", ".join(f"{name!r} ({len(o)} tokens)" for name, o in offers.items()) or "nothing"))
-            return want, offer.first(want)
-        if plan.take is Take.AS_IS:
-            draft = drafter.propose(tokens, want, sampling, noise)
-        elif learned is None:
-            raise ValueError(f"schedule chose the learned drafter ({plan.take.value}); this drafter has none")
-        elif plan.take is Take.LEARNED:
-            gate = schedule.gate(plan.source, want)  # the drafter stops where its guesses stop paying (gate.py)
-            draft = learned.propose(tokens, want, sampling, noise, gate=gate)
-        elif not isinstance(learned, TreeDrafting):
-            raise ValueError(f"schedule planned a tree; drafter {learned.name!r} drafts no trees")
-        else:
-            draft = learned.propose_tree(tokens, TreeShape(want))
-        if draft.parents is None:
-            return want, draft.first(want)
-        if len(draft) > want:
-            raise RuntimeError(f"drafter {drafter.name} proposed a tree of {len(draft)} nodes, {want} asked for")
-        return want, draft
-
-    @staticmethod
-    def _offers(free: tuple[Drafter, ...], tokens: torch.Tensor, room: int) -> dict[str, Draft]:
-        """Each free drafter's ready draft of at most ``room`` tokens, by its source (none where it has none)."""
-        offers = {}
-        for drafter in free:
-            draft = drafter.propose(tokens, room, None, None)
-            if len(draft):
-                offers.setdefault(draft.source or drafter.name, draft)
-        return offers
 
     def _verify(self, cache, block: torch.Tensor, tree: Tree | None, cached: int, device):
         """The target's one forward over the block, where a longer forward is cheaper run longer

@@ -67,6 +67,11 @@ class KSchedule:
     def observe(self, event: RoundEvent) -> None:
         """See how the round went."""
 
+    def gains(self, plan: Plan) -> list[float] | None:
+        """A chain plan's expected tokens by its drafts (index j: a round with j drafts), which a batch
+        weighs against what its rows cost; None: the plan is kept as it is (what a fixed K says)."""
+        return None
+
     def end(self) -> None:
         """The answer it planned for is over (finished, stopped or refused): one kept for an answer at a
         time may serve another."""

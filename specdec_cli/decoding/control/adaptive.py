@@ -140,10 +140,11 @@ class AdaptiveK(KSchedule):
 
     def observe(self, event: RoundEvent) -> None:
         drafted = len(event.drafted)
-        # Less what the context cost; at least a quarter of what was seen, should a slope measured
-        # on a busy minute overstate it, so that no block ever looks free.
-        base = max(event.verify_s - self.context_s(drafted, event.cached), event.verify_s / 4)
-        self.block_s[drafted + 1] = smooth(self.block_s.get(drafted + 1), base, self.smoothing)
+        if event.batch == 1:  # a forward shared with other answers costs what their rows cost (batch_rows.py)
+            # Less what the context cost; at least a quarter of what was seen, should a slope measured
+            # on a busy minute overstate it, so that no block ever looks free.
+            base = max(event.verify_s - self.context_s(drafted, event.cached), event.verify_s / 4)
+            self.block_s[drafted + 1] = smooth(self.block_s.get(drafted + 1), base, self.smoothing)
         # Finding the free drafters' drafts is paid every round, whoever drafts: bookkeeping, not drafting.
         self.other_s = smooth(self.other_s, event.other_s + event.offer_s, self.smoothing)
         self._verify, self._one = {}, UNKNOWN
@@ -385,6 +386,19 @@ class AdaptiveK(KSchedule):
 
     def end(self) -> None:
         self.running = False
+
+    def gains(self, plan: Plan) -> list[float] | None:
+        """1, 1 + a₁, 1 + a₁ + a₁a₂, …: expected tokens by the chain's drafts, on the planned drafter's
+        acceptance by position."""
+        if plan.take is Take.TREE:
+            return None
+        if plan.take is Take.NOTHING or plan.k == 0:
+            return [1.0]
+        found, survive = [1.0], 1.0
+        for rate in self._standing(plan.source or self.main).acceptance.rates(plan.k):
+            survive *= rate
+            found.append(found[-1] + survive)
+        return found
 
     def report(self) -> dict:
         """Per-prompt figures for the JSON statistics."""
