@@ -55,7 +55,24 @@ def test_the_batch_option_is_checked_before_any_model_loads(models):
 
 def test_a_target_on_transformers_forward_is_refused_a_batch_and_defaults_to_one(models):
     refused = generate(models, "first\nsecond\n", "--batch", "2", "--max-new-tokens", "3")
-    assert refused.exit_code == 2 and "--batch above 1 needs the lean forward" in refused.stderr
+    assert refused.exit_code == 2 and refused.stderr == ("specdec: error: decoding 2 prompts at once needs specdec's lean "
+                                                         "forward (Llama-architecture targets on int8/int4 kernels); this "
+                                                         "target runs transformers' forward, one prompt at a time\n")
     assert "Traceback" not in refused.output
     default = generate(models, "first\nsecond\n", "--max-new-tokens", "3")
     assert default.exit_code == 0 and default.stderr == "" and len(records(default)) == 2
+
+
+def test_verify_equivalence_checks_batched_runs_and_refuses_what_cannot_batch(models, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(p + "\n" for p in PROMPTS))
+    result = runner.invoke(app, ["verify-equivalence", "--prompts", str(prompts), "--models", models, "--dtype", "int8", "-k", "2,4",
+                                 "--batch", "3", "--max-new-tokens", "10", "--json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    assert found["equivalent"] and found["batch"] == 3 and not found["divergences"]
+    assert all(run["identical"] for run in found["runs"]) and len(found["runs"]) == 2 * len(PROMPTS)
+    refused = runner.invoke(app, ["verify-equivalence", "--prompts", str(prompts), "--models", models, "--batch", "2"])
+    assert refused.exit_code == 2 and "needs specdec's lean forward" in refused.stderr
+    engine = runner.invoke(app, ["verify-equivalence", "--prompts", str(prompts), "--models", models, "--engine", "vllm", "--batch", "2"])
+    assert engine.exit_code == 2 and "--batch" in engine.stderr

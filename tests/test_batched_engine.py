@@ -101,6 +101,6 @@ def test_a_target_on_transformers_forward_is_refused_a_batch_and_runs_one_at_a_t
     model = tiny_llama(seed=21)
     engine = SpeculativeEngine(model, NgramDrafter(), EOS)
     requests = [engine.request([3, 4, 5], k=2, max_new_tokens=4)]
-    with pytest.raises(UserError, match="needs the lean forward"):
+    with pytest.raises(UserError, match="needs specdec's lean forward"):
         list(engine.run(requests, 2))
     assert len([t for _, e in engine.run(requests, 1) for t in e.emitted]) == 4

@@ -147,10 +147,9 @@ def generate(
     if isinstance(tree, int):
         runtime.drafter = runtime.tree_drafter()
 
-    if batch > 1 and runtime.engine.batched is None:  # the default batches where the lean forward runs
-        if batch_given:
-            raise UserError("--batch above 1 needs the lean forward (Llama-architecture targets on int8/int4 kernels); "
-                            "this target runs transformers' forward: use --batch 1")
+    if batch_given:
+        runtime.engine.check_batch(batch)
+    elif runtime.engine.batched is None:  # the default batches where the lean forward runs
         batch = 1
     state = {"controller": controller}
 

@@ -93,6 +93,7 @@ def verify_equivalence(
     server: Annotated[Optional[str], typer.Option("--server", metavar="URL", help="Check a speculative OpenAI-compatible server already running at URL against --reference (API key from $SPECDEC_API_KEY).")] = None,
     reference: Annotated[Optional[str], typer.Option("--reference", metavar="URL", help="With --server: the plain server whose greedy tokens (and top-2 logprobs) are the reference.")] = None,
     concurrency: ConcurrencyOption = None,
+    batch: Annotated[int, typer.Option("--batch", metavar="N", help="Decode the speculative runs N prompts at once, as `generate --batch N` does: each prompt must still equal its own plain decoding (1: one at a time).")] = 1,
 ) -> None:
     """Prove that speculative decoding gives the target's own output, token for token.
 
@@ -117,7 +118,7 @@ def verify_equivalence(
     check_threads(threads)
     check_number("--tolerance", tolerance, 0, above=True)
     if engine or server or reference:  # a serving engine's speculative output against its plain output: commands/engine_verify.py
-        refuse_given(("k", "tree", "draws", "temperature", "seed", "drafter", "dtype", "accept"),
+        refuse_given(("k", "tree", "draws", "temperature", "seed", "drafter", "dtype", "accept", "batch"),
                      "applies to this loop's check, not to a serving engine's (--engine, --server)")
         return engine_verify(engine=engine, server=server, reference=reference, spec_text=spec_mode, prompts=prompts,
                              concurrency=concurrency, max_new_tokens=max_new_tokens, tolerance=tolerance, strict=strict,
@@ -126,6 +127,7 @@ def verify_equivalence(
     refuse_given(("spec_mode", "concurrency"), "applies to a serving engine's check: give --engine or --server")
     if draws < 0:
         raise UserError(f"--sampling must be 0 (off) or a number of draws, got {draws}")
+    check_count("--batch", batch, 1)
     if draws:
         check_number("--temperature", temperature, LEAST_TEMPERATURE)
     check_seed(seed, draws, f"--sampling {draws}")
@@ -149,6 +151,7 @@ def verify_equivalence(
     runtime = load_pair(spec)
     if tree is not None:
         runtime.drafter = runtime.tree_drafter()
+    runtime.engine.check_batch(batch)
     interrupt.now("verifying", "nothing was written: the verdict and --report come at the end")
     encoded = [(item.id, encode_prompt(runtime.tokenizer, item.text, raw)) for item in items]
     check_fit(items, [ids for _, ids in encoded], runtime.engine.context_length)
@@ -157,13 +160,13 @@ def verify_equivalence(
     started = time.perf_counter()
     steps = len(encoded) * len(ks) + (min(SAMPLING_PROMPTS, len(encoded)) * (len(ks) + 1) if draws else 0)  # check_sampling's steps
     with _progress(steps) as step:
-        greedy = check_greedy(runtime.engine, runtime.tokenizer, encoded, ks, max_new_tokens, tolerance, step, rule)
+        greedy = check_greedy(runtime.engine, runtime.tokenizer, encoded, ks, max_new_tokens, tolerance, step, rule, batch)
         sampled = (check_sampling(runtime.engine, runtime.tokenizer, encoded, ks, draws, temperature, seed, step, rule,
                                   tolerance) if draws else None)
     equivalent, verdict = decide(greedy, sampled, strict, rule)
     result = dict(pair=spec.name, drafter=runtime.drafter.name, tree=tree is not None, dtype=runtime.target.precision,
                   computed_by=runtime.target.computed_by(),
-                  prompts=len(encoded), strict=strict, lossless=rule.lossless, accept=str(rule), equivalent=equivalent, verdict=verdict,
+                  prompts=len(encoded), batch=batch, strict=strict, lossless=rule.lossless, accept=str(rule), equivalent=equivalent, verdict=verdict,
                   wall_s=round(time.perf_counter() - started, 3), **greedy.as_dict(),
                   sampling=sampled.as_dict() if sampled else None)
     if json_out:

@@ -158,9 +158,7 @@ class SpeculativeEngine:
         row as its own forward does: runtime/lean_forward.forward_many). Yields each round's event
         with its request, answers interleaved. ``requests`` may yield None for "none ready yet" (a
         slow pipe): the running answers go on; with none running it must block instead."""
-        if batch > 1 and self.batched is None:
-            raise UserError("batched decoding (a batch above 1) needs the lean forward (runtime/lean_forward.py: Llama-"
-                            "architecture targets on int8/int4 kernels); this target runs transformers' forward")
+        self.check_batch(batch)
         pending, exhausted = iter(requests), False
         drafters = [self.drafter] if self.drafter is not None else []
         running: list[Request] = []
@@ -190,6 +188,12 @@ class SpeculativeEngine:
                     request.schedule.end()
                     if request.drafter is not None:
                         drafters.append(request.drafter)
+
+    def check_batch(self, batch: int) -> None:
+        """A batch above 1 runs on the lean forward alone (forward_many); refused on any other."""
+        if batch > 1 and self.batched is None:
+            raise UserError(f"decoding {batch} prompts at once needs specdec's lean forward (Llama-architecture targets "
+                            "on int8/int4 kernels); this target runs transformers' forward, one prompt at a time")
 
     def _step(self, running: list[Request]) -> list[tuple[Request, RoundEvent | None]]:
         """One target forward for every running answer: a new one's prompt (no event), the others' rounds.

@@ -164,6 +164,22 @@ def decode(engine: SpeculativeEngine, ids: list[int], k: int, max_new_tokens: in
     return Decoded(tokens, stats.finish())
 
 
+def decode_batched(engine: SpeculativeEngine, prompts: list[tuple[str | int, list[int]]], k: int, max_new_tokens: int,
+                   rule: AcceptRule, batch: int, step: Callable[[str], None]) -> dict[str | int, Decoded]:
+    """Every prompt decoded at K, ``batch`` at once (SpeculativeEngine.run), by prompt id."""
+    requests = (engine.request(ids, k=k, max_new_tokens=max_new_tokens, rule=rule, key=(prompt_id, RunStats(k, str(rule)), []))
+                for prompt_id, ids in prompts)
+    found = {}
+    for request, event in engine.run(requests, batch):
+        prompt_id, stats, tokens = request.key
+        stats.add(event)
+        tokens += event.emitted
+        if event.finished:
+            found[prompt_id] = Decoded(tokens, stats.finish())
+            step(f"prompt {prompt_id} · K={k} · batch {batch}")
+    return found
+
+
 def reference_decode(engine: SpeculativeEngine, ids: list[int], max_new_tokens: int, logits: bool = False,
                      temperature: float = 0.0, seed: int = 0):
     """transformers' greedy search over the same target, with the same EOS set and budget; with a
@@ -274,11 +290,14 @@ def check_greedy(
     tolerance: float,
     step: Callable[[str], None] = lambda _: None,
     rule: AcceptRule = AcceptRule(),
+    batch: int = 1,
 ) -> GreedyResult:
-    """Decode every prompt plainly, with transformers, and at every K; locate each divergence.
+    """Decode every prompt plainly, with transformers, and at every K (``batch`` prompts at once: each
+    must still be its own plain decoding); locate each divergence.
 
     Under a lossy ``rule`` the speculative runs use it, and their divergences are what it costs."""
     result = GreedyResult(list(ks), max_new_tokens, tolerance)
+    batched = {k: decode_batched(engine, prompts, k, max_new_tokens, rule, batch, step) for k in ks} if batch > 1 else {}
     for prompt_id, ids in prompts:
         plain = decode(engine, ids, 0, max_new_tokens)
         reference, _ = reference_decode(engine, ids, max_new_tokens)
@@ -287,10 +306,11 @@ def check_greedy(
         if reference.tokens != plain.tokens:
             result.divergences.append(locator.against(reference, None))
         for k in ks:
-            speculative = decode(engine, ids, k, max_new_tokens, rule)
+            speculative = batched[k][prompt_id] if batched else decode(engine, ids, k, max_new_tokens, rule)
             if speculative.tokens != plain.tokens:
                 result.divergences.append(locator.against(speculative, k))
             result.rows.append(Row(prompt_id, k, plain.stats, speculative.stats,
                                    speculative.tokens == plain.tokens, speculative.tokens == reference.tokens))
-            step(f"prompt {prompt_id} · K={k}")
+            if not batched:
+                step(f"prompt {prompt_id} · K={k}")
     return result
