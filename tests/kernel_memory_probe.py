@@ -130,9 +130,9 @@ def attend(rows: int, keys: int, dim: int) -> None:
     counts = torch.arange(keys - rows + 1, keys + 1)
     index = torch.stack([torch.randperm(keys, generator=g) for _ in range(rows)])
     for chosen in (None, index):
-        want = native_kernels.bound().attend_rows(q, key, value, counts, chosen, dim**-0.5)
-        got = native_kernels.bound().attend_rows(guarded(q), guarded(key), guarded(value), guarded(counts),
-                                                 None if chosen is None else guarded(chosen), dim**-0.5)
+        want = native_kernels.bound().attend_rows([q], [key], [value], [counts], [chosen], dim**-0.5)
+        got = native_kernels.bound().attend_rows([guarded(q)], [guarded(key)], [guarded(value)], [guarded(counts)],
+                                                 [None if chosen is None else guarded(chosen)], dim**-0.5)
         assert torch.equal(got, want)
 
 

@@ -57,7 +57,7 @@ def test_an_avx512_call_on_a_cpu_without_it_is_an_error_not_sigill(kernels):
     code = ("import torch; from specdec_cli.pairs.cache_dir import cache_root; from specdec_cli.runtime import native_kernels as n\n"
             "n.load(cache_root()); x = torch.randn(1, 32); w = n.pack(torch.zeros(16, 32, dtype=torch.long), torch.ones(16, 1), torch.zeros(16, 1), 4)\n"
             "try:\n    n.op('q8_matmul')(x, *w, 4, True)\nexcept RuntimeError as exc:\n    print(str(exc).splitlines()[0])\n"
-            "try:\n    n.op('attend_rows')(torch.randn(1, 2, 8), torch.randn(1, 3, 8), torch.randn(1, 3, 8), torch.tensor([3]), None, 1.0, True)\n"
+            "try:\n    n.op('attend_rows')([torch.randn(1, 2, 8)], [torch.randn(1, 3, 8)], [torch.randn(1, 3, 8)], [torch.tensor([3])], [None], 1.0, True)\n"
             "except RuntimeError as exc:\n    print(str(exc).splitlines()[0])\n")
     import sys
 
@@ -71,9 +71,9 @@ def test_an_index_naming_a_key_outside_the_cache_is_an_error(kernels, bad):
     q, key, value = torch.randn(2, 4, 16), torch.randn(2, 5, 16), torch.randn(2, 5, 16)
     index = torch.tensor([[0, 1, 2, 3], [0, 1, bad, 3]])
     with pytest.raises(RuntimeError, match=f"index: row 1 names key {bad} of 5"):
-        kernels.attend_rows(q, key, value, torch.tensor([4, 4]), index, 0.25)
+        kernels.attend_rows([q], [key], [value], [torch.tensor([4, 4])], [index], 0.25)
     index[1, 2] = 4
-    assert kernels.attend_rows(q, key, value, torch.tensor([4, 4]), index, 0.25).isfinite().all()
+    assert kernels.attend_rows([q], [key], [value], [torch.tensor([4, 4])], [index], 0.25).isfinite().all()
 
 
 @pytest.mark.parametrize("poison", [math.nan, math.inf, -math.inf])
@@ -94,9 +94,9 @@ def test_a_non_finite_activation_gives_nan_in_its_row_only(kernels, bits, poison
 def test_a_nan_query_gives_nan_attention_for_its_row_only(kernels):
     q, key, value = torch.randn(2, 4, 16), torch.randn(2, 6, 16), torch.randn(2, 6, 16)
     counts = torch.tensor([5, 6])
-    want = kernels.attend_rows(q, key, value, counts, None, 0.25)
+    want = kernels.attend_rows([q], [key], [value], [counts], [None], 0.25)
     q[0, 1, 3] = math.nan
-    got = kernels.attend_rows(q, key, value, counts, None, 0.25)
+    got = kernels.attend_rows([q], [key], [value], [counts], [None], 0.25)
     assert got[0, 1].isnan().all() and torch.equal(got[1], want[1]) and torch.equal(got[0, 0], want[0, 0])
 
 

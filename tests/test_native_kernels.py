@@ -98,13 +98,14 @@ def test_a_zero_block_and_rows_of_zeros_give_the_offsets_alone():
 
 
 @pytest.mark.parametrize("dim", [16, 64, 128])  # 64 and 128 take the wide AVX-512 paths, others the generic one
-def test_attention_rows_are_the_exact_softmax_and_bit_identical_alone_or_in_a_block(dim):
+def test_attention_rows_are_the_exact_softmax_and_bit_identical_alone_in_a_block_or_beside_other_answers(dim):
     g = torch.Generator().manual_seed(7)
     keys = torch.randn(3, 130, dim, generator=g)[:, :120]  # a cache view: rows of keys 130 apart
     values = torch.randn(3, 130, dim, generator=g)[:, :120]
     q = torch.randn(16, 9, dim, generator=g)
     counts = torch.arange(105, 121)
-    attend = native_kernels.op("attend_rows")
+    many = native_kernels.op("attend_rows")  # answers' lists: one answer each here, several below
+    attend = lambda q, k, v, c, i, scale, cpu: many([q], [k], [v], [c], [i], scale, cpu)  # noqa: E731
     avx512 = native_kernels.avx512()
     block = attend(q, keys, values, counts, None, 0.3, avx512)
     for row in range(16):
@@ -119,6 +120,13 @@ def test_attention_rows_are_the_exact_softmax_and_bit_identical_alone_or_in_a_bl
     index = torch.arange(120).flip(0)[None].expand(2, -1).contiguous()
     gathered = attend(q[:2], keys, values, torch.tensor([120, 120]), index, 0.3, avx512)
     assert torch.equal(gathered, attend(q[:2], keys.flip(1), values.flip(1), torch.tensor([120, 120]), None, 0.3, avx512))
+    # several answers in one call (batched decoding), each on its own cache, one a tree: each answer's bits alone
+    other_keys, other_values = torch.randn(3, 40, dim, generator=g), torch.randn(3, 40, dim, generator=g)
+    together = many([q[:16], q[3:4], q[:2], q[4:7]], [keys, other_keys, keys, other_keys], [values, other_values, values, other_values],
+                    [counts, torch.tensor([40]), torch.tensor([120, 120]), torch.arange(38, 41)], [None, None, index, None],
+                    0.3, avx512)
+    assert torch.equal(together, torch.cat([block, attend(q[3:4], other_keys, other_values, torch.tensor([40]), None, 0.3, avx512),
+                                            gathered, attend(q[4:7], other_keys, other_values, torch.arange(38, 41), None, 0.3, avx512)]))
 
 
 def lean_native(kind):

@@ -37,7 +37,7 @@ from . import native_kernels
 from .lean_model import LeanCausalLM
 from .quantize import Int4Linear, Int8Linear, Q8Linear, padded_columns
 from .reserved_cache import ReservedCache, appends
-from .rowwise_attention import ROWWISE_UP_TO, native_rows, on_native_kernels, sdpa_rows, visible_keys, visible_keys_once
+from .rowwise_attention import ROWWISE_UP_TO, native_answers, on_native_kernels, sdpa_rows, visible_keys, visible_keys_once
 
 QUANTISED_LINEARS = (Int4Linear, Int8Linear, Q8Linear)
 HANDLED = {"input_ids", "cache", "use_cache", "logits_to_keep", "attention_mask", "position_ids", "output_hidden_states"}
@@ -153,27 +153,36 @@ class LeanDecoder:
         heads = qkv(h).view(rows, q_and_k + self.kv_heads, self.head_dim)
         qk = heads[:, :q_and_k]
         qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin
-        attended, start = [], 0
-        for part in parts:
+        prompts, rowwise, start = {}, [], 0
+        for i, part in enumerate(parts):
             end = start + part.count
             query = qk[start:end, : self.heads].transpose(0, 1)[None]
             key = qk[start:end, self.heads :].transpose(0, 1)[None]
             value = heads[start:end, q_and_k:].transpose(0, 1)[None]
             if part.cache is not None:
                 key, value = part.cache.update(key, value, index)
-            attended.append(self.attend_prompt(query, key, value) if part.prompt else self.attend(query, key, value, part.seen))
+            if part.prompt:
+                prompts[i] = self.attend_prompt(query, key, value)
+            else:
+                rowwise.append((query, key, value, part.seen))
             start = end
-        attended = attended[0] if len(attended) == 1 else torch.cat(attended)
+        attended = self.attend_answers(rowwise) if rowwise else None
+        if prompts:  # a prompt joins the forward: the parts' rows put back in order
+            chunks = iter(attended.split([p.count for p in parts if not p.prompt]) if rowwise else ())
+            found = [prompts[i] if i in prompts else next(chunks) for i in range(len(parts))]
+            attended = found[0] if len(found) == 1 else torch.cat(found)
         x = x + o_proj(attended.reshape(rows, -1))
         h = norm2 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps2))
         both = gate_up(h)
         return x + down(torch.nn.functional.silu(both[:, :inner]) * both[:, inner:])
 
-    def attend(self, query, key, value, seen):
-        """[1, heads, rows, dim] -> [rows, heads, dim], exactly as rowwise_attention computes it."""
+    def attend_answers(self, answers: list) -> torch.Tensor:
+        """Per answer (query [1, heads, rows, dim], its key, value, seen) -> every answer's [rows, heads,
+        dim] one after another, exactly as rowwise_attention computes each: on specdec's op all in one call."""
         if self.kernels is not None:
-            return native_rows(self.kernels, query, key, value, self.scaling, seen)[0]
-        return sdpa_rows(query, key, value, self.scaling, self.groups, seen)[0]
+            return native_answers(self.kernels, answers, self.scaling)
+        found = [sdpa_rows(query, key, value, self.scaling, self.groups, seen)[0] for query, key, value, seen in answers]
+        return found[0] if len(found) == 1 else torch.cat(found)
 
     def attend_prompt(self, query, key, value):
         """[1, heads, rows, dim] -> [rows, heads, dim], every row in one causal call: a prompt on an

@@ -246,9 +246,10 @@ class Kernels:
         """x [rows, K] float32 → [rows, N padded to 16] float32."""
         return self.q8_matmul(x.contiguous(), codes, scale, offset, bits, self.avx512)
 
-    def attend_rows(self, query, key, value, counts, index, scaling) -> torch.Tensor:
-        """[rows, heads, dim] queries against [kv heads, keys, dim] → [rows, heads, dim] (rowwise_attention.py)."""
-        return self.attend_rows_op(query, key, value, counts, index, scaling, self.avx512)
+    def attend_rows(self, queries, keys, values, counts, indices, scaling) -> torch.Tensor:
+        """Per answer [rows, heads, dim] queries against its [kv heads, keys, dim] → every answer's
+        [rows, heads, dim] one after another, in one call (rowwise_attention.py)."""
+        return self.attend_rows_op(queries, keys, values, counts, indices, scaling, self.avx512)
 
 
 @cache

@@ -63,9 +63,22 @@ def visible_keys_once(mask: torch.Tensor | None, rows: int, keys: int) -> list[t
 def native_rows(kernels: native_kernels.Kernels, query, key, value, scaling, seen: list | None = None) -> torch.Tensor:
     """What sdpa_rows computes, on specdec's attention op (attend_rows, all rows in one call):
     [1, heads, rows, dim] -> [1, rows, heads, dim]."""
-    rows, keys = query.shape[2], key.shape[2]
-    counts, index = row_keys(seen, rows, keys)
-    return kernels.attend_rows(query[0].transpose(0, 1), key[0], value[0], counts, index, scaling)[None]
+    return native_answers(kernels, [(query, key, value, seen)], scaling)[None]
+
+
+def native_answers(kernels: native_kernels.Kernels, answers: list, scaling) -> torch.Tensor:
+    """Several answers' rows in one call of specdec's attention op, each against its own cache
+    (batched decoding): per answer (query [1, heads, rows, dim], key, value [1, kv heads, keys, dim],
+    seen) -> every answer's [rows, heads, dim] one after another, each as native_rows gives it alone."""
+    queries, keys, values, counts, indices = [], [], [], [], []
+    for query, key, value, seen in answers:
+        count, index = row_keys(seen, query.shape[2], key.shape[2])
+        queries.append(query[0].transpose(0, 1))
+        keys.append(key[0])
+        values.append(value[0])
+        counts.append(count)
+        indices.append(index)
+    return kernels.attend_rows(queries, keys, values, counts, indices, scaling)
 
 
 @lru_cache(maxsize=64)

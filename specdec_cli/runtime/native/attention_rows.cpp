@@ -216,11 +216,25 @@ void attend_shared_wide(const float* const* qs, float* const* outs, const int64_
   }
 }
 
+// One answer's part of a call: its queries, cache and key choice, and how its rows are split into
+// tasks. Every task of a part computes what a call of that part alone computes, bit for bit: the
+// path (shared or one row at a time) and the arithmetic are the part's own, whatever else the call holds.
+struct Part {
+  const float *qp, *kp, *vp;
+  float* op;
+  int64_t q_row, q_head, key_head, key_row, value_head, value_row;
+  int64_t rows, heads, dim, kv_heads, groups, widest;
+  const int64_t* count;
+  const int64_t* chosen;  // per row its keys, index_stride apart; null: the causal prefix
+  int64_t index_stride;
+  bool shared;  // AVX-512, causal, several rows, head_dim 64 or 128: a kv head's queries share each key read
+  int64_t half, per_head, tasks;
+};
+
 // q [rows, heads, dim] (dim contiguous), key and value [kv_heads, keys, dim] (dim contiguous); row r sees
-// keys index[r, 0..counts[r]) when index is given, else keys 0..counts[r]. Returns [rows, heads, dim].
-at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value, const at::Tensor& counts,
-                       const std::optional<at::Tensor>& index, double scale, bool avx512) {
-  require_cpu(avx512);
+// keys index[r, 0..counts[r]) when index is given, else keys 0..counts[r]; its output rows start at ``op``.
+Part make_part(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value, const at::Tensor& counts,
+               const std::optional<at::Tensor>& index, bool avx512, float* op) {
   TORCH_CHECK(q.dim() == 3 && key.dim() == 3 && value.dim() == 3, "q, key, value: 3 dimensions");
   TORCH_CHECK(q.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat && value.scalar_type() == at::kFloat,
               "float32 only");
@@ -229,86 +243,113 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& key, const at::Ten
   TORCH_CHECK(heads % kv_heads == 0 && key.size(2) == dim && value.size(0) == kv_heads && value.size(1) == keys &&
               value.size(2) == dim, "shapes do not match");
   TORCH_CHECK(counts.scalar_type() == at::kLong && counts.is_contiguous() && counts.numel() == rows, "counts: int64 [rows]");
-  const int64_t* count = counts.data_ptr<int64_t>();
-  int64_t widest = 0;
+  Part part{q.data_ptr<float>(), key.data_ptr<float>(), value.data_ptr<float>(), op, q.stride(0), q.stride(1),
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1), rows, heads, dim, kv_heads,
+            heads / kv_heads, 0, counts.data_ptr<int64_t>(), nullptr, 0, false, 0, 0, 0};
   for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(count[r] >= 1 && count[r] <= keys, "a row must see between 1 and all keys");
-    widest = std::max(widest, count[r]);
+    TORCH_CHECK(part.count[r] >= 1 && part.count[r] <= keys, "a row must see between 1 and all keys");
+    part.widest = std::max(part.widest, part.count[r]);
   }
-  std::vector<int64_t> causal;
-  const int64_t* chosen = nullptr;
-  int64_t index_stride = 0;
   if (index.has_value()) {
     TORCH_CHECK(index->scalar_type() == at::kLong && index->dim() == 2 && index->size(0) == rows &&
-                index->size(1) >= widest && index->stride(1) == 1, "index: int64 [rows, >= counts]");
-    chosen = index->data_ptr<int64_t>();
-    index_stride = index->stride(0);
+                index->size(1) >= part.widest && index->stride(1) == 1, "index: int64 [rows, >= counts]");
+    part.chosen = index->data_ptr<int64_t>();
+    part.index_stride = index->stride(0);
     for (int64_t r = 0; r < rows; ++r) {  // a key outside the cache would be read from past its end
-      const int64_t* seen = chosen + r * index_stride;
+      const int64_t* seen = part.chosen + r * part.index_stride;
       int64_t low = 0, high = 0;
-      for (int64_t j = 0; j < count[r]; ++j) {
+      for (int64_t j = 0; j < part.count[r]; ++j) {
         low = std::min(low, seen[j]);
         high = std::max(high, seen[j]);
       }
       TORCH_CHECK(low >= 0 && high < keys, "index: row ", r, " names key ", low < 0 ? low : high, " of ", keys);
     }
-  } else {
-    causal.resize(widest);
-    for (int64_t j = 0; j < widest; ++j) causal[j] = j;
-    chosen = causal.data();
   }
-  auto out = at::empty({rows, heads, dim}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* kp = key.data_ptr<float>();
-  const float* vp = value.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t groups = heads / kv_heads;
-  if (avx512 && !index.has_value() && rows > 1 && (dim == 64 || dim == 128)) {
-    // causal rows of a block: per kv head, its queries in two halves, each half one stream over the keys
-    const int64_t per_head = rows * groups, half = (per_head + 1) / 2;
-    at::parallel_for(0, kv_heads * 2, 1, [&](int64_t begin, int64_t end) {
-      const int64_t padded = (half + 3) / 4 * 4;
-      std::vector<float> scores(padded * widest), sums(half * dim);
-      std::vector<const float*> qs(half);
-      std::vector<float*> outs(half);
-      std::vector<int64_t> counts_i(half);
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t g = task / 2, first = (task % 2) * half;
-        const int n = static_cast<int>(std::min(half, per_head - first));
-        if (n <= 0) continue;
-        for (int i = 0; i < n; ++i) {
-          const int64_t r = (first + i) / groups, h = g * groups + (first + i) % groups;
-          qs[i] = qp + r * q.stride(0) + h * q.stride(1);
-          outs[i] = op + (r * heads + h) * dim;
-          counts_i[i] = count[r];
-        }
-        if (dim == 64)
-          attend_shared_wide<64>(qs.data(), outs.data(), counts_i.data(), n, kp + g * key.stride(0), vp + g * value.stride(0),
-                                 key.stride(1), value.stride(1), static_cast<float>(scale), scores.data(), widest, sums.data());
-        else
-          attend_shared_wide<128>(qs.data(), outs.data(), counts_i.data(), n, kp + g * key.stride(0), vp + g * value.stride(0),
-                                  key.stride(1), value.stride(1), static_cast<float>(scale), scores.data(), widest, sums.data());
-      }
-    });
-    return out;
+  part.shared = avx512 && !index.has_value() && rows > 1 && (dim == 64 || dim == 128);
+  part.per_head = rows * part.groups;
+  part.half = (part.per_head + 1) / 2;
+  part.tasks = part.shared ? kv_heads * 2 : rows * heads;  // the shared path: per kv head, its queries in two halves
+  return part;
+}
+
+// A thread's scratch, sized for the largest part: each task uses the start of each buffer as its part alone would.
+struct Scratch {
+  std::vector<float> scores, sums;
+  std::vector<const float*> qs;
+  std::vector<float*> outs;
+  std::vector<int64_t> counts;
+};
+
+void run_task(const Part& p, int64_t task, const int64_t* causal, bool avx512, float scale, Scratch& s) {
+  if (p.shared) {
+    const int64_t g = task / 2, first = (task % 2) * p.half;
+    const int n = static_cast<int>(std::min(p.half, p.per_head - first));
+    if (n <= 0) return;
+    for (int i = 0; i < n; ++i) {
+      const int64_t r = (first + i) / p.groups, h = g * p.groups + (first + i) % p.groups;
+      s.qs[i] = p.qp + r * p.q_row + h * p.q_head;
+      s.outs[i] = p.op + (r * p.heads + h) * p.dim;
+      s.counts[i] = p.count[r];
+    }
+    if (p.dim == 64)
+      attend_shared_wide<64>(s.qs.data(), s.outs.data(), s.counts.data(), n, p.kp + g * p.key_head, p.vp + g * p.value_head,
+                             p.key_row, p.value_row, scale, s.scores.data(), p.widest, s.sums.data());
+    else
+      attend_shared_wide<128>(s.qs.data(), s.outs.data(), s.counts.data(), n, p.kp + g * p.key_head, p.vp + g * p.value_head,
+                              p.key_row, p.value_row, scale, s.scores.data(), p.widest, s.sums.data());
+    return;
   }
-  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(widest);
+  const int64_t r = task / p.heads, h = task % p.heads, g = h / p.groups;
+  const float* qr = p.qp + r * p.q_row + h * p.q_head;
+  const float* kg = p.kp + g * p.key_head;
+  const float* vg = p.vp + g * p.value_head;
+  const int64_t* keys_r = p.chosen ? p.chosen + r * p.index_stride : causal;
+  float* o = p.op + (r * p.heads + h) * p.dim;
+  if (avx512 && p.dim == 64) attend_one_wide<64>(qr, kg, vg, p.key_row, p.value_row, keys_r, p.count[r], scale, s.scores.data(), o);
+  else if (avx512 && p.dim == 128) attend_one_wide<128>(qr, kg, vg, p.key_row, p.value_row, keys_r, p.count[r], scale,
+                                                        s.scores.data(), o);
+  else if (avx512) path_avx512::attend_one(qr, kg, vg, p.key_row, p.value_row, keys_r, p.count[r], p.dim, scale,
+                                           s.scores.data(), o);
+  else path_avx2::attend_one(qr, kg, vg, p.key_row, p.value_row, keys_r, p.count[r], p.dim, scale, s.scores.data(), o);
+}
+
+// The rows of several answers in one call (batched decoding), each answer on its own cache: q[i] its
+// queries, key[i] and value[i] its cache, counts[i] and index[i] its key choice (see make_part).
+// Returns every answer's [rows_i, heads, dim] one after another, as [sum of rows, heads, dim].
+at::Tensor attend_rows(at::TensorList q, at::TensorList key, at::TensorList value, at::TensorList counts,
+                       const c10::List<std::optional<at::Tensor>>& index, double scale, bool avx512) {
+  require_cpu(avx512);
+  const size_t answers = q.size();
+  TORCH_CHECK(answers >= 1 && key.size() == answers && value.size() == answers && counts.size() == answers &&
+              index.size() == answers, "one q, key, value, counts and index an answer");
+  int64_t total = 0;
+  for (size_t i = 0; i < answers; ++i) {
+    TORCH_CHECK(q[i].dim() == 3 && q[i].size(1) == q[0].size(1) && q[i].size(2) == q[0].size(2), "answers' heads differ");
+    total += q[i].size(0);
+  }
+  auto out = at::empty({total, q[0].size(1), q[0].size(2)}, q[0].options());
+  std::vector<Part> parts;
+  std::vector<int64_t> first_task(answers + 1, 0);
+  int64_t rows_before = 0, widest = 0, half = 0;
+  for (size_t i = 0; i < answers; ++i) {
+    const std::optional<at::Tensor> chosen = index.get(i);
+    parts.push_back(make_part(q[i], key[i], value[i], counts[i], chosen, avx512,
+                              out.data_ptr<float>() + rows_before * q[0].size(1) * q[0].size(2)));
+    rows_before += q[i].size(0);
+    first_task[i + 1] = first_task[i] + parts.back().tasks;
+    widest = std::max(widest, parts.back().widest);
+    half = std::max(half, parts.back().half);
+  }
+  std::vector<int64_t> causal(widest);
+  for (int64_t j = 0; j < widest; ++j) causal[j] = j;
+  const int64_t dim = q[0].size(2), padded = (half + 3) / 4 * 4;
+  at::parallel_for(0, first_task[answers], 1, [&](int64_t begin, int64_t end) {
+    Scratch s{std::vector<float>(std::max(padded, int64_t{1}) * widest), std::vector<float>(half * dim),
+              std::vector<const float*>(half), std::vector<float*>(half), std::vector<int64_t>(half)};
+    size_t i = std::upper_bound(first_task.begin(), first_task.end(), begin) - first_task.begin() - 1;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t r = task / heads, h = task % heads, g = h / groups;
-      const float* qr = qp + r * q.stride(0) + h * q.stride(1);
-      const float* kg = kp + g * key.stride(0);
-      const float* vg = vp + g * value.stride(0);
-      const int64_t* keys_r = chosen + r * index_stride;
-      float* o = op + (r * heads + h) * dim;
-      if (avx512 && dim == 64) attend_one_wide<64>(qr, kg, vg, key.stride(1), value.stride(1), keys_r, count[r],
-                                                   static_cast<float>(scale), scores.data(), o);
-      else if (avx512 && dim == 128) attend_one_wide<128>(qr, kg, vg, key.stride(1), value.stride(1), keys_r, count[r],
-                                                          static_cast<float>(scale), scores.data(), o);
-      else if (avx512) path_avx512::attend_one(qr, kg, vg, key.stride(1), value.stride(1), keys_r, count[r], dim,
-                                          static_cast<float>(scale), scores.data(), o);
-      else path_avx2::attend_one(qr, kg, vg, key.stride(1), value.stride(1), keys_r, count[r], dim,
-                                 static_cast<float>(scale), scores.data(), o);
+      while (task >= first_task[i + 1]) ++i;
+      run_task(parts[i], task - first_task[i], causal.data(), avx512, static_cast<float>(scale), s);
     }
   });
   return out;

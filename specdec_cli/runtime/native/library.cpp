@@ -5,5 +5,5 @@
 
 TORCH_LIBRARY(specdec, m) {
   m.def("q8_matmul(Tensor x, Tensor codes, Tensor scale, Tensor offset, int bits, bool avx512) -> Tensor");
-  m.def("attend_rows(Tensor q, Tensor key, Tensor value, Tensor counts, Tensor? index, float scale, bool avx512) -> Tensor");
+  m.def("attend_rows(Tensor[] q, Tensor[] key, Tensor[] value, Tensor[] counts, Tensor?[] index, float scale, bool avx512) -> Tensor");
 }
