@@ -53,3 +53,10 @@ def test_row_costs_are_learned_interpolated_and_extrapolated_never_falling():
     assert costs.cost(1) == 0.020  # below the least seen: never cheaper than it
     costs.observe(16, 0.030)  # noise: more rows seen cheaper
     assert costs.cost(24) == pytest.approx(0.036)  # the slope is never negative
+
+
+def test_a_drafter_that_costs_a_forward_a_token_drafts_less_than_a_free_one():
+    likely = gains(0.8, 0.8, 0.8)
+    assert batch_lengths([likely, likely], 2, memory_bound, [0.0, 0.0]) == [3, 3]
+    assert batch_lengths([likely, likely], 2, memory_bound, [0.0, 2.0]) == [3, 1]  # its drafts cost more than rows
+    assert batch_lengths([likely, likely], 2, memory_bound, [0.0, 40.0]) == [3, 0]

@@ -49,15 +49,15 @@ def decide(request: Request, drafts_trees: bool) -> Decision:
     return Decision(plan, want, tree, offers, learned, time.perf_counter() - started)
 
 
-def gains(request: Request, decision: Decision) -> list[float] | None:
-    """A chain's expected tokens by its drafts (``KSchedule.gains``) up to the decided K; None where
-    the plan is kept as it is (a tree, or a schedule that weighs no gains: a fixed K)."""
+def gains(request: Request, decision: Decision) -> tuple[list[float], float] | None:
+    """A chain's expected tokens by its drafts up to the decided K, and its drafter's seconds a token
+    (``KSchedule.gains``); None where the plan is kept as it is (a tree, or a fixed K)."""
     if decision.tree:
         return None
     if decision.want == 0 or request.drafter is None:
-        return [1.0]
+        return [1.0], 0.0
     found = request.schedule.gains(decision.plan)
-    return None if found is None else list(found[: decision.want + 1])
+    return None if found is None else (list(found[0][: decision.want + 1]), found[1])
 
 
 def propose(request: Request, decision: Decision, cap: int | None = None) -> tuple[int, Draft]:

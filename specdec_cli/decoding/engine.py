@@ -234,7 +234,8 @@ class SpeculativeEngine:
         if len(rounds) < 2 or not self.row_costs.known() or all(g is None for g in found):
             return [None] * len(rounds)
         kept_rows = sum(1 + (d.want if g is None else 0) for d, g in zip(decisions, found))
-        return batch_lengths(found, prompt_rows + kept_rows, self.row_costs.cost)
+        return batch_lengths([g and g[0] for g in found], prompt_rows + kept_rows, self.row_costs.cost,
+                             [g[1] if g else 0.0 for g in found])
 
     def _block(self, pending: Pending, request: Request) -> Block:
         """A round's block in a forward of several: a chain causally, a tree under its ancestor mask."""

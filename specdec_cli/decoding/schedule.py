@@ -67,9 +67,10 @@ class KSchedule:
     def observe(self, event: RoundEvent) -> None:
         """See how the round went."""
 
-    def gains(self, plan: Plan) -> list[float] | None:
-        """A chain plan's expected tokens by its drafts (index j: a round with j drafts), which a batch
-        weighs against what its rows cost; None: the plan is kept as it is (what a fixed K says)."""
+    def gains(self, plan: Plan) -> tuple[list[float], float] | None:
+        """A chain plan's expected tokens by its drafts (index j: a round with j drafts), and the
+        seconds a drafted token takes its drafter, which a batch weighs against what its rows cost;
+        None: the plan is kept as it is (what a fixed K says)."""
         return None
 
     def end(self) -> None:

@@ -387,18 +387,19 @@ class AdaptiveK(KSchedule):
     def end(self) -> None:
         self.running = False
 
-    def gains(self, plan: Plan) -> list[float] | None:
+    def gains(self, plan: Plan) -> tuple[list[float], float] | None:
         """1, 1 + a₁, 1 + a₁ + a₁a₂, …: expected tokens by the chain's drafts, on the planned drafter's
-        acceptance by position."""
+        acceptance by position; and its seconds a drafted token (an offer's: none)."""
         if plan.take is Take.TREE:
             return None
         if plan.take is Take.NOTHING or plan.k == 0:
-            return [1.0]
+            return [1.0], 0.0
+        name = plan.source or self.main
         found, survive = [1.0], 1.0
-        for rate in self._standing(plan.source or self.main).acceptance.rates(plan.k):
+        for rate in self._standing(name).acceptance.rates(plan.k):
             survive *= rate
             found.append(found[-1] + survive)
-        return found
+        return found, 0.0 if plan.take is Take.OFFER else self.draft_s(name, 1)
 
     def report(self) -> dict:
         """Per-prompt figures for the JSON statistics."""

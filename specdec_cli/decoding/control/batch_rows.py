@@ -5,7 +5,8 @@ is often right. In a batch the forward already has a row per answer; each draft 
 the arithmetic, and once the rows make the forward compute-bound a draft row costs what an answer's
 own row costs while it yields less than a token. So a step's rows are chosen for the batch as a
 whole: starting from one row per answer, the next draft row goes to the answer whose next draft is
-most likely kept, as long as the step's expected tokens per second still rise. A full batch drafts
+most worth its cost (a learned drafter's forward, on top of the row), as long as the step's
+expected tokens per second still rise. A full batch drafts
 little or nothing by itself; a batch of one drafts as its schedule plans.
 """
 
@@ -16,25 +17,31 @@ from typing import Callable, Sequence
 from .estimates import smooth
 
 
-def batch_lengths(gains: Sequence[Sequence[float] | None], base_rows: int, cost: Callable[[int], float]) -> list[int]:
+def batch_lengths(gains: Sequence[Sequence[float] | None], base_rows: int, cost: Callable[[int], float],
+                  draft_s: Sequence[float] | None = None) -> list[int | None]:
     """Per answer the drafts to verify: ``gains[i][j]`` is answer i's expected tokens from a round
     with j drafts (``gains[i][0]`` its one token without any; None: the answer's plan is kept as it is
     and costs nothing to weigh, its rows counted in ``base_rows``); ``cost(n)``: seconds of a forward
-    of n rows. Greedy on the marginal draft row: added while it raises tokens per second."""
+    of n rows; ``draft_s[i]``: seconds answer i's drafter takes a drafted token (0: free, a lookup).
+    Greedy on the marginal draft: added while it raises the step's tokens per second."""
+    draft_s = draft_s or [0.0] * len(gains)
     lengths = [0 if g is not None else -1 for g in gains]
     tokens = sum(g[0] if g is not None else 1.0 for g in gains)  # a kept plan yields a token at least
-    rows = base_rows
+    rows, drafting = base_rows, 0.0
     while True:
-        best, best_gain = None, 0.0
+        best, best_rate = None, 0.0
         for i, g in enumerate(gains):
             if g is not None and lengths[i] + 1 < len(g):
                 gain = g[lengths[i] + 1] - g[lengths[i]]
-                if gain > best_gain:
-                    best, best_gain = i, gain
-        if best is None or (tokens + best_gain) / cost(rows + 1) <= tokens / cost(rows):
+                rate = (tokens + gain) / (cost(rows + 1) + drafting + draft_s[i])
+                if best is None or rate > best_rate:
+                    best, best_rate = i, rate
+        if best is None or best_rate <= tokens / (cost(rows) + drafting):
             return [max(n, 0) if g is not None else None for n, g in zip(lengths, gains)]
+        g = gains[best]
+        tokens += g[lengths[best] + 1] - g[lengths[best]]
+        drafting += draft_s[best]
         lengths[best] += 1
-        tokens += best_gain
         rows += 1
 
 
