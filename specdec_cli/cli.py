@@ -30,6 +30,7 @@ try:  # Ctrl-C while the commands' modules load ends as it does anywhere else, n
     from .commands.common import error_line, warning_line
     from .commands.generate import generate
     from .commands.models import models
+    from .commands.predict import predict_command
     from .commands.train_draft import train_draft
     from .commands.verify import verify_equivalence
     from .commands.watch import watch
@@ -214,6 +215,7 @@ app.command(short_help="List the pairs in models.yaml and whether each runs offl
 app.command("verify-equivalence", short_help="Prove that speculation gives the target's own tokens.")(verify_equivalence)
 app.command("bench", short_help="Speed, acceptance and latency per mode against plain decoding.")(bench_command)
 app.command("calibrate-k", short_help="Measure every K on your prompts and pick K per scenario.")(calibrate_k)
+app.command("predict", short_help="Will speculation pay here? Predicted speed-up and break-even acceptance per K, in under a minute.")(predict_command)
 app.command("watch", short_help="A running server's acceptance, latency and load, live.")(watch)
 app.command("train-draft", short_help="Distil a drafter (a small model or a head) from the target.")(train_draft)
 app.command("export", short_help="The calibrated K as a serving engine's config (vLLM, SGLang, llama.cpp, transformers).")(export)
