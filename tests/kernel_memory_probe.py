@@ -52,7 +52,7 @@ def kernel_tensors(linear) -> list[str]:
 def guard(kind: str, out_features: int, in_features: int) -> None:
     """A linear built the project's way, each of its kernel tensors moved against a guard page, run
     through the lean forward's kernel and the module's forward at every block length up to 8 rows."""
-    from specdec_cli.runtime.lean_forward import kernel
+    from specdec_cli.runtime.lean_weights import kernel
     from specdec_cli.runtime.quantize import quantised_weight
 
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))

@@ -4,7 +4,11 @@ line that cannot be answered failing alone, in its place."""
 
 from __future__ import annotations
 
+import json
+import os
 import queue
+import stat
+import sys
 import threading
 import time
 from contextlib import ExitStack
@@ -16,7 +20,7 @@ from . import interrupt
 from .common import error_line, warning_line
 
 if TYPE_CHECKING:
-    from ..decoding.engine import Request
+    from ..decoding.request import Request
     from ..decoding.loaded_pair import LoadedPair
     from ..measure.run_stats import RunStats
     from .live import LiveView
@@ -243,7 +247,6 @@ def _result(settings: Settings, job: Job) -> dict:
 def _write(settings: Settings, job: Job, result: dict, warned: list[bool], order: InOrder) -> None:
     """A result on stdout (JSON or the text: always, so that copy, tee and script get the clean answer)."""
     from ..decoding.events import CONTEXT
-    from .generate import context_cut, json_line, stdout_is_a_file
 
     if result["stats"]["fallback_forwards"] and not warned[0]:  # once a run: a slowdown nothing else shows
         warning_line(f"prompt {job.item.id}: {result['stats']['fallback_forwards']} target forward(s) ran transformers' "
@@ -267,8 +270,26 @@ def _write(settings: Settings, job: Job, result: dict, warned: list[bool], order
 def _write_failure(bad: BadPrompt, json_lines: bool) -> None:
     """A prompt of the stream that cannot be answered: its line on stderr, its error object in --json
     (``{"id", "line", "error"}``); the stream goes on."""
-    from .generate import json_line
-
     error_line(str(bad))
     if json_lines:
         print(json_line(bad.as_json()), flush=True)
+
+
+def json_line(record: dict) -> str:
+    """One result or error object as --json writes it: valid JSON always (no NaN, no Infinity), so that
+    a reader's parser never stops at a line; prompts.py refuses the ids that would need them."""
+    return json.dumps(record, ensure_ascii=False, allow_nan=False)
+
+
+def stdout_is_a_file() -> bool:
+    """stdout redirected to a file, not a terminal nor a pipe (`| tee`, `| less` show it themselves)."""
+    try:
+        mode = os.fstat(sys.stdout.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return not sys.stdout.isatty() and not stat.S_ISFIFO(mode)
+
+
+def context_cut(item: Prompt, tokens: int, context: int) -> str:
+    """Text mode's word that an answer ends because the target's context is full, not by its own end."""
+    return f"{item.label}: the answer stopped after {tokens} tokens, at the end of the target's {context}-token context"

@@ -3,9 +3,6 @@
 # torch and transformers are imported inside the command bodies, so that --help and bad options answer without them.
 from __future__ import annotations
 
-import json
-import os
-import stat
 import sys
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -45,7 +42,6 @@ from .common import (
     check_threads,
     check_tree_drafter,
     check_sampling_options,
-    error_line,
     parse_k,
     parse_tree,
     resolve_pair,
@@ -169,12 +165,6 @@ def generate(
         raise typer.Exit(PROMPTS_FAILED)
 
 
-def json_line(record: dict) -> str:
-    """One result or error object as --json writes it: valid JSON always (no NaN, no Infinity), so that
-    a reader's parser never stops at a line; prompts.py refuses the ids that would need them."""
-    return json.dumps(record, ensure_ascii=False, allow_nan=False)
-
-
 @contextmanager
 def _memory_kept(runtime: LoadedPair, controller, path: Path | None) -> Iterator[None]:
     """With --memory: the run's suffix memory filled from ``path`` before the prompts, and this run's
@@ -214,20 +204,6 @@ def _memory_file(runtime: LoadedPair, controller, path: Path):
     if problem:
         warning_line(problem)
     return kept
-
-
-def stdout_is_a_file() -> bool:
-    """stdout redirected to a file, not a terminal nor a pipe (`| tee`, `| less` show it themselves)."""
-    try:
-        mode = os.fstat(sys.stdout.fileno()).st_mode
-    except (OSError, ValueError, AttributeError):
-        return False
-    return not sys.stdout.isatty() and not stat.S_ISFIFO(mode)
-
-
-def context_cut(item: Prompt, tokens: int, context: int) -> str:
-    """Text mode's word that an answer ends because the target's context is full, not by its own end."""
-    return f"{item.label}: the answer stopped after {tokens} tokens, at the end of the target's {context}-token context"
 
 
 def _profile_watcher(spec, fixed_k, explicit, console) -> ProfileWatcher | None:

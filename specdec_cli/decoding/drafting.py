@@ -17,7 +17,7 @@ from .schedule import Plan, Take
 from .tree import TreeShape
 
 if TYPE_CHECKING:
-    from .engine import Request
+    from .request import Request
 
 
 @dataclass

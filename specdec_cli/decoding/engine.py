@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 import torch
 
 from ..errors import PromptTooLong, UserError
-from ..limits import MAX_K
 from ..runtime.lean_forward import Block, fallback_forwards, forward_many
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept
 from .blocks import padded_chain, padded_tree
@@ -32,11 +31,12 @@ from .coupling import PositionNoise, race_scores
 from .control.batch_rows import RowCosts, batch_lengths
 from .drafters.base import Draft, Drafter, Needs, TreeDrafting, Verified, drafts_trees, parts, top_ids
 from .drafting import Decision, decide, gains, propose
+from .request import Request
 from .events import CONTEXT, EOS, MAX_NEW_TOKENS, RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
 from .rules import check_tree_rule
-from .schedule import FixedK, KSchedule, Take
-from .tree import Tree, TreeShape, greedy_tree_accept, tree_masks, verify_tree
+from .schedule import FixedK, KSchedule
+from .tree import Tree, greedy_tree_accept, tree_masks, verify_tree
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -47,34 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["FixedK", "KSchedule", "RoundEvent", "SpeculativeEngine"]
 
 DONE = object()  # the requests are all read
-
-
-@dataclass
-class Request:
-    """One answer in progress: what each of its rounds reads and moves on (gpt-fast keeps these as its
-    loop's locals). ``tokens`` are the prompt and the answer so far; the cache holds all but the last."""
-
-    schedule: KSchedule
-    cache: object
-    tokens: torch.Tensor
-    prompt_length: int
-    budget: int  # tokens the answer may add
-    limit: str  # what ends it when no EOS does: MAX_NEW_TOKENS or CONTEXT
-    device: object
-    sampling: SamplingParams
-    noise: PositionNoise | None  # the race's, under sampling
-    generator: torch.Generator | None  # the draws of a rule that judges p and q (not the race)
-    rule: AcceptRule
-    record_logits: bool
-    fallbacks: int = 0  # the target's fallback forwards counted so far, for each event's own
-    produced: int = 0
-    key: object = None  # the caller's name for it, which ``run`` hands back with each event
-    drafter: Drafter | None = None  # this answer's own (a fork of the engine's, when batched)
-    prompted: bool = False  # its prompt is cached
-
-    @property
-    def left(self) -> int:
-        return self.budget - self.produced
 
 
 @dataclass

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..runtime.lean_forward import LeanDecoder, layer_supported, layer_weights
+from ..runtime.lean_forward import LeanDecoder
+from ..runtime.lean_weights import layer_supported, layer_weights
 from ..runtime.reserved_cache import appends
 from ..runtime.rowwise_attention import ROWWISE_UP_TO, visible_keys
 from .head_layer import default_rotary, layer_config, layer_skeleton

@@ -79,7 +79,7 @@ def stacked(dtype: torch.dtype, *linears) -> torch.Tensor:
 
 
 def lean_layer(weights: tuple, dense: tuple[torch.Tensor, ...]) -> tuple:
-    """A lean layer's weights (lean_forward.layer_weights) with its four matmuls on ``dense`` instead."""
+    """A lean layer's weights (lean_weights.layer_weights) with its four matmuls on ``dense`` instead."""
     norm1, eps1, _, _, norm2, eps2, _, _, inner = weights
     qkv, o, gate_up, down = dense
     return (norm1, eps1, dense_kernel(qkv), dense_kernel(o, widen=False), norm2, eps2, dense_kernel(gate_up),
@@ -88,7 +88,7 @@ def lean_layer(weights: tuple, dense: tuple[torch.Tensor, ...]) -> tuple:
 
 def dense_kernel(weight: torch.Tensor, widen: bool = True):
     """x (rows, in) float32 -> (rows, out) through a matmul in the weight's dtype, cast as
-    lean_forward.kernel casts (for float32 weights the casts are no-ops)."""
+    lean_weights.kernel casts (for float32 weights the casts are no-ops)."""
 
     def matmul(x):
         out = torch.nn.functional.linear(x.to(weight.dtype), weight)
