@@ -5,6 +5,7 @@ argument errors answer at once; engine.py, equivalence.py and sampling_check.py 
 """
 
 MAX_K = 32  # beyond this, a single verify forward costs more than any acceptance rate can repay
+MAX_BATCH = 64  # prompts decoded at once: past it a step's forward is compute-bound many times over
 
 # How far apart two logits may be and still be ordered either way by round-off, by the target's
 # dtype name (equivalence.TOLERANCE keys them by torch dtype). Forwards of different shape differ by

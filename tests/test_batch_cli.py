@@ -47,10 +47,14 @@ def test_a_sampled_batch_keeps_each_prompts_seeded_text(models):
     assert [r["token_ids"] for r in batched] == [r["token_ids"] for r in alone]
 
 
-def test_the_batch_option_is_checked_before_any_model_loads(models):
+def test_the_batch_option_is_checked_before_any_model_loads(models, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("x\n")
     for value, message in (("0", "--batch must be at least 1, got 0"), ("65", "--batch must be at most 64, got 65")):
         result = generate(models, "x\n", "--batch", value)
         assert result.exit_code == 2 and result.stderr.strip() == f"specdec: error: {message}"
+        verify = runner.invoke(app, ["verify-equivalence", "--prompts", str(prompts), "--models", models, "--batch", value])
+        assert verify.exit_code == 2 and verify.stderr.strip() == f"specdec: error: {message}"
 
 
 def test_a_target_on_transformers_forward_is_refused_a_batch_and_defaults_to_one(models):

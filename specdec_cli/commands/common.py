@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import UserError
-from ..limits import MAX_K, SEEDS
+from ..limits import MAX_BATCH, MAX_K, SEEDS
 from ..pairs import free_kinds
 from ..pairs.registry import HEAD, PairSpec, load_registry, override
 from ..runtime.threads import THREADS_PER_CORE, most_threads
@@ -106,6 +106,13 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 def check_count(option: str, value: int | None, least: int) -> None:
     if value is not None and value < least:
         raise UserError(f"{option} must be at least {least}, got {value}")
+
+
+def check_batch(value: int | None) -> None:
+    """--batch: 1 to MAX_BATCH prompts at once."""
+    check_count("--batch", value, 1)
+    if value is not None and value > MAX_BATCH:
+        raise UserError(f"--batch must be at most {MAX_BATCH}, got {value}")
 
 
 def check_number(option: str, value: float | None, least: float, most: float | None = None, *, above: bool = False) -> None:

@@ -37,6 +37,7 @@ from .common import (
     TreeOption,
     WRITE_FAILED,
     accept_rule,
+    check_batch,
     check_count,
     check_seed,
     check_threads,
@@ -54,7 +55,6 @@ from .common import (
 )
 
 DEFAULT_BATCH = 8  # piped prompts decoded at once (docs/performance.md, "Many prompts at once")
-MAX_BATCH = 64
 PROMPTS_FAILED = 1  # exit code: some prompts of the stream failed, each said on stderr (and in --json); the rest ran
 
 if TYPE_CHECKING:
@@ -102,10 +102,7 @@ def generate(
     check_threads(threads)
     check_seed(seed)
     batch_given = batch is not None
-    if batch_given:
-        check_count("--batch", batch, 1)
-        if batch > MAX_BATCH:
-            raise UserError(f"--batch must be at most {MAX_BATCH}, got {batch}")
+    check_batch(batch)
     fixed_k = parse_k(k, allow_auto=True)
     rule = accept_rule(accept)
     tree = parse_tree(tree, k)
@@ -147,16 +144,17 @@ def generate(
         runtime.engine.check_batch(batch)
     elif runtime.engine.batched is None:  # the default batches where the lean forward runs
         batch = 1
-    state = {"controller": controller}
+    running = controller  # hot reload replaces it; the memory file keeps the first's drafter
 
     def schedule_for(item: Prompt):
         """The prompt's K, and what its statistics say of it (hot reload: a recalibration applies from the next prompt)."""
+        nonlocal running
         if watcher and watcher.changed():
-            state["controller"] = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
-        if state["controller"] is None:
+            running = _controller(spec, fixed_k, watcher, console, not json_lines, runtime, tree == "auto")
+        if running is None:
             return fixed_k, {}
         profile_path = str(watcher.path) if watcher.profile else None  # which profile seeded auto (None: the pair's K)
-        return state["controller"].schedule(item.scenario), {"profile": profile_path}
+        return running.schedule(item.scenario), {"profile": profile_path}
 
     settings = Settings(runtime, schedule_for, max_new_tokens, sampling, seed, raw, rule, tree, json_lines, computed_by, batch)
     with _memory_kept(runtime, controller, memory):

@@ -26,7 +26,7 @@ from . import interrupt
 from . import own_files
 from ..atomic import check_writable, write_atomically
 from ..errors import UserError
-from ..limits import MAX_K, NEAR_TIE_TOLERANCE, SAMPLING_PROMPTS, SAMPLING_TOKENS
+from ..limits import MAX_BATCH, MAX_K, NEAR_TIE_TOLERANCE, SAMPLING_PROMPTS, SAMPLING_TOKENS
 from ..prompts import check_fit, read_file
 from .engine_verify import engine_verify
 from .common import (
@@ -45,6 +45,7 @@ from .common import (
     LEAST_TEMPERATURE,
     ThreadsOption,
     accept_rule,
+    check_batch,
     check_count,
     check_number,
     check_seed,
@@ -93,7 +94,7 @@ def verify_equivalence(
     server: Annotated[Optional[str], typer.Option("--server", metavar="URL", help="Check a speculative OpenAI-compatible server already running at URL against --reference (API key from $SPECDEC_API_KEY).")] = None,
     reference: Annotated[Optional[str], typer.Option("--reference", metavar="URL", help="With --server: the plain server whose greedy tokens (and top-2 logprobs) are the reference.")] = None,
     concurrency: ConcurrencyOption = None,
-    batch: Annotated[int, typer.Option("--batch", metavar="N", help="Decode the speculative runs N prompts at once, as `generate --batch N` does: each prompt must still equal its own plain decoding (1: one at a time).")] = 1,
+    batch: Annotated[int, typer.Option("--batch", metavar="N", help=f"Decode the speculative runs N prompts at once (1 to {MAX_BATCH}), as `generate --batch N` does: each prompt must still equal its own plain decoding (1: one at a time).")] = 1,
 ) -> None:
     """Prove that speculative decoding gives the target's own output, token for token.
 
@@ -127,7 +128,7 @@ def verify_equivalence(
     refuse_given(("spec_mode", "concurrency"), "applies to a serving engine's check: give --engine or --server")
     if draws < 0:
         raise UserError(f"--sampling must be 0 (off) or a number of draws, got {draws}")
-    check_count("--batch", batch, 1)
+    check_batch(batch)
     if draws:
         check_number("--temperature", temperature, LEAST_TEMPERATURE)
     check_seed(seed, draws, f"--sampling {draws}")

@@ -23,13 +23,15 @@ if TYPE_CHECKING:
 @dataclass
 class Decision:
     """What a round will draft, before drafting: the plan, its K (a chain's depth, a tree's nodes,
-    bounded by the budget and the plan), the free drafters' offers, and the seconds spent deciding."""
+    bounded by the budget and the plan), the free drafters' offers, the seconds spent finding them
+    (every round pays it, whoever drafts) and spent deciding in all."""
 
     plan: Plan
     want: int
     tree: bool
     offers: dict[str, Draft]
     learned: Drafter | None
+    offer_s: float
     decide_s: float
 
 
@@ -40,13 +42,14 @@ def decide(request: Request, drafts_trees: bool) -> Decision:
     room = max(0, min(MAX_K, request.left - 1))  # a round emits at most K + 1 tokens: past the budget is waste
     free, learned = parts(request.drafter)
     offers = ready_drafts(free, request.tokens, room) if request.schedule.reads_offer and room else {}
+    offer_s = time.perf_counter() - started
     plan = request.schedule.plan({name: len(offer) for name, offer in offers.items()}, learned.name if learned else None, room)
     tree = plan.take is Take.TREE or (plan.take is Take.AS_IS and drafts_trees)
     # A chain's K is its depth; a tree's is its node count, however shallow (paths past the budget are cut).
     want = max(0, min(plan.k, MAX_K if room else 0) if tree else min(plan.k, room))
     if plan.take is Take.NOTHING:
         want = 0
-    return Decision(plan, want, tree, offers, learned, time.perf_counter() - started)
+    return Decision(plan, want, tree, offers, learned, offer_s, time.perf_counter() - started)
 
 
 def gains(request: Request, decision: Decision) -> tuple[list[float], float] | None:

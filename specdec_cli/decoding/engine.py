@@ -53,7 +53,6 @@ DONE = object()  # the requests are all read
 class Pending:
     """A round between its draft and its verify forward: what ``_finish`` reads."""
 
-    started: float
     want: int
     draft: Draft
     offer_s: float
@@ -202,8 +201,10 @@ class SpeculativeEngine:
     def _caps(self, rounds: list[Request], decisions: list[Decision], prompt_rows: int) -> list[int | None]:
         """Each round's longest chain in this step, chosen for the batch as a whole by what its rows
         cost (control/batch_rows.py); None: as decided (a fixed K, a tree, or costs not known yet)."""
+        if len(rounds) < 2 or not self.row_costs.known():
+            return [None] * len(rounds)
         found = [gains(r, d) for r, d in zip(rounds, decisions)]
-        if len(rounds) < 2 or not self.row_costs.known() or all(g is None for g in found):
+        if all(g is None for g in found):
             return [None] * len(rounds)
         kept_rows = sum(1 + (d.want if g is None else 0) for d, g in zip(decisions, found))
         return batch_lengths([g and g[0] for g in found], prompt_rows + kept_rows, self.row_costs.cost,
@@ -226,16 +227,16 @@ class SpeculativeEngine:
     def _plan(self, request: Request, decision: Decision | None = None, cap: int | None = None) -> Pending:
         """A round up to its verify forward: decide and draft (a chain, at most ``cap`` long where a
         batch caps it, or a tree), and the block to verify."""
-        started = time.perf_counter()
         cached = request.tokens.shape[0] - 1
         if decision is None:
             request.schedule.context(cached)
             decision = decide(request, self.drafts_trees)
+        started = time.perf_counter()  # the decision's own seconds are its decide_s
         want, draft = propose(request, decision, cap)
         draft_s = decision.decide_s + time.perf_counter() - started
         block = torch.cat([request.tokens[-1:], draft.tokens])
         tree = None if draft.parents is None else Tree(block, (-1, *draft.parents))
-        return Pending(started, want, draft, decision.decide_s if decision.offers else 0.0, draft_s, block, tree, cached)
+        return Pending(want, draft, decision.offer_s, draft_s, block, tree, cached)
 
     def _finish(self, request: Request, pending: Pending, out, forward_s: float, batch: int = 1) -> RoundEvent:
         """A round after its verify forward: accept, commit the kept path (cache and tokens), show the
