@@ -23,9 +23,10 @@ def computed_by(model) -> dict:
 
 
 def forward(model) -> str:
-    """Which forward ran the target: specdec's lean one (a Llama on its kernels, runtime/lean_forward.py)
-    or transformers' own, with specdec's linears inside where it quantised them. A result says which,
-    since the lean one is the fast path and only some architectures take it."""
+    """Which forward ran the target: specdec's lean one (runtime/lean_forward.py: Llama, Mistral, Qwen 2
+    and 3, Phi-3, Gemma 2 and 3 on its kernels; LeanGemma is a LeanLlama) or transformers' own, with
+    specdec's linears inside where it quantised them. A result says which, since the lean one is the
+    fast path and only some architectures take it."""
     return "lean" if isinstance(getattr(model.forward, "__self__", None), LeanLlama) else "transformers"
 
 

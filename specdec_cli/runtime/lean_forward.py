@@ -1,6 +1,9 @@
-"""A lean forward for Llama-architecture targets with weight-only int8/int4 linears, in the spirit of
-gpt-fast's model.py: the same arithmetic as transformers' LlamaForCausalLM, op for op, without its
-per-layer module and kwargs dispatch.
+"""A lean forward for targets with weight-only int8/int4 linears, in the spirit of gpt-fast's
+model.py: the same arithmetic as transformers' LlamaForCausalLM, op for op, without its per-layer
+module and kwargs dispatch. Mistral, Qwen 2 and 3 and Phi-3 are Llama's layer with a window, biases,
+q/k norms or checkpoint-fused projections (lean_weights.py); Gemma 2 and 3 have layers of their own
+(lean_gemma.py). Layers that slide a window keep every position in the cache and see the window
+through their rows' seen keys (lean_decoder.py); each kind of layer has its own rotary tables.
 
 A one-token forward of a small quantised target spends most of its time outside the matmuls:
 hundreds of aten calls and a tower of Python calls per layer (docs/notebook.md, "Where an int4 token
@@ -32,100 +35,13 @@ from dataclasses import dataclass
 import torch
 
 from .dense_prefill import DENSE_FROM, lean_layer
-from . import native_kernels
+from .lean_decoder import LeanDecoder, Rows, window_seen
 from .lean_model import LeanCausalLM
-from .lean_weights import kernel, layer_weights, supported
+from .lean_weights import LLAMA_LAYERS, kernel, layer_kinds, layer_weights, plain_norm, rms_norm, supported
 from .reserved_cache import ReservedCache, appends
-from .rowwise_attention import ROWWISE_UP_TO, native_answers, on_native_kernels, sdpa_rows, visible_keys, visible_keys_once
+from .rowwise_attention import ROWWISE_UP_TO, on_native_kernels, visible_keys
 
 HANDLED = {"input_ids", "cache", "use_cache", "logits_to_keep", "attention_mask", "position_ids", "output_hidden_states"}
-
-
-@dataclass(frozen=True)
-class Rows:
-    """One answer's rows in a forward: ``count`` of them, its cache, per row the keys it sees (a tree's
-    gathered positions; None: causal), and whether they are a prompt on an empty cache."""
-
-    count: int
-    cache: object
-    seen: list | None = None
-    prompt: bool = False
-
-
-class LeanDecoder:
-    """Llama decoder layers as a flat function of precomputed weights (``layer_weights``)."""
-
-    def __init__(self, config, native: bool = False):
-        """``native``: attend on specdec's attention op (the model's linears are on its kernels)."""
-        self.kernels = native_kernels.bound() if native else None
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.groups = self.heads // self.kv_heads
-        self.scaling = self.head_dim**-0.5
-
-    @staticmethod
-    def rotary_tables(rotary, x, positions) -> tuple[torch.Tensor, torch.Tensor]:
-        """``rotary``'s cos and sin for [1, rows] ``positions`` as [rows, 1, head_dim], shared by the
-        q and k heads, with the sign of rotate_half folded into sin's first half: rotate_half(q) · sin
-        is cat(−q₂, q₁) · sin, which is roll(q) · cat(−sin₁, sin₂) exactly (a sign flip rounds the
-        same either side of a product), for two ops a layer instead of four."""
-        cos, sin = rotary(x, positions)
-        half = sin.shape[-1] // 2
-        return cos[0, :, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[0, :, None]
-
-    def layer(self, x, weights, index, cos, sin, cache, seen, prompt: bool = False):
-        """One decoder layer on [rows, hidden] float32; ``cos``/``sin``: [rows, 1, head_dim] from
-        ``rotary_tables``; ``prompt``: the rows are a prompt on an empty cache (one causal attention call)."""
-        return self.layer_rows(x, weights, index, cos, sin, (Rows(x.shape[0], cache, seen, prompt),))
-
-    def layer_rows(self, x, weights, index, cos, sin, parts: tuple[Rows, ...] | list[Rows]):
-        """One decoder layer on the rows of several answers, ``parts`` in order: every linear on all
-        rows at once (the kernels compute each row alone), each part's attention on its own cache."""
-        norm1, eps1, qkv, o_proj, norm2, eps2, gate_up, down, inner = weights
-        rows, q_and_k = x.shape[0], self.heads + self.kv_heads
-        h = norm1 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps1))
-        heads = qkv(h).view(rows, q_and_k + self.kv_heads, self.head_dim)
-        qk = heads[:, :q_and_k]
-        qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin
-        prompts, rowwise, start = {}, [], 0
-        for i, part in enumerate(parts):
-            end = start + part.count
-            query = qk[start:end, : self.heads].transpose(0, 1)[None]
-            key = qk[start:end, self.heads :].transpose(0, 1)[None]
-            value = heads[start:end, q_and_k:].transpose(0, 1)[None]
-            if part.cache is not None:
-                key, value = part.cache.update(key, value, index)
-            if part.prompt:
-                prompts[i] = self.attend_prompt(query, key, value)
-            else:
-                rowwise.append((query, key, value, part.seen))
-            start = end
-        attended = self.attend_answers(rowwise) if rowwise else None
-        if prompts:  # a prompt joins the forward: the parts' rows put back in order
-            chunks = iter(attended.split([p.count for p in parts if not p.prompt]) if rowwise else ())
-            found = [prompts[i] if i in prompts else next(chunks) for i in range(len(parts))]
-            attended = found[0] if len(found) == 1 else torch.cat(found)
-        x = x + o_proj(attended.reshape(rows, -1))
-        h = norm2 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps2))
-        both = gate_up(h)
-        return x + down(torch.nn.functional.silu(both[:, :inner]) * both[:, inner:])
-
-    def attend_answers(self, answers: list) -> torch.Tensor:
-        """Per answer (query [1, heads, rows, dim], its key, value, seen) -> every answer's [rows, heads,
-        dim] one after another, exactly as rowwise_attention computes each: on specdec's op all in one call."""
-        if self.kernels is not None:
-            return native_answers(self.kernels, answers, self.scaling)
-        found = [sdpa_rows(query, key, value, self.scaling, self.groups, seen)[0] for query, key, value, seen in answers]
-        return found[0] if len(found) == 1 else torch.cat(found)
-
-    def attend_prompt(self, query, key, value):
-        """[1, heads, rows, dim] -> [rows, heads, dim], every row in one causal call: a prompt on an
-        empty cache, or a head's long catch-up after the positions it has cached (an explicit mask)."""
-        rows, keys = query.shape[2], key.shape[2]
-        causal = None if rows == keys else torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=causal, is_causal=causal is None,
-                                                               scale=self.scaling, enable_gqa=self.groups > 1)
-        return out[0].transpose(0, 1)
 
 
 @dataclass
@@ -149,8 +65,18 @@ def outputs_and_caches(model) -> tuple[type, object]:
     return CausalLMOutputWithPast, lambda: DynamicCache(config=model.config)
 
 
+def keeps_every_position(cache) -> bool:
+    """A cache the lean forward may write to (reserved_cache.appends) whose layers keep every position:
+    transformers' sliding layers (in the DynamicCache its generate makes) drop what leaves the window,
+    and the lean forward reads a layer's keys as positions 0, 1, … (decoding/kv.py's caches keep them)."""
+    return appends(cache) and not any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", ()))
+
+
 class LeanLlama(LeanDecoder):
-    """The precomputed pieces of one model's forward; ``forward`` is what the model's own becomes."""
+    """The precomputed pieces of one model's forward; ``forward`` is what the model's own becomes.
+    Llama, and the architectures that are Llama's layer with q/k/v biases (Qwen 2), q/k norms
+    (Qwen 3) or a sliding window (Mistral): what differs is in the weights (lean_weights.py) and in
+    each kind of layer's window and rotary tables; Gemma's layers are lean_gemma.py's."""
 
     def __init__(self, model, dense: list[tuple[torch.Tensor, ...]] | None = None):
         """``dense``: dense (bfloat16 or float32) weights per layer for a prompt's forward (dense_prefill.py), or None."""
@@ -160,23 +86,43 @@ class LeanLlama(LeanDecoder):
         self.output, self.new_cache = outputs_and_caches(model)
         self.fallbacks = 0  # forwards handed to transformers' forward (fallback_forwards)
         self.embed = model.model.embed_tokens.weight
-        self.layers = [layer_weights(layer, config.intermediate_size) for layer in model.model.layers[: config.num_hidden_layers]]
+        self.layers = [self.weights_of(layer, config) for layer in model.model.layers[: config.num_hidden_layers]]
         self.prompt_layers = None if dense is None else [lean_layer(w, d) for w, d in zip(self.layers, dense)]
         self.dense_from = None if dense is None else DENSE_FROM[dense[0][0].dtype]
         self.prompt_dtype = None if dense is None else dense[0][0].dtype  # computed_by.py reports it
-        self.norm, self.norm_eps = model.model.norm.weight, model.model.norm.variance_epsilon
+        self.final = self.norm_of(model.model.norm)
         self.head = kernel(model.lm_head)
         self.rotary = model.model.rotary_emb
+        self.kinds, self.windows = layer_kinds(config)  # per layer its kind; per kind its window
+
+    @staticmethod
+    def weights_of(layer, config) -> tuple:
+        return layer_weights(layer, config.intermediate_size)
+
+    norm_of = staticmethod(plain_norm)  # a norm's weights as final_norm takes them
+
+    def kind_rotary(self, kind: str):
+        """The rotary module's (x, positions) -> cos, sin for a kind of layer: the one module for all."""
+        return self.rotary
+
+    def embedded(self, ids) -> torch.Tensor:
+        return self.embed[ids]  # [rows, hidden] float32
+
+    def final_norm(self, x) -> torch.Tensor:
+        return rms_norm(x, *self.final)
+
+    def logits(self, hidden) -> torch.Tensor:
+        return self.head(hidden)
 
     def forward(self, input_ids=None, **kwargs):
         rows = input_ids.shape[-1] if input_ids is not None else 0
         cache = kwargs.get("cache")
         if (input_ids is None or input_ids.shape[0] != 1 or rows == 0 or not HANDLED.issuperset(kwargs)
-                or self.model.training or not (cache is None or appends(cache))
+                or self.model.training or not (cache is None or keeps_every_position(cache))
                 or self.embed.dtype != torch.float32 or isinstance(kwargs.get("logits_to_keep", 0), torch.Tensor)):
             return self.fallback(input_ids, **kwargs)
         mask = kwargs.get("attention_mask")
-        if mask is not None and (mask.dim() != 4 or mask.dtype != torch.bool):
+        if mask is not None and not self.takes_mask(mask):
             return self.fallback(input_ids, **kwargs)
         past = cache.get_seq_length() if cache is not None else 0
         to_keep = kwargs.get("logits_to_keep", 0)
@@ -192,8 +138,14 @@ class LeanLlama(LeanDecoder):
         positions = positions.reshape(-1)
         keep = self.hidden_state_indices(kwargs.get("output_hidden_states"))
         hidden, states = self.layers_forward(input_ids[0], positions, cache, mask, keep, prompt)
-        logits = self.head(hidden if not to_keep else hidden[-to_keep:])
+        logits = self.logits(hidden if not to_keep else hidden[-to_keep:])
         return self.output(logits=logits[None], cache=cache, hidden_states=None if states is None else tuple(states))
+
+    def takes_mask(self, mask) -> bool:
+        """A 4D bool mask for every layer, or one per kind of layer (transformers' mapping by layer type)."""
+        if isinstance(mask, dict):
+            return all(self.takes_mask(mask.get(kind)) for kind in self.windows)
+        return isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.dtype == torch.bool
 
     def fallback(self, input_ids, **kwargs):
         """transformers' forward, for what the lean one does not run; counted."""
@@ -210,30 +162,42 @@ class LeanLlama(LeanDecoder):
         chosen = [selection] if isinstance(selection, int) else list(selection)
         return {i % count for i in chosen if -count <= i < count}
 
-    def layers_forward(self, ids, positions, cache, mask, keep, prompt: bool = False):
-        rows = ids.shape[0]
+    def kind_rows(self, rows: int, cache, mask, prompt: bool) -> dict[str, Rows]:
+        """An answer's rows as each kind of layer sees them: under its mask (one for all layers, or
+        one per kind), else causally, within the kind's window where it slides one."""
         keys = rows + (cache.get_seq_length() if cache is not None else 0)
-        seen = visible_keys_once(mask, rows, keys) if mask is not None else None
-        dense = prompt and self.prompt_layers is not None
-        return self.parts_forward(ids, [positions], [Rows(rows, cache, seen, prompt)], keep, dense)
+        found = {}
+        for kind, window in self.windows.items():
+            own = mask.get(kind) if isinstance(mask, dict) else mask
+            seen = window_seen(rows, keys, window) if own is None else visible_keys(own, rows, keys)
+            found[kind] = Rows(rows, cache, seen, prompt, window)
+        return found
 
-    def parts_forward(self, ids, positions: list, parts: list[Rows], keep, dense: bool = False):
-        """The decoder over the rows of ``parts`` (``ids`` theirs in order, ``positions`` each part's);
-        ``dense``: one prompt, on the dense copies (dense_prefill.py)."""
-        x = self.embed[ids]  # [rows, hidden] float32
+    def layers_forward(self, ids, positions, cache, mask, keep, prompt: bool = False):
+        dense = prompt and self.prompt_layers is not None
+        return self.parts_forward(ids, [positions], [self.kind_rows(ids.shape[0], cache, mask, prompt)], keep, dense)
+
+    def parts_forward(self, ids, positions: list, parts: list[dict[str, Rows]], keep, dense: bool = False):
+        """The decoder over the rows of ``parts`` (``ids`` theirs in order, ``positions`` each part's,
+        each part as every kind of layer sees it); ``dense``: one prompt, on the dense copies (dense_prefill.py)."""
+        x = self.embedded(ids)
         states = None if keep is None else [None] * (len(self.layers) + 1)
         if states is not None and 0 in keep:
             states[0] = x[None]
         # The model's own rotary module, once a forward a part, on that part's [1, rows] positions: a
         # table, or the parts' positions in one call, would round cos/sin differently where a short
         # vector takes the scalar tail loop.
-        tables = [self.rotary_tables(self.rotary, x, p[None]) for p in positions]
-        cos, sin = tables[0] if len(tables) == 1 else (torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables]))
+        tables = {}
+        for kind in set(self.kinds):
+            found = [self.rotary_tables(self.kind_rotary(kind), x, p[None]) for p in positions]
+            tables[kind] = found[0] if len(found) == 1 else (torch.cat([c for c, _ in found]), torch.cat([s for _, s in found]))
+        by_kind = {kind: [part[kind] for part in parts] for kind in self.windows}
         for index, weights in enumerate(self.prompt_layers if dense else self.layers):
-            x = self.layer_rows(x, weights, index, cos, sin, parts)
+            kind = self.kinds[index]
+            x = self.layer_rows(x, weights, index, *tables[kind], by_kind[kind])
             if states is not None and index + 1 in keep:
                 states[index + 1] = x[None]
-        x = self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm_eps))
+        x = self.final_norm(x)
         if states is not None and states[-1] is not None:
             states[-1] = x[None]  # transformers' last hidden state is the normed one
         return x, states
@@ -259,19 +223,18 @@ class LeanLlama(LeanDecoder):
         for block in blocks:
             rows, past = block.ids.shape[0], block.cache.get_seq_length()
             prompt = self.is_prompt(rows, past, block.mask, block.keep)
-            if not appends(block.cache) or (prompt and not self.batches_prompts) or (rows > ROWWISE_UP_TO and not prompt):
+            if not keeps_every_position(block.cache) or (prompt and not self.batches_prompts) or (rows > ROWWISE_UP_TO and not prompt):
                 raise ValueError(f"a block of {rows} rows over {past} cached positions cannot share a forward")
-            seen = visible_keys(block.mask, rows, rows + past) if block.mask is not None else None
-            parts.append(Rows(rows, block.cache, seen, prompt))
+            parts.append(self.kind_rows(rows, block.cache, block.mask, prompt))
             positions.append(torch.arange(past, past + rows) if block.positions is None else block.positions.reshape(-1))
         keep = self.hidden_state_indices(output_hidden_states)
         hidden, states = self.parts_forward(torch.cat([b.ids for b in blocks]), positions, parts, keep)
         spans, start = [], 0
-        for part in parts:
-            spans.append((start, start + part.count))
-            start += part.count
+        for block in blocks:
+            spans.append((start, start + block.ids.shape[0]))
+            start += block.ids.shape[0]
         kept = [(a if not b.keep else e - b.keep, e) for (a, e), b in zip(spans, blocks)]
-        logits = self.head(torch.cat([hidden[a:e] for a, e in kept]))
+        logits = self.logits(torch.cat([hidden[a:e] for a, e in kept]))
         outputs, at = [], 0
         for (a, e), (ka, ke), block in zip(spans, kept, blocks):
             own = None if states is None else tuple(None if s is None else s[:, a:e] for s in states)
@@ -305,7 +268,12 @@ def use_lean_forward(model, dense: list[tuple[torch.Tensor, ...]] | None = None)
     prompts where given (dense_prefill.py); True when it was installed."""
     if not supported(model):
         return False
-    model.forward = LeanLlama(model, dense).forward
+    if model.config.model_type in LLAMA_LAYERS:
+        model.forward = LeanLlama(model, dense).forward
+    else:
+        from .lean_gemma import LeanGemma, LeanGemma2  # subclasses: imported where they are chosen
+
+        model.forward = (LeanGemma2 if model.config.model_type == "gemma2" else LeanGemma)(model, dense).forward
     return True
 
 

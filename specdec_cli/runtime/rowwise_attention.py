@@ -38,6 +38,18 @@ def one_query(query, key, value, scaling, groups: int) -> torch.Tensor:
     return out.transpose(1, 2)
 
 
+def softcapped_one_query(query, key, value, scaling, groups: int, softcap: float) -> torch.Tensor:
+    """What ``one_query`` computes for a model that soft-caps its attention logits (Gemma 2), where SDPA
+    cannot: transformers' eager attention for one query and no mask, op for op, as [1, 1, heads, dim]."""
+    if groups > 1:  # transformers' repeat_kv
+        key, value = (t[:, :, None].expand(t.shape[0], t.shape[1], groups, *t.shape[2:]).reshape(
+            t.shape[0], t.shape[1] * groups, *t.shape[2:]) for t in (key, value))
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    weights = torch.tanh(weights / softcap) * softcap
+    weights = torch.nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2)
+
+
 def visible_keys(mask: torch.Tensor | None, rows: int, keys: int) -> list[torch.Tensor | None]:
     """Per query row, the key positions it may see when they are not its causal prefix (a tree's
     mask), else None; ``mask``: [1, 1, rows, keys], bool (True = attend) or additive (0 = attend)."""
@@ -99,13 +111,15 @@ def row_keys(seen: list | None, rows: int, keys: int) -> tuple[torch.Tensor, tor
     return counts, index
 
 
-def sdpa_rows(query, key, value, scaling, groups: int, seen: list | None = None) -> torch.Tensor:
+def sdpa_rows(query, key, value, scaling, groups: int, seen: list | None = None, softcap: float | None = None) -> torch.Tensor:
     """[1, heads, rows, dim] -> [1, rows, heads, dim]: each query row as a one-query call over the keys
-    it may see (``seen``: per row the gathered key positions, or None for its causal prefix)."""
+    it may see (``seen``: per row the gathered key positions, or None for its causal prefix); with a
+    ``softcap``, each row's call is softcapped_one_query."""
     rows, keys = query.shape[2], key.shape[2]
     seen = seen or [None] * rows
+    attend = one_query if softcap is None else partial(softcapped_one_query, softcap=softcap)
     if rows == 1 and seen[0] is None:  # a one-token forward
-        return one_query(query, key, value, scaling, groups)
+        return attend(query, key, value, scaling, groups)
     outputs = []
     for row, gathered in enumerate(seen):
         if gathered is None:
@@ -113,13 +127,19 @@ def sdpa_rows(query, key, value, scaling, groups: int, seen: list | None = None)
             k, v = key[:, :, :visible], value[:, :, :visible]  # views: the kernel's result ignores strides
         else:
             k, v = key.index_select(2, gathered), value.index_select(2, gathered)
-        outputs.append(one_query(query[:, :, row : row + 1].contiguous(), k, v, scaling, groups))
+        outputs.append(attend(query[:, :, row : row + 1].contiguous(), k, v, scaling, groups))
     return torch.cat(outputs, dim=1)
 
 
 def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, kernels=None, **kwargs):
-    """transformers' attention interface; ``kernels``: specdec's attention op (bound at load), else SDPA a row."""
+    """transformers' attention interface; ``kernels``: specdec's attention op (bound at load), else SDPA a row.
+    Soft-capped attention (Gemma 2) has neither SDPA nor the op: every row of any input, prompts too,
+    attends alone in eager attention's arithmetic (softcapped_one_query), on either kernels."""
     rows, keys = query.shape[2], key.shape[2]
+    softcap = kwargs.get("softcap")
+    if softcap is not None and query.shape[0] == 1 and not module.training:
+        seen = None if attention_mask is None else visible_keys_once(attention_mask, rows, keys)
+        return sdpa_rows(query, key, value, scaling, getattr(module, "num_key_value_groups", 1), seen, softcap), None
     if rows > ROWWISE_UP_TO or query.shape[0] != 1 or module.training:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -1,0 +1,135 @@
+"""The lean forward's decoder layer (lean_forward.py): a Llama layer as a flat function of precomputed
+weights, and the attention every architecture's lean layer shares (lean_gemma.py).
+
+Attention is the part a verify block must compute exactly as one-token forwards do: each answer's
+rows attend alone (rowwise_attention.py), a prompt on an empty cache in one causal call. A layer
+that slides a window (Mistral; Gemma 2 and 3's sliding layers) keeps every position in its cache
+(decoding/kv.py): the window is in each row's seen keys (``window_seen``), as transformers' mask
+puts it there, and in a prompt's mask, as transformers' SDPA call takes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import native_kernels
+from .rowwise_attention import native_answers, sdpa_rows, visible_keys
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One answer's rows in a forward: ``count`` of them, its cache, per row the keys it sees (a tree's
+    gathered positions, or a window's; None: causal), whether they are a prompt on an empty cache,
+    and the window of the layers they are given to (None: they see every position)."""
+
+    count: int
+    cache: object
+    seen: list | None = None
+    prompt: bool = False
+    window: int | None = None
+
+
+def window_seen(rows: int, keys: int, window: int | None) -> list | None:
+    """Per row of a causal block over a cache of every position, the keys a sliding window leaves it,
+    as transformers' sliding mask gives them to rowwise attention: None (causal) while the mask is
+    the causal one, which it is until the keys reach the window (transformers then builds the mask)."""
+    if window is None or keys < window:
+        return None
+    columns = torch.arange(keys)
+    positions = torch.arange(keys - rows, keys)
+    mask = (columns[None, :] <= positions[:, None]) & (columns[None, :] > positions[:, None] - window)
+    return visible_keys(mask[None, None], rows, keys)
+
+
+class LeanDecoder:
+    """Llama decoder layers as a flat function of precomputed weights (``layer_weights``)."""
+
+    def __init__(self, config, native: bool = False):
+        """``native``: attend on specdec's attention op (the model's linears are on its kernels)."""
+        self.kernels = native_kernels.bound() if native else None
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.groups = self.heads // self.kv_heads
+        self.scaling = self.head_dim**-0.5
+
+    @staticmethod
+    def rotary_tables(rotary, x, positions) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rotary``'s cos and sin for [1, rows] ``positions`` as [rows, 1, head_dim], shared by the
+        q and k heads, with the sign of rotate_half folded into sin's first half: rotate_half(q) · sin
+        is cat(−q₂, q₁) · sin, which is roll(q) · cat(−sin₁, sin₂) exactly (a sign flip rounds the
+        same either side of a product), for two ops a layer instead of four."""
+        cos, sin = rotary(x, positions)
+        half = sin.shape[-1] // 2
+        return cos[0, :, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[0, :, None]
+
+    def layer(self, x, weights, index, cos, sin, cache, seen, prompt: bool = False):
+        """One decoder layer on [rows, hidden] float32; ``cos``/``sin``: [rows, 1, head_dim] from
+        ``rotary_tables``; ``prompt``: the rows are a prompt on an empty cache (one causal attention call)."""
+        return self.layer_rows(x, weights, index, cos, sin, (Rows(x.shape[0], cache, seen, prompt),))
+
+    def layer_rows(self, x, weights, index, cos, sin, parts: tuple[Rows, ...] | list[Rows]):
+        """One decoder layer on the rows of several answers, ``parts`` in order: every linear on all
+        rows at once (the kernels compute each row alone), each part's attention on its own cache."""
+        norm1, eps1, qkv, o_proj, norm2, eps2, gate_up, down, inner = weights
+        rows = x.shape[0]
+        h = norm1 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps1))
+        heads = qkv(h).view(rows, self.heads + 2 * self.kv_heads, self.head_dim)
+        x = x + o_proj(self.attention(heads, cos, sin, index, parts).reshape(rows, -1))
+        h = norm2 * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps2))
+        both = gate_up(h)
+        return x + down(torch.nn.functional.silu(both[:, :inner]) * both[:, inner:])
+
+    def attention(self, heads, cos, sin, index, parts) -> torch.Tensor:
+        """[rows, q + 2 kv heads, dim] projections (q and k normed where the architecture norms them)
+        -> [rows, heads, dim]: q and k rotated, the cache updated, each part attending on its own."""
+        q_and_k = self.heads + self.kv_heads
+        qk = heads[:, :q_and_k]
+        qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin
+        prompts, rowwise, start = {}, [], 0
+        for i, part in enumerate(parts):
+            end = start + part.count
+            query = qk[start:end, : self.heads].transpose(0, 1)[None]
+            key = qk[start:end, self.heads :].transpose(0, 1)[None]
+            value = heads[start:end, q_and_k:].transpose(0, 1)[None]
+            if part.cache is not None:
+                key, value = part.cache.update(key, value, index)
+            if part.prompt:
+                prompts[i] = self.attend_prompt(query, key, value, part.window)
+            else:
+                rowwise.append((query, key, value, part.seen))
+            start = end
+        attended = self.attend_answers(rowwise) if rowwise else None
+        if prompts:  # a prompt joins the forward: the parts' rows put back in order
+            chunks = iter(attended.split([p.count for p in parts if not p.prompt]) if rowwise else ())
+            found = [prompts[i] if i in prompts else next(chunks) for i in range(len(parts))]
+            attended = found[0] if len(found) == 1 else torch.cat(found)
+        return attended
+
+    def attend_answers(self, answers: list) -> torch.Tensor:
+        """Per answer (query [1, heads, rows, dim], its key, value, seen) -> every answer's [rows, heads,
+        dim] one after another, exactly as rowwise_attention computes each: on specdec's op all in one call."""
+        if self.kernels is not None:
+            return native_answers(self.kernels, answers, self.scaling)
+        found = [sdpa_rows(query, key, value, self.scaling, self.groups, seen)[0] for query, key, value, seen in answers]
+        return found[0] if len(found) == 1 else torch.cat(found)
+
+    def attend_prompt(self, query, key, value, window: int | None = None):
+        """[1, heads, rows, dim] -> [rows, heads, dim], every row in one causal call: a prompt on an
+        empty cache, or a head's long catch-up after the positions it has cached (an explicit mask).
+        A window as long as the prompt or shorter is a mask, and transformers' SDPA call with a mask
+        repeats the kv heads rather than grouping them in the kernel: so here."""
+        rows, keys = query.shape[2], key.shape[2]
+        if window is not None and keys >= window:
+            columns, positions = torch.arange(keys), torch.arange(keys - rows, keys)
+            mask = (columns[None, :] <= positions[:, None]) & (columns[None, :] > positions[:, None] - window)
+            if self.groups > 1:
+                key, value = (t.repeat_interleave(self.groups, dim=1) for t in (key, value))
+            out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask[None, None],
+                                                                   scale=self.scaling)
+            return out[0].transpose(0, 1)
+        causal = None if rows == keys else torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=causal, is_causal=causal is None,
+                                                               scale=self.scaling, enable_gqa=self.groups > 1)
+        return out[0].transpose(0, 1)
