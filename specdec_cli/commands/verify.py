@@ -185,7 +185,9 @@ def _tolerance(runtime) -> float:
     precision = runtime.target.precision
     from ..measure.equivalence import default_tolerance
 
-    return NEAR_TIE_TOLERANCE["bfloat16"] if precision in ("int8", "int4") else default_tolerance(runtime.target.model.dtype)
+    if precision in ("int8", "int4", "gguf"):  # weight-only kernels: bfloat16's margin
+        return NEAR_TIE_TOLERANCE["bfloat16"]
+    return default_tolerance(runtime.target.model.dtype)
 
 
 def _progress(total: int):

@@ -21,13 +21,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..runtime.gguf_blocks import FORMATS
+
 WEIGHTS_AT_ONCE = 1 << 20  # de-quantised at a time: numpy's temporaries are several times their float32
 
 
 @dataclass
 class GGUFTensor:
     """One tensor as the model takes it: its transformers name, its float32 value, and where it came
-    from (its GGUF name, its quantisation and its raw blocks, for a Q4 tensor's own blocks)."""
+    from (its GGUF name, its quantisation and its raw blocks, for a quantised tensor's own blocks)."""
 
     name: str
     value: torch.Tensor
@@ -57,7 +59,7 @@ def gguf_tensors(path: Path, model: torch.nn.Module) -> Iterator[GGUFTensor]:
             if result.name in names:
                 value = torch.from_numpy(np.ascontiguousarray(result.weights))
                 kind = tensor.tensor_type.name
-                blocks = raw if kind in ("Q4_0", "Q4_1") else None
+                blocks = raw if kind in FORMATS else None
                 yield GGUFTensor(names[result.name], value, tensor.name, kind, blocks)
                 del value, blocks  # held by the model from here, or let go there
             del raw, result

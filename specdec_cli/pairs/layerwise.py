@@ -5,7 +5,8 @@ The model's skeleton is built with its parameters on the meta device (its buffer
 frequencies, are computed as usual). Its weights arrive one tensor at a time (a GGUF's, de-quantised
 by gguf_tensors.py); as soon as a decoder layer has all of them, the layer is prepared exactly as the
 whole model used to be (its dense prompt copies taken, its linears quantised and fused by
-quantize.quantise_model, a GGUF's own 4-bit blocks matched to its rows by gguf_int4.py) and its float
+quantize.quantise_model, a GGUF's own 4-bit blocks matched to its rows by gguf_int4.py; at ``gguf``
+every tensor's own blocks, by gguf_blocks.py and gguf_linears.py) and its float
 weights are let go. What is outside the layers (embeddings, final norm, output layer) is prepared
 last, by the same call. Every step is per layer or per tensor, so the result is the whole model's,
 bit for bit (tested against the old whole-model build).
@@ -16,15 +17,16 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Callable, Iterable
-from functools import cache
+from functools import cache, partial
 
 import torch
 from torch import nn
 
 from ..notices import log
-from ..runtime import dense_prefill
-from ..runtime.gguf_int4 import matched_blocks, module_name
-from ..runtime.quantize import quantise_model
+from ..runtime import dense_prefill, gguf_blocks
+from ..runtime.gguf_int4 import Q4_KINDS, matched_blocks
+from ..runtime.gguf_linears import quantise_file_precision
+from ..runtime.quantize import fits_int4, quantise_model
 
 NOTICE_EVERY_S = 10.0
 
@@ -34,13 +36,18 @@ def prepared_by_layer(model: nn.Module, tensors: Iterable, kind: str, dense_dtyp
     """``model`` (parameters on the meta device, or already loaded) quantised to ``kind`` in place
     from ``tensors`` (objects with ``name``, ``value``, and ``gguf_name``/``kind``/``raw`` for a
     GGUF's blocks), and its dense prompt copies per layer (None where there are none). ``progress``
-    is told (layers done, layers) as each is finished. ValueError when a weight never arrives."""
+    is told (layers done, layers) as each is finished. ValueError when a weight never arrives.
+    ``model.tensor_formats`` records the format each GGUF tensor's linear runs in (gguf_blocks.format_counts);
+    at ``int4`` one notice names the GGUF formats that were re-quantised to int4."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     layers = list(layers) if isinstance(layers, nn.ModuleList) else []
     dense = [] if dense_dtype is not None and getattr(model.config, "model_type", None) == "llama" and layers else None
     awaited = [{f"{PREFIX}{i}.{name}" for name, tensor in _held(layer) if tensor.is_meta}
                for i, layer in enumerate(layers)]
     blocks: dict[str, tuple] = {}
+    formats: dict[str, str] = {}
+    requantised: dict[str, str] = {}  # linear -> the GGUF format int4 re-quantised
+    quantise = quantise_file_precision if kind == "gguf" else partial(quantise_model, kind=kind, native=native)
     done = 0
 
     def finish_ready() -> None:
@@ -50,7 +57,7 @@ def prepared_by_layer(model: nn.Module, tensors: Iterable, kind: str, dense_dtyp
             if dense is not None:
                 dense.append(dense_prefill.dense_layer_weights(layer, dense_dtype))
             own = {name[len(inner):]: blocks.pop(name) for name in [n for n in blocks if n.startswith(inner)]}
-            quantise_model(layer, kind, own, native=native)
+            quantise(layer, blocks=own)
             del own
             _give_back()
             done += 1
@@ -63,9 +70,14 @@ def prepared_by_layer(model: nn.Module, tensors: Iterable, kind: str, dense_dtyp
         layer = _layer_of(tensor.name, len(layers))
         if layer is not None:
             awaited[layer].discard(tensor.name)
-        matched = kind == "int4" and tensor.raw is not None and _match(model, tensor, blocks)
-        if matched and dense is None and layer is not None:
-            _drop_weight(model, module_name(tensor.gguf_name))  # its blocks are what the kernel takes
+        linear = _linear_of(model, tensor)
+        if linear is not None:
+            matched = _kept(tensor, linear, kind) and _match(model, tensor, linear, kind, blocks)
+            formats[linear] = tensor.kind if matched else _runs_as(model, linear, kind)
+            if not matched and kind == "int4":
+                requantised[linear] = tensor.kind
+            if matched and dense is None and layer is not None:
+                _drop_weight(model, linear)  # its blocks are what the kernel takes
         del tensor
         _give_back()
         finish_ready()
@@ -76,8 +88,10 @@ def prepared_by_layer(model: nn.Module, tensors: Iterable, kind: str, dense_dtyp
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise ValueError(f"the weights lack {missing[0]}{more}")
-    quantise_model(model, kind, blocks, native=native)  # what is left: the output layer
+    quantise(model, blocks=blocks)  # what is left: the output layer
     _give_back()
+    model.tensor_formats = formats
+    _tell_requantised(requantised)
     return model, dense
 
 
@@ -112,15 +126,53 @@ def _put(model: nn.Module, name: str, value: torch.Tensor) -> None:
         module._buffers[attr] = value
 
 
-def _match(model: nn.Module, tensor, blocks: dict) -> bool:
-    """A GGUF Q4 tensor's own blocks, kept for its linear where they match its float weight exactly."""
-    linear = module_name(tensor.gguf_name)
-    if linear is None or f"{linear}.weight" != tensor.name:
+KEPT = {"int4": Q4_KINDS, "gguf": gguf_blocks.FORMATS}  # the GGUF formats each dtype runs as the file holds them
+
+
+def _linear_of(model: nn.Module, tensor) -> str | None:
+    """The linear a GGUF tensor is the weight of: a layer's projection, the output layer, or the output
+    layer tied to the token embeddings; None for any other tensor (and for one not from a GGUF)."""
+    gguf_name = getattr(tensor, "gguf_name", None)
+    if gguf_name == "token_embd.weight" and getattr(model.config, "tie_word_embeddings", False):
+        return "lm_head" if isinstance(getattr(model, "lm_head", None), nn.Linear) else None
+    linear = gguf_blocks.module_name(gguf_name) if gguf_name else None
+    return linear if linear is not None and f"{linear}.weight" == tensor.name else None
+
+
+def _kept(tensor, linear: str, kind: str) -> bool:
+    """Whether ``kind`` runs this GGUF tensor's own blocks: int4 its Q4 blocks (an output layer tied to
+    the embeddings is quantised from float, as before), ``gguf`` every format gguf_blocks decodes."""
+    if tensor.raw is None or tensor.kind not in KEPT.get(kind, ()):
         return False
-    found = matched_blocks(tensor.raw, tensor.kind, model.get_submodule(linear).weight)
+    return kind == "gguf" or tensor.name == f"{linear}.weight"
+
+
+def _match(model: nn.Module, tensor, linear: str, kind: str, blocks: dict) -> bool:
+    """A GGUF tensor's own blocks, kept for its linear where they match its float weight exactly:
+    (q, scale, minimum) for int4's Q4 blocks, gguf_blocks.FileBlocks for ``gguf``."""
+    tied = linear == "lm_head" and tensor.name != "lm_head.weight"  # the embeddings' value is the output layer's
+    weight = tensor.value if tied else model.get_submodule(linear).weight
+    match = gguf_blocks.matched if kind == "gguf" else matched_blocks
+    found = match(tensor.raw, tensor.kind, weight)
     if found is not None:
         blocks[linear] = found
     return found is not None
+
+
+def _runs_as(model: nn.Module, linear: str, kind: str) -> str:
+    """The format a linear without its file's blocks runs in: float32 at ``gguf``, else as quantised."""
+    if kind == "gguf":
+        return "F32"
+    return "int4" if kind == "int4" and fits_int4(model.get_submodule(linear).in_features) else "int8"
+
+
+def _tell_requantised(requantised: dict[str, str]) -> None:
+    """One notice naming the GGUF formats whose tensors int4 re-quantised (each finer than, or not
+    the same as, specdec's int4 groups): the precision lost, and the dtype that keeps it."""
+    if requantised:
+        formats = ", ".join(sorted(set(requantised.values())))
+        log.info(f"--dtype int4 re-quantised the GGUF's {formats} tensors ({len(requantised)}) to int4 groups; "
+                 "--dtype gguf runs each at the file's precision")
 
 
 def _drop_weight(model: nn.Module, linear: str) -> None:

@@ -23,7 +23,7 @@ import torch
 from ..atomic import updating
 from ..errors import UserError, first_line
 from ..notices import log
-from ..runtime import dense_prefill, native_kernels, prepared_file
+from ..runtime import dense_prefill, gguf_linears, native_kernels, prepared_file
 from ..runtime.computed_by import computed_by
 from ..runtime.lean_forward import use_lean_forward
 from ..runtime.lean_model import LeanCausalLM, lean_config, lean_generation_config
@@ -61,6 +61,8 @@ def load(spec: ModelSpec, lean: bool = False, accept: Callable | None = None) ->
     ``accept``: called with the tokenizer before the model is built, to refuse it (a draft whose ids
     differ from the target's) before its int4 copy is prepared into the cache."""
     source_directory, gguf_file = _resolve(spec.source)
+    if spec.dtype == "gguf" and not gguf_file:
+        raise UserError(gguf_linears.not_gguf(spec.source))
     quantised = spec.dtype in QUANTISED
     directory, original = source_directory, None
     if gguf_file:  # a quantised target is prepared from the GGUF itself: its conversion holds no float weights
@@ -147,6 +149,8 @@ def quantised_target(spec: ModelSpec, directory: str, gguf_path: Path | None,
     whole preparation's time and writes on the same file beside it."""
     lean = os.environ.get("SPECDEC_LEAN_FORWARD") != "0"
     native = native_kernels.available(open_cache())
+    if spec.dtype == "gguf" and not native:
+        raise UserError(gguf_linears.NO_KERNELS)
     dense_dtype = dense_prefill.dense_dtype(native_kernels.cpu_path() if native else "") if lean else None
     key = _prepared_key(spec, directory, gguf_path, dense_dtype, native)
     path = _prepared_path(key, Path(directory).name) if key else None

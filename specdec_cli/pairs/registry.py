@@ -32,7 +32,8 @@ NGRAM = "ngram"
 HEAD = "head"
 SUFFIX = "suffix"  # the free kind whose memory `generate --memory` keeps
 STORE = "store"  # the free kind that drafts from a file of the target's answers (decoding/drafters/store.py)
-DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "int4")  # int8/int4: weight-only, on a CPU (quantize.py)
+# int8/int4/gguf: weight-only, on a CPU (quantize.py); gguf: a GGUF's tensors as the file holds them (gguf_linears.py)
+DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "int4", "gguf")
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,9 @@ def fits(in_features: int) -> bool:
 def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> tuple[torch.Tensor, ...]:
     """Weights ``w = scale * code + offset`` per block of 32 inputs (codes [N, K] in 0..2^bits − 1,
     scale and offset [N, K / 32]) in the kernel's layout: codes [N/16, K/32, 256 | 512] uint8, scale
-    and offset [N/16, K/32, 16] float32; N is padded to 16 with zero weights."""
+    and offset [N/16, K/32, 16] float32; N is padded to 16 with zero weights. ``bits`` 6: a scale and
+    an offset per 16 inputs (a GGUF Q6_K tensor's; scale and offset [N, K / 16]), codes a byte each
+    as at 8 bits, scale and offset [N/16, K/32, 2, 16]."""
     missing = -codes.shape[0] % TILE
     if missing:
         codes, scale, offset = (torch.cat([t, t.new_zeros(missing, t.shape[1])]) for t in (codes, scale, offset))
@@ -204,8 +206,13 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: i
     quads = codes.to(torch.uint8).view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4).reshape(tiles, blocks, 8, 64)
     if bits == 4:
         quads = quads[:, :, 0::2] | (quads[:, :, 1::2] << 4)
-    per_tile = lambda t: t.float().view(tiles, TILE, blocks).permute(0, 2, 1).contiguous()  # noqa: E731
+    halves = HALVES.get(bits, 1)
+    per_tile = lambda t: t.float().view(tiles, TILE, blocks, halves).permute(0, 2, 3, 1).reshape(  # noqa: E731
+        tiles, blocks, *((halves,) if halves > 1 else ()), TILE).contiguous()
     return quads.reshape(tiles, blocks, -1).contiguous(), per_tile(scale), per_tile(offset)
+
+
+HALVES = {6: 2}  # bits -> scales per block of 32 inputs, where not one
 
 
 def unpack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:
@@ -214,8 +221,10 @@ def unpack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits:
     quads = codes.view(tiles, blocks, -1, 64)
     if bits == 4:
         quads = torch.stack([quads & 0x0F, quads >> 4], dim=3).view(tiles, blocks, 8, 64)
-    values = quads.view(tiles, blocks, 8, TILE, 4).permute(0, 3, 1, 2, 4).reshape(tiles, TILE, blocks, BLOCK).float()
-    per_output = lambda t: t.permute(0, 2, 1)[..., None]  # noqa: E731  [tiles, 16, blocks, 1]
+    halves = HALVES.get(bits, 1)
+    values = quads.view(tiles, blocks, 8, TILE, 4).permute(0, 3, 1, 2, 4).reshape(tiles, TILE, blocks, halves, -1).float()
+    # [tiles, 16, blocks, halves, 1]
+    per_output = lambda t: t.view(tiles, blocks, halves, TILE).permute(0, 3, 1, 2)[..., None]  # noqa: E731
     return (values * per_output(scale) + per_output(offset)).reshape(tiles * TILE, blocks * BLOCK)
 
 

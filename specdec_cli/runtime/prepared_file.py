@@ -17,8 +17,9 @@ give it is rebuilt, never handed to a kernel.
 
 The file's metadata holds the key it was written under (the caller's source fingerprint, dtype and
 ``code_digest``) and the layout (which module is which kernel, which siblings share a projection,
-which tensors are tied); a file that does not parse, has another key, or lacks a tensor the layout
-names raises ``Unusable``, and the caller rebuilds it. So does one whose tensors do not match the
+which tensors are tied; beside it, which format each GGUF tensor runs in, gguf_blocks.format_counts);
+a file that does not parse, has another key, or lacks a tensor the layout names raises ``Unusable``,
+and the caller rebuilds it. So does one whose tensors do not match the
 digest written with them (sampled_digest.py: the layout, every tensor's name, dtype and shape, and
 1 KiB of every mebibyte of their bytes): hashing all ~0.6 GB would cost more than the restore it guards,
 and any damaged run of a mebibyte or more is caught.
@@ -55,10 +56,10 @@ class Unusable(ValueError):
 def code_digest() -> str:
     """A digest of the code that prepares a target and of the libraries whose layouts it saves (the
     int4 pack differs by CPU capability): a file prepared under other code is stale."""
-    from . import dense_prefill, fused_projections, gguf_int4, quantize
+    from . import dense_prefill, fused_projections, gguf_blocks, gguf_int4, gguf_linears, quantize
 
     digest = hashlib.sha256(FORMAT.encode())
-    for module in (dense_prefill, fused_projections, gguf_int4, quantize):
+    for module in (dense_prefill, fused_projections, gguf_blocks, gguf_int4, gguf_linears, quantize):
         digest.update(Path(module.__file__).read_bytes())
     digest.update(Path(__file__).read_bytes())
     capability = torch.backends.cpu.get_cpu_capability()
@@ -76,7 +77,8 @@ def save(path: Path, model: nn.Module, dense: list[tuple[torch.Tensor, ...]] | N
     layout["dense"] = [len(weights) for weights in dense] if dense is not None else None
     tensors = {name: tensor.detach().contiguous() for name, tensor in tensors.items()}
     index = json.dumps(layout)
-    saved = {"format": FORMAT, "key": key, "layout": index, "tensors": tensors, "digest": tensor_digest(tensors, index)}
+    saved = {"format": FORMAT, "key": key, "layout": index, "tensors": tensors, "digest": tensor_digest(tensors, index),
+             "formats": json.dumps(getattr(model, "tensor_formats", {}))}
     with staging.staging(path.parent) as directory:
         try:
             torch.save(saved, directory / path.name)
@@ -99,6 +101,8 @@ def read(path: Path, key: str) -> tuple[dict[str, torch.Tensor], dict]:
         if not isinstance(saved, dict) or saved.get("format") != FORMAT or saved.get("key") != key:
             raise Unusable(f"{path} was prepared under another key")
         tensors, layout = saved["tensors"], json.loads(saved["layout"])
+        if "formats" in saved:  # which format each GGUF tensor runs in (layerwise.py); save always writes it
+            layout["formats"] = json.loads(saved["formats"])
     except Unusable:
         raise
     except (OSError, EOFError, KeyError, ValueError, TypeError, RuntimeError, AttributeError, pickle.UnpicklingError,
@@ -207,6 +211,7 @@ def _assemble(skeleton: nn.Module, tensors: dict[str, torch.Tensor], layout: dic
         source_name, _, source_attr = target.rpartition(".")
         setattr(module, attr, getattr(skeleton.get_submodule(source_name) if source_name else skeleton, source_attr))
     _check_materialised(skeleton)
+    skeleton.tensor_formats = layout.get("formats", {})
     return skeleton
 
 

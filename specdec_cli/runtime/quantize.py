@@ -21,7 +21,7 @@ from . import native_kernels
 from .fused_projections import install, sibling_groups
 
 GROUP = 32  # weights per int4 group: a GGUF block
-QUANTISED = ("int8", "int4")
+QUANTISED = ("int8", "int4", "gguf")  # gguf: each GGUF tensor at its own precision (gguf_linears.py)
 INNER_K_TILES = 8
 ROWS = 16  # output rows the int4 kernel packs together; others are padded with zero rows
 # Input columns of an int8 weight: on AVX-512 the kernel reads each weight row, and each input row,
@@ -136,7 +136,8 @@ class Int4Linear(nn.Module):
 
 class Q8Linear(nn.Module):
     """int4 or int8 weight codes against int8 activation codes on specdec's own kernel (native_kernels.py):
-    ``w = scale * code + offset`` per block of 32 inputs. Takes and gives float32."""
+    ``w = scale * code + offset`` per block of 32 inputs (per 16 at ``bits`` 6: a GGUF Q6_K tensor's,
+    gguf_blocks.py). Takes and gives float32."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, in_features: int,
                  out_features: int, bias: torch.Tensor | None = None):

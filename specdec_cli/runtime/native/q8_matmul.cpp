@@ -14,6 +14,12 @@
 // Weight layout, per tile of 16 outputs and block of 32 inputs: 8 quads of 4 inputs, each quad
 // 64 bytes (output n's 4 codes at bytes 4n..4n+3, the order vpdpbusd multiplies in). 4-bit codes
 // pack two quads in 64 bytes: quad 2i in the low nibbles, quad 2i + 1 in the high ones.
+//
+// bits 6 (a GGUF Q6_K tensor's scale per 16 weights): codes a byte each as at 8 bits (Q6_K's are 0..63;
+// a sibling stacked with it may hold up to 255), and a scale and an offset per half block (inputs
+// 0-15, 16-31); each half is its own integer dot and its own two fused multiply-adds, the first
+// half's before the second's:
+//     y = fma(float(dot_h), d_w,h * d_x, y);   y = fma(m_w,h, d_x * float(sum of the half's codes), y)
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -35,35 +41,42 @@ namespace {
 constexpr int64_t BLOCK = 32;  // inputs per activation scale and per weight scale
 constexpr int64_t TILE = 16;   // outputs per tile
 
-// Bytes of one tile's weight codes for one block: 16 outputs x 32 inputs at 4 or 8 bits.
-constexpr int64_t block_bytes(int64_t bits) { return TILE * BLOCK * bits / 8; }
+// Bytes of one tile's weight codes for one block: 16 outputs x 32 inputs at 4 or 8 bits (6-bit codes take a byte).
+constexpr int64_t block_bytes(int64_t bits) { return TILE * BLOCK * (bits == 6 ? 8 : bits) / 8; }
+// Weight scales (and offsets) per tile and block: one per output, or one per output and half block at bits 6.
+constexpr int64_t scales_per_block(int64_t bits) { return bits == 6 ? 2 * TILE : TILE; }
 
 struct Quantised {
   std::vector<int8_t> codes;   // [rows, K]
   std::vector<float> scale;    // [rows, K / 32]
   std::vector<float> offset;   // [rows, K / 32]: scale * sum of the block's codes
+  std::vector<float> halves;   // [rows, K / 32, 2]: scale * sum of each half's codes (bits 6 only, else empty)
+};
+
+struct Sums {
+  int32_t low, high;  // of codes 0-15 and 16-31
 };
 
 // One block of 32 values: code = round-to-even(v * (1 / d)), d = amax / 127. Both versions do these
 // same float ops per value (a maximum is exact in any order), so they give the same codes.
-int32_t quantise_block(const float* v, int8_t* out, float inverse) {
-  int32_t sum = 0;
+Sums quantise_block(const float* v, int8_t* out, float inverse) {
+  Sums sums{0, 0};
   for (int64_t i = 0; i < BLOCK; ++i) {
     const int32_t c = static_cast<int32_t>(std::nearbyint(v[i] * inverse));
     out[i] = static_cast<int8_t>(c);
-    sum += c;
+    (i < BLOCK / 2 ? sums.low : sums.high) += c;
   }
-  return sum;
+  return sums;
 }
 
 __attribute__((target("avx512f")))
-int32_t quantise_block_avx512(const float* v, int8_t* out, float inverse) {
+Sums quantise_block_avx512(const float* v, int8_t* out, float inverse) {
   const __m512 by = _mm512_set1_ps(inverse);
   const __m512i low = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v), by));  // rounds to even
   const __m512i high = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + 16), by));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(low));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(high));
-  return _mm512_reduce_add_epi32(_mm512_add_epi32(low, high));
+  return Sums{_mm512_reduce_add_epi32(low), _mm512_reduce_add_epi32(high)};
 }
 
 __attribute__((target("avx512f")))
@@ -82,14 +95,16 @@ bool finite_block(const float* v) {
 // Row by row, block by block: a row gets the same codes alone or in a block of rows. A block with a
 // NaN or an infinity gets no codes (converting them to integers is undefined behaviour) and a NaN
 // scale, so its row's outputs are NaN, as a float matmul's would be.
-Quantised quantise_rows(const float* x, int64_t rows, int64_t k, bool avx512) {
+Quantised quantise_rows(const float* x, int64_t rows, int64_t k, bool avx512, bool halves) {
   const int64_t blocks = k / BLOCK;
-  Quantised q{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks)};
+  Quantised q{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks),
+              std::vector<float>(halves ? 2 * rows * blocks : 0)};
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
       const float* v = x + r * k + b * BLOCK;
       if (!finite_block(v)) {  // the codes stay 0
         q.scale[r * blocks + b] = q.offset[r * blocks + b] = std::numeric_limits<float>::quiet_NaN();
+        if (halves) q.halves[2 * (r * blocks + b)] = q.halves[2 * (r * blocks + b) + 1] = q.scale[r * blocks + b];
         continue;
       }
       float amax = 0.f;
@@ -101,9 +116,13 @@ Quantised quantise_rows(const float* x, int64_t rows, int64_t k, bool avx512) {
       const float d = amax / 127.f;
       const float inverse = d != 0.f ? 1.f / d : 0.f;
       int8_t* out = q.codes.data() + r * k + b * BLOCK;
-      const int32_t sum = avx512 ? quantise_block_avx512(v, out, inverse) : quantise_block(v, out, inverse);
+      const Sums sums = avx512 ? quantise_block_avx512(v, out, inverse) : quantise_block(v, out, inverse);
       q.scale[r * blocks + b] = d;
-      q.offset[r * blocks + b] = d * static_cast<float>(sum);
+      q.offset[r * blocks + b] = d * static_cast<float>(sums.low + sums.high);
+      if (halves) {
+        q.halves[2 * (r * blocks + b)] = d * static_cast<float>(sums.low);
+        q.halves[2 * (r * blocks + b) + 1] = d * static_cast<float>(sums.high);
+      }
     }
   }
   return q;
@@ -131,8 +150,8 @@ void tile_avx512(const uint8_t* w, const float* dw, const float* mw, const Quant
     } else {
       for (int i = 0; i < 8; ++i) quads[i] = _mm512_loadu_si512(wb + 64 * i);
     }
-    const __m512 scale_w = _mm512_loadu_ps(dw + b * TILE);
-    const __m512 offset_w = _mm512_loadu_ps(mw + b * TILE);
+    const __m512 scale_w = _mm512_loadu_ps(dw + b * scales_per_block(BITS));  // at bits 6: the first half's
+    const __m512 offset_w = _mm512_loadu_ps(mw + b * scales_per_block(BITS));
     for (int r = 0; r < R; ++r) {
       const int64_t row = row0 + r;
       const int32_t* codes = reinterpret_cast<const int32_t*>(q.codes.data() + row * k + b * BLOCK);
@@ -140,13 +159,24 @@ void tile_avx512(const uint8_t* w, const float* dw, const float* mw, const Quant
       for (int i = 0; i < 8; ++i) {
         int32_t four;
         std::memcpy(&four, codes + i, 4);
-        dots[i & 1] = _mm512_dpbusd_epi32(dots[i & 1], quads[i], _mm512_set1_epi32(four));
+        const int chain = BITS == 6 ? i / 4 : i & 1;  // at bits 6 a chain per half block
+        dots[chain] = _mm512_dpbusd_epi32(dots[chain], quads[i], _mm512_set1_epi32(four));
       }
-      const __m512i dot = _mm512_add_epi32(dots[0], dots[1]);
-      const __m512 scale = _mm512_mul_ps(scale_w, _mm512_set1_ps(q.scale[row * blocks + b]));
+      const __m512 d_x = _mm512_set1_ps(q.scale[row * blocks + b]);
       __m512& sum = acc[r][b & 1];
-      sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, sum);
-      sum = _mm512_fmadd_ps(offset_w, _mm512_set1_ps(q.offset[row * blocks + b]), sum);
+      if constexpr (BITS == 6) {
+        const float* halves = q.halves.data() + 2 * (row * blocks + b);
+        for (int h = 0; h < 2; ++h) {
+          const __m512 scale_h = _mm512_mul_ps(_mm512_loadu_ps(dw + b * 2 * TILE + h * TILE), d_x);
+          sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[h]), scale_h, sum);
+          sum = _mm512_fmadd_ps(_mm512_loadu_ps(mw + b * 2 * TILE + h * TILE), _mm512_set1_ps(halves[h]), sum);
+        }
+      } else {
+        const __m512i dot = _mm512_add_epi32(dots[0], dots[1]);
+        const __m512 scale = _mm512_mul_ps(scale_w, d_x);
+        sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, sum);
+        sum = _mm512_fmadd_ps(offset_w, _mm512_set1_ps(q.offset[row * blocks + b]), sum);
+      }
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (row0 + r) * n_total + n0, _mm512_add_ps(acc[r][0], acc[r][1]));
@@ -181,12 +211,13 @@ void tile_avx2(const uint8_t* w, const float* dw, const float* mw, const Quantis
       }
     }
     for (int half = 0; half < 2; ++half) {
-      const __m256 scale_w = _mm256_loadu_ps(dw + b * TILE + 8 * half);
-      const __m256 offset_w = _mm256_loadu_ps(mw + b * TILE + 8 * half);
+      const __m256 scale_w = _mm256_loadu_ps(dw + b * scales_per_block(BITS) + 8 * half);
+      const __m256 offset_w = _mm256_loadu_ps(mw + b * scales_per_block(BITS) + 8 * half);
       for (int r = 0; r < R; ++r) {
         const int64_t row = row0 + r;
         const uint8_t* codes = reinterpret_cast<const uint8_t*>(q.codes.data() + row * k + b * BLOCK);
         __m256i dot = _mm256_setzero_si256();
+        __m256i dots[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  // bits 6: per half block
         for (int i = 0; i < 8; ++i) {
           int32_t four;
           std::memcpy(&four, codes + 4 * i, 4);
@@ -197,7 +228,8 @@ void tile_avx2(const uint8_t* w, const float* dw, const float* mw, const Quantis
             const __m256i centred = _mm256_xor_si256(quads[i][half], bias);  // signed code - 128
             const __m256i magnitude = _mm256_sign_epi8(centred, centred);
             const __m256i signed_x = _mm256_sign_epi8(x, centred);
-            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
+            __m256i& chain = BITS == 6 ? dots[i / 4] : dot;  // at bits 6 a sum per half block
+            chain = _mm256_add_epi32(chain, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
           }
         }
         if (BITS == 8) {
@@ -205,10 +237,28 @@ void tile_avx2(const uint8_t* w, const float* dw, const float* mw, const Quantis
           for (int i = 0; i < BLOCK; ++i) sum += static_cast<int8_t>(codes[i]);
           dot = _mm256_add_epi32(dot, _mm256_set1_epi32(128 * sum));
         }
-        const __m256 scale = _mm256_mul_ps(scale_w, _mm256_set1_ps(q.scale[row * blocks + b]));
+        if (BITS == 6) {
+          for (int h = 0; h < 2; ++h) {
+            int32_t sum = 0;
+            for (int i = 0; i < BLOCK / 2; ++i) sum += static_cast<int8_t>(codes[h * BLOCK / 2 + i]);
+            dots[h] = _mm256_add_epi32(dots[h], _mm256_set1_epi32(128 * sum));
+          }
+        }
+        const __m256 d_x = _mm256_set1_ps(q.scale[row * blocks + b]);
         __m256& sum = acc[r][half][b & 1];
-        sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, sum);
-        sum = _mm256_fmadd_ps(offset_w, _mm256_set1_ps(q.offset[row * blocks + b]), sum);
+        if constexpr (BITS == 6) {
+          const float* halves = q.halves.data() + 2 * (row * blocks + b);
+          for (int h = 0; h < 2; ++h) {
+            const __m256 scale_h = _mm256_mul_ps(_mm256_loadu_ps(dw + b * 2 * TILE + h * TILE + 8 * half), d_x);
+            sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[h]), scale_h, sum);
+            const __m256 offset_h = _mm256_loadu_ps(mw + b * 2 * TILE + h * TILE + 8 * half);
+            sum = _mm256_fmadd_ps(offset_h, _mm256_set1_ps(halves[h]), sum);
+          }
+        } else {
+          const __m256 scale = _mm256_mul_ps(scale_w, d_x);
+          sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, sum);
+          sum = _mm256_fmadd_ps(offset_w, _mm256_set1_ps(q.offset[row * blocks + b]), sum);
+        }
       }
     }
   }
@@ -234,8 +284,8 @@ void tiles(bool avx512, const uint8_t* w, const float* dw, const float* mw, cons
   const int64_t blocks = k / BLOCK;
   const int64_t tile_bytes = blocks * block_bytes(BITS);
   const uint8_t* wt = w + tile * tile_bytes;
-  const float* dt = dw + tile * blocks * TILE;
-  const float* mt = mw + tile * blocks * TILE;
+  const float* dt = dw + tile * blocks * scales_per_block(BITS);
+  const float* mt = mw + tile * blocks * scales_per_block(BITS);
   const int64_t most = avx512 ? 8 : 4, n0 = tile * TILE;
   for (int64_t row = 0; row < rows; row += most) {
     switch (std::min(most, rows - row)) {
@@ -251,21 +301,23 @@ void tiles(bool avx512, const uint8_t* w, const float* dw, const float* mw, cons
   }
 }
 
-// x [rows, K] float32; codes [N / 16, K / 32, 256 or 512] uint8; scale, offset [N / 16, K / 32, 16] float32.
+// x [rows, K] float32; codes [N / 16, K / 32, 256 or 512] uint8; scale, offset [N / 16, K / 32, 16] float32
+// ([N / 16, K / 32, 2, 16] at bits 6).
 at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset,
                      int64_t bits, bool avx512) {
   require_cpu(avx512);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 [rows, K]");
-  TORCH_CHECK(bits == 4 || bits == 8, "bits: 4 or 8");
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits: 4, 6 (8-bit codes, scales per 16) or 8");
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 3 && codes.is_contiguous(), "codes: uint8 [tiles, blocks, bytes]");
   const int64_t rows = x.size(0), k = x.size(1), tiles_n = codes.size(0), n = tiles_n * TILE;
   TORCH_CHECK(k % BLOCK == 0 && codes.size(1) == k / BLOCK && codes.size(2) == block_bytes(bits), "codes do not fit x");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
-              offset.is_contiguous() && scale.numel() == n * (k / BLOCK) && offset.numel() == scale.numel(),
-              "scale, offset: float32 [tiles, blocks, 16]");
+              offset.is_contiguous() && scale.numel() == n / TILE * (k / BLOCK) * scales_per_block(bits) &&
+              offset.numel() == scale.numel(),
+              "scale, offset: float32 [tiles, blocks, 16] ([tiles, blocks, 2, 16] at bits 6)");
   auto y = at::empty({rows, n}, x.options());
   if (rows == 0) return y;
-  const Quantised q = quantise_rows(x.data_ptr<float>(), rows, k, avx512);
+  const Quantised q = quantise_rows(x.data_ptr<float>(), rows, k, avx512, bits == 6);
   const uint8_t* w = codes.data_ptr<uint8_t>();
   const float* dw = scale.data_ptr<float>();
   const float* mw = offset.data_ptr<float>();
@@ -273,6 +325,7 @@ at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   at::parallel_for(0, tiles_n, 1, [&](int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; ++tile) {
       if (bits == 4) tiles<4>(avx512, w, dw, mw, q, rows, k, out, n, tile);
+      else if (bits == 6) tiles<6>(avx512, w, dw, mw, q, rows, k, out, n, tile);
       else tiles<8>(avx512, w, dw, mw, q, rows, k, out, n, tile);
     }
   });
