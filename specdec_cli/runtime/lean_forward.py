@@ -37,7 +37,8 @@ import torch
 from .dense_prefill import DENSE_FROM, lean_layer
 from .lean_decoder import LeanDecoder, Rows, window_seen
 from .lean_model import LeanCausalLM
-from .lean_weights import LLAMA_LAYERS, kernel, layer_kinds, layer_weights, plain_norm, rms_norm, supported
+from .lean_architectures import LLAMA_LAYERS
+from .lean_weights import kernel, layer_kinds, layer_weights, plain_norm, rms_norm, supported
 from .reserved_cache import ReservedCache, appends
 from .rowwise_attention import ROWWISE_UP_TO, on_native_kernels, visible_keys
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import native_kernels
+from .lean_architectures import LEAN_TYPES, whole_static_rope
 from .fused_projections import SharedProjection
 from .quantize import Int4Linear, Int8Linear, Q8Linear, padded_columns
 
@@ -43,15 +44,6 @@ def kernel(linear, widen: bool = True):
     return int8
 
 
-# Llama's decoder layer, give or take q/k/v biases, q/k norms, a window, q/k/v and gate/up fused in the checkpoint (Phi-3)
-LLAMA_LAYERS = {"llama", "mistral", "qwen2", "qwen3", "phi3"}
-LEAN_TYPES = LLAMA_LAYERS | {"gemma3_text", "gemma2"}
-# Ropes whose cos and sin are a function of the position alone: "dynamic" and "longrope" change the
-# frequencies with the longest position in a forward, so a block's rows would not score as one-token
-# forwards do (in transformers' forward too).
-STATIC_ROPES = {"default", "linear", "llama3", "yarn"}
-
-
 def supported(model) -> bool:
     """A causal LM of an architecture the lean forward runs (Llama, Mistral, Qwen 2 and 3, Phi-3, Gemma 2,
     Gemma 3's text model) whose linears are all quantised (q/k/v and gate/up fused where they have no biases),
@@ -70,15 +62,6 @@ def supported(model) -> bool:
         return False
     head = model.lm_head
     return isinstance(head, QUANTISED_LINEARS) and head.bias is None
-
-
-def whole_static_rope(config) -> bool:
-    """Every kind of layer's rope is one of STATIC_ROPES (Gemma 3 gives one per layer type) and turns
-    the whole head (a partial rotary factor leaves some of it as it is: not the lean layers' rotation)."""
-    ropes = getattr(config, "rope_parameters", None) or {"rope_type": "default"}
-    found = list(ropes.values()) if all(isinstance(r, dict) for r in ropes.values()) else [ropes]
-    partial = [r.get("partial_rotary_factor", 1.0) for r in found] + [getattr(config, "partial_rotary_factor", None) or 1.0]
-    return all(r.get("rope_type", "default") in STATIC_ROPES for r in found) and all(f == 1.0 for f in partial)
 
 
 def layer_kinds(config) -> tuple[list[str], dict[str, int | None]]:
