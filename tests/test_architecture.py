@@ -60,3 +60,20 @@ def test_a_directorys_config_decides(tmp_path):
 ])
 def test_the_reason_an_architecture_runs_transformers_forward(config, reason):
     assert refusal(SimpleNamespace(**config)) == reason
+
+
+def test_a_target_the_lean_forward_does_not_run_is_named_once_at_load(tmp_path):
+    from typer.testing import CliRunner
+
+    from conftest import char_tokenizer, tiny_llama
+    from specdec_cli.cli import app
+
+    model = tiny_llama(5, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    model.save_pretrained(tmp_path / "target")
+    char_tokenizer().save_pretrained(tmp_path / "target")
+    result = CliRunner().invoke(app, ["generate", "--target", str(tmp_path / "target"), "--draft", "ngram", "--dtype", "int8",
+                                      "-k", "0", "--max-new-tokens", "2", "--json", "abc"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("this llama target runs transformers' forward with specdec's linears inside, not specdec's "
+                               "lean one (slower per token): its dynamic rope changes with a forward's longest position") == 1
+    assert json.loads(result.stdout)["stats"]["computed_by"]["forward"] == "transformers"

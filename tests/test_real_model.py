@@ -39,8 +39,8 @@ def test_default_pair_speculative_output_equals_plain_decoding(dtype):
 
 def computed_by(dtype: str) -> dict:
     """What the default pair's target runs on here: specdec's kernels and its lean forward for int4
-    (unless told to use torch's kernels) with prompts on dense copies where this CPU takes them,
-    torch's kernels in transformers' forward for float32."""
+    (unless told to use torch's kernels) with prompts on dense copies where this CPU takes them, and
+    the formats its linears run in; torch's kernels in transformers' forward for float32."""
     import os
 
     import torch
@@ -55,7 +55,8 @@ def computed_by(dtype: str) -> dict:
     prefill = dense_prefill.dense_dtype(native or "")
     return {"kernels": f"specdec-{native_kernels.cpu_path()}" if native else torch_kernels,
             "prefill": str(prefill).removeprefix("torch.") if prefill is not None else "as decoding",
-            "forward": "lean", "threads": torch.get_num_threads()}
+            "forward": "lean", "threads": torch.get_num_threads(),
+            "formats": {"Q4_1": 210, "int4": 1}}  # the file's Q4_1 blocks; its Q8_0 output re-quantised
 
 
 UNSEEN = Path(__file__).resolve().parents[1] / "benchmarks" / "unseen-prompts.jsonl"

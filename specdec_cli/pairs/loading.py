@@ -25,6 +25,7 @@ from ..errors import UserError, first_line
 from ..notices import log
 from ..runtime import dense_prefill, gguf_linears, native_kernels, prepared_file
 from ..runtime.computed_by import computed_by
+from ..runtime.lean_architectures import refusal
 from ..runtime.lean_forward import use_lean_forward
 from ..runtime.lean_model import LeanCausalLM, lean_config, lean_generation_config
 from ..runtime.quantize import QUANTISED
@@ -296,8 +297,10 @@ def _skeleton(directory: str, empty: bool = False) -> PreTrainedModel:
 
 def _finish(model: PreTrainedModel, dense, lean: bool) -> PreTrainedModel:
     use_rowwise_attention(model)
-    if lean:
-        use_lean_forward(model, dense)
+    if lean and not use_lean_forward(model, dense):
+        why = refusal(model.config) or "not all of its layers are ones the lean forward computes"
+        log.info(f"this {model.config.model_type} target runs transformers' forward with specdec's linears inside, "
+                 f"not specdec's lean one (slower per token): {why}")
     return model
 
 
@@ -308,11 +311,13 @@ def _quantised(model: PreTrainedModel, tensors, kind: str, dense_dtype, native: 
     which take and give bfloat16 (float32 inputs take their slow paths, several times slower). Norms,
     attention and residuals in float32 are faster on a CPU than in bfloat16 and do not depend on the
     block length, while the kernels give each row the same result at any block length, so a verify
-    block scores exactly as one-token forwards do. An int4 GGUF's own blocks go in as they are. ``model``'s
-    weights still on the meta device come from ``tensors``, a layer at a time (layerwise.py). A Llama target
-    then runs the lean forward (lean_forward.py: transformers' ops, bit for bit, without its
-    dispatch); ``SPECDEC_LEAN_FORWARD=0`` keeps transformers' forward. Its prompts run on dense copies
-    of the float weights: bfloat16 where this CPU multiplies it fast, else float32 (dense_prefill.py)."""
+    block scores exactly as one-token forwards do. A GGUF's own blocks go in as they are where the dtype
+    keeps them (int4: 4-bit ones; gguf: every format, gguf_linears.py). ``model``'s weights still on the
+    meta device come from ``tensors``, a layer at a time (layerwise.py). A target of an architecture it
+    covers then runs the lean forward (lean_forward.py: transformers' ops, bit for bit, without its
+    dispatch; runtime/lean_architectures.py); ``SPECDEC_LEAN_FORWARD=0`` keeps transformers' forward.
+    A Llama's prompts run on dense copies of the float weights: bfloat16 where this CPU multiplies it
+    fast, else float32 (dense_prefill.py)."""
     return prepared_by_layer(model, tensors, kind, dense_dtype, native, progress)
 
 

@@ -11,15 +11,20 @@ from __future__ import annotations
 import torch
 
 from . import native_kernels
+from .gguf_blocks import format_counts
 from .lean_forward import LeanLlama
 from .quantize import Q8Linear
 
 
 def computed_by(model) -> dict:
     """``{"kernels": "specdec-avx2" | "torch-avx512" | …, "prefill": "bfloat16" | …, "forward": "lean" |
-    "transformers", "threads": N}``."""
-    return {"kernels": kernels(model), "prefill": prefill(model), "forward": forward(model),
-            "threads": torch.get_num_threads()}
+    "transformers", "threads": N}``, and for a target prepared from a GGUF ``"formats"``: how many of
+    its linears run in each format (gguf_blocks.format_counts: the file's own, or int4/int8 where
+    specdec re-quantised them), since a tensor's format changes its answers too."""
+    found = {"kernels": kernels(model), "prefill": prefill(model), "forward": forward(model),
+             "threads": torch.get_num_threads()}
+    formats = format_counts(model)
+    return found | {"formats": formats} if formats else found
 
 
 def forward(model) -> str:
