@@ -11,7 +11,7 @@ the time after the first on specdec's side (stats' wall_s − ttft_s) and llama.
 reported. Agreement is the share of the first N tokens before each text leaves llama.cpp's.
 
 Usage: python3 benchmarks/against_llama_server.py GGUF PROMPTS.jsonl OUT.json
-           [--count 20] [--tokens 64] [--rounds 2] [--dtypes int4,float32] [--threads 2]
+           [--count 20: spread evenly over the file] [--tokens 64] [--rounds 2] [--dtypes int4,float32] [--threads 2]
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="int4,float32")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    prompts = [json.loads(line)["prompt"] for line in open(args.prompts)][: args.count]
+    every = [json.loads(line)["prompt"] for line in open(args.prompts)]
+    prompts = every[:: max(1, len(every) // args.count)][: args.count]  # spread over the file's scenarios
     dtypes = args.dtypes.split(",")
     ids = prompt_ids(args.gguf, prompts)
     rounds = []
