@@ -40,8 +40,13 @@ def specdec_run(gguf: str, prompts: list[str], dtype: str, tokens: int, threads:
     if done.returncode != 0:
         sys.exit(f"specdec generate failed ({dtype}): {done.stderr.strip()[-500:]}")
     rows = [json.loads(line) for line in done.stdout.splitlines()]
-    return [{"answer": r["token_ids"],
-             "decode_tok_s": (r["stats"]["new_tokens"] - 1) / (r["stats"]["wall_s"] - r["stats"]["ttft_s"])} for r in rows]
+    return [{"answer": r["token_ids"], "decode_tok_s": decode_speed(r["stats"])} for r in rows]
+
+
+def decode_speed(stats: dict) -> float | None:
+    """Tokens after the first over the time after the first; None for an answer of one token."""
+    after = stats["wall_s"] - stats["ttft_s"]
+    return (stats["new_tokens"] - 1) / after if stats["new_tokens"] > 1 and after > 0 else None
 
 
 def llama_run(gguf: str, prompt_ids: list[list[int]], tokens: int, threads: int) -> list[dict]:
@@ -81,6 +86,23 @@ def agreement(ours: list[int], theirs: list[int]) -> float:
     return same / max(len(theirs), 1)
 
 
+def summarise(rounds: list[dict], dtypes: list[str]) -> dict:
+    """Per dtype the median decode ratio and speed, and the agreement of round 1's answers with llama.cpp's."""
+    summary = {}
+    for dtype in dtypes:
+        ratios = [o["decode_tok_s"] / t["decode_tok_s"] for r in rounds for o, t in zip(r["specdec"][dtype], r["llama.cpp"])
+                  if o["decode_tok_s"] and t["decode_tok_s"]]  # both wrote more than one token
+        agree = [agreement(o["answer"], t["answer"]) for o, t in zip(rounds[0]["specdec"][dtype], rounds[0]["llama.cpp"])]
+        speeds = [o["decode_tok_s"] for r in rounds for o in r["specdec"][dtype] if o["decode_tok_s"]]
+        summary[dtype] = {"decode_vs_llama_median": round(statistics.median(ratios), 3),
+                          "decode_tok_s_median": round(statistics.median(speeds), 1),
+                          "tokens_equal_to_llama": round(statistics.mean(agree), 3),
+                          "answers_equal_to_llama": sum(a == 1.0 for a in agree), "prompts": len(agree)}
+    summary["llama.cpp"] = {"decode_tok_s_median": round(statistics.median(
+        t["decode_tok_s"] for r in rounds for t in r["llama.cpp"] if t["decode_tok_s"]), 1)}
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("gguf")
@@ -101,13 +123,7 @@ def main() -> None:
         ours = {dtype: specdec_run(args.gguf, prompts, dtype, args.tokens, args.threads) for dtype in dtypes}
         theirs = llama_run(args.gguf, ids, args.tokens, args.threads)
         rounds.append({"specdec": ours, "llama.cpp": theirs})
-    summary = {}
-    for dtype in dtypes:
-        ratios = [o["decode_tok_s"] / t["decode_tok_s"] for r in rounds for o, t in zip(r["specdec"][dtype], r["llama.cpp"])]
-        agree = [agreement(o["answer"], t["answer"]) for o, t in zip(rounds[0]["specdec"][dtype], rounds[0]["llama.cpp"])]
-        summary[dtype] = {"decode_vs_llama_median": round(statistics.median(ratios), 3),
-                          "tokens_equal_to_llama": round(statistics.mean(agree), 3),
-                          "answers_equal_to_llama": sum(a == 1.0 for a in agree), "prompts": len(agree)}
+    summary = summarise(rounds, dtypes)
     Path(args.out).write_text(json.dumps({"gguf": args.gguf, "tokens": args.tokens, "threads": args.threads,
                                           "summary": summary, "rounds": rounds}, indent=1))
     print(json.dumps(summary, indent=1))
