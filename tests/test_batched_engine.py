@@ -18,7 +18,7 @@ from specdec_cli.decoding.drafters.suffix import SuffixDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head_network import DraftHead, head_config
 from specdec_cli.errors import UserError
-from specdec_cli.runtime.lean_forward import use_lean_forward
+from specdec_cli.runtime.lean_install import use_lean_forward
 from specdec_cli.runtime.quantize import quantise_model
 from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
 

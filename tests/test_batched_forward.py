@@ -11,7 +11,8 @@ from specdec_cli.decoding.kv import reserved_cache
 from specdec_cli.decoding.tree import Tree, tree_masks
 from specdec_cli.pairs.cache_dir import cache_root
 from specdec_cli.runtime import native_kernels
-from specdec_cli.runtime.lean_forward import Block, forward_many, use_lean_forward
+from specdec_cli.runtime.lean_forward import Block, forward_many
+from specdec_cli.runtime.lean_install import use_lean_forward
 from specdec_cli.runtime.quantize import quantise_model
 from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
 

@@ -15,7 +15,8 @@ from specdec_cli.cli import app
 from specdec_cli.decoding.kv import crop_cache, keep_positions
 from specdec_cli.decoding.tree import Tree, verify_tree
 from specdec_cli.runtime import lean_forward
-from specdec_cli.runtime.lean_forward import LeanLlama, fallback_forwards, use_lean_forward
+from specdec_cli.runtime.lean_forward import LeanLlama, fallback_forwards
+from specdec_cli.runtime.lean_install import use_lean_forward
 from specdec_cli.runtime.lean_weights import supported
 from specdec_cli.pairs.loading import load
 from specdec_cli.runtime.quantize import quantise_model

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from specdec_cli.pairs.cache_dir import cache_root
 from specdec_cli.runtime import native_kernels
-from specdec_cli.runtime.lean_forward import use_lean_forward
+from specdec_cli.runtime.lean_install import use_lean_forward
 from specdec_cli.runtime.quantize import Int4Linear, Q8Linear, int4_groups, quantise_model
 from specdec_cli.runtime.rowwise_attention import use_rowwise_attention
 

@@ -26,7 +26,7 @@ from ..notices import log
 from ..runtime import dense_prefill, gguf_linears, native_kernels, prepared_file
 from ..runtime.computed_by import computed_by
 from ..runtime.lean_architectures import refusal
-from ..runtime.lean_forward import use_lean_forward
+from ..runtime.lean_install import use_lean_forward
 from ..runtime.lean_model import LeanCausalLM, lean_config, lean_generation_config
 from ..runtime.quantize import QUANTISED
 from ..runtime.rowwise_attention import use_rowwise_attention

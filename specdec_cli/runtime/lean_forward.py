@@ -37,8 +37,7 @@ import torch
 from .dense_prefill import DENSE_FROM, lean_layer
 from .lean_decoder import LeanDecoder, Rows, window_seen
 from .lean_model import LeanCausalLM
-from .lean_architectures import LLAMA_LAYERS
-from .lean_weights import kernel, layer_kinds, layer_weights, plain_norm, rms_norm, supported
+from .lean_weights import kernel, layer_kinds, layer_weights, plain_norm, rms_norm
 from .reserved_cache import ReservedCache, appends
 from .rowwise_attention import ROWWISE_UP_TO, on_native_kernels, visible_keys
 
@@ -262,20 +261,6 @@ def forward_many(model):
     lean forward is not installed."""
     lean = getattr(model.forward, "__self__", None)
     return lean if isinstance(lean, LeanLlama) else None
-
-
-def use_lean_forward(model, dense: list[tuple[torch.Tensor, ...]] | None = None) -> bool:
-    """Install the lean forward on ``model`` when it is supported, with dense weights for
-    prompts where given (dense_prefill.py); True when it was installed."""
-    if not supported(model):
-        return False
-    if model.config.model_type in LLAMA_LAYERS:
-        model.forward = LeanLlama(model, dense).forward
-    else:
-        from .lean_gemma import LeanGemma, LeanGemma2  # subclasses: imported where they are chosen
-
-        model.forward = (LeanGemma2 if model.config.model_type == "gemma2" else LeanGemma)(model, dense).forward
-    return True
 
 
 def fallback_forwards(model) -> int:
