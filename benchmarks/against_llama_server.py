@@ -31,12 +31,13 @@ from specdec_cli.serving.server import ManagedServer
 
 def specdec_run(gguf: str, prompts: list[str], dtype: str, tokens: int, threads: int) -> list[dict]:
     """One fresh `specdec generate -k 0` over every prompt: per prompt its ids, answer ids and decode tok/s."""
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as file:
+    with tempfile.NamedTemporaryFile("w+", suffix=".jsonl") as file:
         file.write("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
         file.flush()
+        file.seek(0)
         done = subprocess.run(["specdec", "generate", "--target", gguf, "--draft", "ngram", "--dtype", dtype, "-k", "0",
                                "--raw", "--json", "--batch", "1", "--max-new-tokens", str(tokens), "--threads", str(threads)],
-                              stdin=open(file.name), capture_output=True, text=True, check=False)
+                              stdin=file, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"specdec generate failed ({dtype}): {done.stderr.strip()[-500:]}")
     rows = [json.loads(line) for line in done.stdout.splitlines()]

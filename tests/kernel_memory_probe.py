@@ -102,7 +102,8 @@ def prepared(kind: str, hidden: int) -> None:
 
 def native(bits: int, out_features: int, in_features: int) -> None:
     """specdec's own matmul (runtime/native_kernels.py) with its codes, scales, offsets and input each
-    against a guard page, at every block length up to 8 rows: the same bits as from the heap."""
+    against a guard page, at every block length up to 8 rows: the same bits as from the heap. Both
+    storages: float32 scales and offsets, and float16 scales with the offset a multiple of them."""
     from specdec_cli.pairs.cache_dir import cache_root
     from specdec_cli.runtime import native_kernels
 
@@ -110,12 +111,16 @@ def native(bits: int, out_features: int, in_features: int) -> None:
     g = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 2**bits, (out_features, in_features), generator=g)
     scale = torch.rand(out_features, in_features // 32, generator=g) * 0.02 + 0.001
-    packed = native_kernels.pack(codes, scale, -scale * 2 ** (bits - 1), bits)
-    placed = [guarded(t) for t in packed]
-    for rows in range(1, 9):
-        x = torch.randn(rows, in_features, generator=g)
-        got = native_kernels.bound().matmul(guarded(x), *placed, bits)
-        assert torch.equal(got, native_kernels.bound().matmul(x, *packed, bits))
+    for offset in (-scale * torch.rand(scale.shape, generator=g), None):
+        if offset is None:
+            scale = scale.half().float()
+            offset = -scale * 2 ** (bits - 1)
+        packed = native_kernels.pack(codes, scale, offset, bits)
+        placed = [guarded(t) for t in packed]
+        for rows in range(1, 9):
+            x = torch.randn(rows, in_features, generator=g)
+            got = native_kernels.bound().matmul(guarded(x), *placed, bits)
+            assert torch.equal(got, native_kernels.bound().matmul(x, *packed, bits))
 
 
 def attend(rows: int, keys: int, dim: int) -> None:

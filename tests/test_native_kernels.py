@@ -87,6 +87,36 @@ def test_the_avx2_and_avx512_paths_give_the_same_bits(bits):
     assert torch.equal(run_rows(x, packed, bits, True), run_rows(x, packed, bits, False))
 
 
+@pytest.mark.parametrize("bits, multiple", [(4, -8.0), (4, None), (6, -32.0), (8, -128.0), (8, None)])
+def test_scales_kept_in_float16_and_offsets_kept_as_a_multiple_give_the_float32_layouts_bits(bits, multiple):
+    """A GGUF block's own d and m (float16; Q4_0's and Q8_0's offsets a multiple of d) are stored as
+    compactly as the file's block, and the kernel computes exactly what it does from float32 copies."""
+    g = torch.Generator().manual_seed(bits)
+    group = 16 if bits == 6 else 32
+    codes = torch.randint(0, 64 if bits == 6 else 2**bits, (40, 256), generator=g)
+    scale = (torch.rand(40, 256 // group, generator=g) * 0.02 + 1e-4).half().float()
+    offset = scale * multiple if multiple else (torch.randn(40, 256 // group, generator=g) * 0.1).half().float()
+    codes_packed, small_scale, small_offset = native_kernels.pack(codes, scale, offset, bits)
+    assert small_scale.dtype == torch.float16
+    assert torch.equal(small_offset, torch.tensor([multiple])) if multiple else small_offset.dtype == torch.float16
+    wide = (small_scale.float(), small_scale.float() * multiple if multiple else small_offset.float())
+    weights = (codes.float().view(40, -1, group) * scale[..., None] + offset[..., None]).view(40, 256)
+    assert torch.equal(native_kernels.unpack(codes_packed, small_scale, small_offset, bits)[:40], weights)
+    x = torch.randn(9, 256, generator=g)
+    for avx512 in [False, True] if native_kernels.avx512() else [False]:
+        got = run_rows(x, (codes_packed, small_scale, small_offset), bits, avx512)
+        assert torch.equal(got, run_rows(x, (codes_packed, *wide), bits, avx512)), avx512
+    if bits == 4 and multiple:  # Q4_0's 18 bytes per 32 weights, as the file holds them
+        stored = codes_packed.numel() + small_scale.numel() * 2
+        assert stored == 40 * 256 * 18 // 32 + 8 * 256 * 18 // 32  # the last tile's 8 padding rows included
+
+
+def test_scales_that_float16_cannot_hold_stay_float32():
+    codes, scale, offset = weights(4)
+    _, kept_scale, kept_offset = native_kernels.pack(codes, scale, offset, 4)
+    assert kept_scale.dtype == kept_offset.dtype == torch.float32 and kept_offset.shape == (3, 3, 16)
+
+
 def test_a_zero_block_and_rows_of_zeros_give_the_offsets_alone():
     codes, scale, offset = weights(4)
     x = torch.zeros(2, 96)

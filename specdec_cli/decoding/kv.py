@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..runtime.block_embedding import embedding_device
 from ..runtime.lean_model import LeanConfig
 from ..runtime.reserved_cache import ReservedCache, ReservedLayer
 
@@ -52,7 +53,7 @@ def crop_cache(cache: Cache, length: int) -> None:
 
 def input_device(model: PreTrainedModel) -> torch.device:
     """Where a model's input ids must go; with an accelerate device map that is the embedding's device."""
-    return model.get_input_embeddings().weight.device
+    return embedding_device(model.get_input_embeddings())
 
 
 def keep_positions(cache: Cache, keep: torch.Tensor) -> None:

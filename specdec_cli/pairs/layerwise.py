@@ -24,6 +24,7 @@ from torch import nn
 
 from ..notices import log
 from ..runtime import dense_prefill, gguf_blocks
+from ..runtime.block_embedding import BlockEmbedding
 from ..runtime.gguf_int4 import Q4_KINDS, matched_blocks
 from ..runtime.gguf_linears import quantise_file_precision
 from ..runtime.quantize import fits_int4, quantise_model
@@ -48,6 +49,7 @@ def prepared_by_layer(model: nn.Module, tensors: Iterable, kind: str, dense_dtyp
     formats: dict[str, str] = {}
     requantised: dict[str, str] = {}  # linear -> the GGUF format int4 re-quantised
     quantise = quantise_file_precision if kind == "gguf" else partial(quantise_model, kind=kind, native=native)
+    in_blocks = False  # the token embedding in its file's blocks (block_embedding.py)
     done = 0
 
     def finish_ready() -> None:
@@ -78,10 +80,12 @@ def prepared_by_layer(model: nn.Module, tensors: Iterable, kind: str, dense_dtyp
                 requantised[linear] = tensor.kind
             if matched and dense is None and layer is not None:
                 _drop_weight(model, linear)  # its blocks are what the kernel takes
+        if getattr(tensor, "gguf_name", None) == EMBEDDING:
+            in_blocks = _embedding_in_blocks(model, tensor, quantise, blocks)
         del tensor
         _give_back()
         finish_ready()
-    if getattr(model.config, "tie_word_embeddings", False):
+    if getattr(model.config, "tie_word_embeddings", False) and not in_blocks:
         model.tie_weights()
     missing = sorted(set().union(*awaited[done:])) + [name for name, tensor in _held(model) if tensor.is_meta
                                                       and _layer_of(name, len(layers)) is None]
@@ -157,6 +161,41 @@ def _match(model: nn.Module, tensor, linear: str, kind: str, blocks: dict) -> bo
     if found is not None:
         blocks[linear] = found
     return found is not None
+
+
+EMBEDDING = "token_embd.weight"
+
+
+def _exact_blocks(tensor) -> bool:
+    """Whether a GGUF tensor's blocks are in a format gguf_blocks decodes and their values are its float
+    table exactly (decoded a slice of rows at a time, so no whole decoded copy is made to check)."""
+    if tensor.raw is None or tensor.kind not in gguf_blocks.FORMATS:
+        return False
+    rows = gguf_blocks.ROWS_AT_ONCE
+    for i in range(0, tensor.value.shape[0], rows):
+        part = gguf_blocks.decode(tensor.raw[i : i + rows], tensor.kind)
+        if part.codes.shape != tensor.value[i : i + rows].shape or not torch.equal(part.values(), tensor.value[i : i + rows]):
+            return False
+    return tensor.raw.shape[0] == tensor.value.shape[0]
+
+
+def _embedding_in_blocks(model: nn.Module, tensor, quantise: Callable, blocks: dict) -> bool:
+    """The token embedding in its file's blocks as soon as it arrives (block_embedding.py), where they
+    are its float table exactly: a tied output layer is prepared from the table first, as the end of a
+    build would prepare it, and the table is let go before any layer's weights arrive. No float copy
+    is kept: output_weight de-quantises the table again when a draft head asks for it."""
+    if not _exact_blocks(tensor):
+        return False
+    if getattr(model.config, "tie_word_embeddings", False) and isinstance(getattr(model, "lm_head", None), nn.Linear):
+        holder = nn.Module()  # the output layer alone, so that nothing else is quantised with it
+        holder.lm_head = model.lm_head
+        holder.lm_head.weight = nn.Parameter(tensor.value, requires_grad=False)
+        quantise(holder, blocks={"lm_head": blocks.pop("lm_head")} if "lm_head" in blocks else {})
+        model.set_output_embeddings(holder.lm_head)
+        _give_back()
+    found = gguf_blocks.decode(tensor.raw, tensor.kind)
+    model.set_input_embeddings(BlockEmbedding.from_blocks(found, model.get_input_embeddings()))
+    return True
 
 
 def _runs_as(model: nn.Module, linear: str, kind: str) -> str:

@@ -2,7 +2,8 @@
 runs at the precision the file holds instead of being re-quantised from its float de-quantisation.
 
 specdec's kernel (quantize.Q8Linear) holds ``w = scale * code + offset`` per block of 32 inputs,
-codes 4- or 8-bit unsigned, scale and offset float32. Most GGUF formats are exactly that:
+codes 4- or 8-bit unsigned, scale and offset float32 here (native_kernels.pack stores them as float16
+where the file's are). Most GGUF formats are exactly that:
 
     Q4_0  code q (4-bit), scale d, offset −8d          Q4_1  code q, scale d, offset m
     Q5_0  code q (0..31, 8-bit), scale d, offset −16d  Q5_1  code q, scale d, offset m

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .block_embedding import embedding_dtype, embedding_rows
 from .dense_prefill import DENSE_FROM, lean_layer
 from .lean_decoder import LeanDecoder, Rows, window_seen
 from .lean_model import LeanCausalLM
@@ -85,7 +86,8 @@ class LeanLlama(LeanDecoder):
         self.model, self.transformers_forward = model, model.forward
         self.output, self.new_cache = outputs_and_caches(model)
         self.fallbacks = 0  # forwards handed to transformers' forward (fallback_forwards)
-        self.embed = model.model.embed_tokens.weight
+        self.embed_rows = embedding_rows(model.model.embed_tokens)  # the float table's, or a GGUF block table's
+        self.embed_dtype = embedding_dtype(model.model.embed_tokens)
         self.layers = [self.weights_of(layer, config) for layer in model.model.layers[: config.num_hidden_layers]]
         self.prompt_layers = None if dense is None else [lean_layer(w, d) for w, d in zip(self.layers, dense)]
         self.dense_from = None if dense is None else DENSE_FROM[dense[0][0].dtype]
@@ -106,7 +108,7 @@ class LeanLlama(LeanDecoder):
         return self.rotary
 
     def embedded(self, ids) -> torch.Tensor:
-        return self.embed[ids]  # [rows, hidden] float32
+        return self.embed_rows(ids)  # [rows, hidden] float32
 
     def final_norm(self, x) -> torch.Tensor:
         return rms_norm(x, *self.final)
@@ -119,7 +121,7 @@ class LeanLlama(LeanDecoder):
         cache = kwargs.get("cache")
         if (input_ids is None or input_ids.shape[0] != 1 or rows == 0 or not HANDLED.issuperset(kwargs)
                 or self.model.training or not (cache is None or keeps_every_position(cache))
-                or self.embed.dtype != torch.float32 or isinstance(kwargs.get("logits_to_keep", 0), torch.Tensor)):
+                or self.embed_dtype != torch.float32 or isinstance(kwargs.get("logits_to_keep", 0), torch.Tensor)):
             return self.fallback(input_ids, **kwargs)
         mask = kwargs.get("attention_mask")
         if mask is not None and not self.takes_mask(mask):

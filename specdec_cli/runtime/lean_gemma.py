@@ -56,7 +56,7 @@ class LeanGemma(LeanLlama):
         super().__init__(model)
         config = model.config
         self.scaling = config.query_pre_attn_scalar**-0.5
-        self.embed_scale = model.model.embed_tokens.embed_scale.to(self.embed.dtype)
+        self.embed_scale = model.model.embed_tokens.embed_scale.to(self.embed_dtype)
         self.softcap = config.final_logit_softcapping
 
     @staticmethod
@@ -70,7 +70,7 @@ class LeanGemma(LeanLlama):
         return lambda x, positions: self.rotary(x, positions, kind)
 
     def embedded(self, ids) -> torch.Tensor:
-        return self.embed[ids] * self.embed_scale
+        return self.embed_rows(ids) * self.embed_scale
 
     def final_norm(self, x) -> torch.Tensor:
         return gemma_norm(x, *self.final)

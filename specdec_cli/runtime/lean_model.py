@@ -23,6 +23,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from .block_embedding import embedding_device, embedding_dtype
+
 
 class LeanConfig(SimpleNamespace):
     """A model's (or a draft head's layer's) configuration as attributes, as transformers' generic
@@ -124,11 +126,11 @@ class LeanCausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return embedding_dtype(self.model.embed_tokens)
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return embedding_device(self.model.embed_tokens)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens

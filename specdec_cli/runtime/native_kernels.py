@@ -195,9 +195,9 @@ def fits(in_features: int) -> bool:
 def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> tuple[torch.Tensor, ...]:
     """Weights ``w = scale * code + offset`` per block of 32 inputs (codes [N, K] in 0..2^bits − 1,
     scale and offset [N, K / 32]) in the kernel's layout: codes [N/16, K/32, 256 | 512] uint8, scale
-    and offset [N/16, K/32, 16] float32; N is padded to 16 with zero weights. ``bits`` 6: a scale and
-    an offset per 16 inputs (a GGUF Q6_K tensor's; scale and offset [N, K / 16]), codes a byte each
-    as at 8 bits, scale and offset [N/16, K/32, 2, 16]."""
+    and offset [N/16, K/32, 16] as ``compact`` stores them; N is padded to 16 with zero weights.
+    ``bits`` 6: a scale and an offset per 16 inputs (a GGUF Q6_K tensor's; scale and offset [N, K / 16]),
+    codes a byte each as at 8 bits, scale and offset [N/16, K/32, 2, 16]."""
     missing = -codes.shape[0] % TILE
     if missing:
         codes, scale, offset = (torch.cat([t, t.new_zeros(missing, t.shape[1])]) for t in (codes, scale, offset))
@@ -209,10 +209,23 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: i
     halves = HALVES.get(bits, 1)
     per_tile = lambda t: t.float().view(tiles, TILE, blocks, halves).permute(0, 2, 3, 1).reshape(  # noqa: E731
         tiles, blocks, *((halves,) if halves > 1 else ()), TILE).contiguous()
-    return quads.reshape(tiles, blocks, -1).contiguous(), per_tile(scale), per_tile(offset)
+    return quads.reshape(tiles, blocks, -1).contiguous(), *compact(per_tile(scale), per_tile(offset))
 
 
 HALVES = {6: 2}  # bits -> scales per block of 32 inputs, where not one
+# Offsets that are a fixed multiple of their scale: −centre · d for Q4_0 (8), Q5_0 (16), Q6_K (32), Q8_0 and int8 (128).
+MULTIPLES = (-8.0, -16.0, -32.0, -128.0)
+
+
+def compact(scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scale`` and ``offset`` (float32) in the fewest bytes that hold them exactly, so that a weight
+    reads no more than its file's block: float16 where every value is one (a GGUF block's d and m are),
+    and an offset that is a fixed multiple of its scale as that one multiple (a float32 [1]: the kernel
+    multiplies it out, exactly, since it is a power of two)."""
+    multiple = next((m for m in MULTIPLES if torch.equal(offset, scale * m)), None)
+    if torch.equal(scale.half().float(), scale) and (multiple is not None or torch.equal(offset.half().float(), offset)):
+        scale, offset = scale.half(), offset.half()
+    return scale, offset if multiple is None else torch.tensor([multiple])
 
 
 def unpack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:
@@ -223,6 +236,8 @@ def unpack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits:
         quads = torch.stack([quads & 0x0F, quads >> 4], dim=3).view(tiles, blocks, 8, 64)
     halves = HALVES.get(bits, 1)
     values = quads.view(tiles, blocks, 8, TILE, 4).permute(0, 3, 1, 2, 4).reshape(tiles, TILE, blocks, halves, -1).float()
+    scale = scale.float()
+    offset = scale * offset if offset.numel() == 1 else offset.float()
     # [tiles, 16, blocks, halves, 1]
     per_output = lambda t: t.view(tiles, blocks, halves, TILE).permute(0, 3, 1, 2)[..., None]  # noqa: E731
     return (values * per_output(scale) + per_output(offset)).reshape(tiles * TILE, blocks * BLOCK)

@@ -39,6 +39,7 @@ from torch import nn
 
 from ..errors import first_line
 from . import staging
+from .block_embedding import BlockEmbedding
 from .fused_projections import SIBLINGS, SharedProjection, install
 from .quantize import Int4Linear, Int8Linear, Q8Linear, int8_columns
 from .sampled_digest import tensor_digest
@@ -56,10 +57,12 @@ class Unusable(ValueError):
 def code_digest() -> str:
     """A digest of the code that prepares a target and of the libraries whose layouts it saves (the
     int4 pack differs by CPU capability): a file prepared under other code is stale."""
-    from . import dense_prefill, fused_projections, gguf_blocks, gguf_int4, gguf_linears, quantize
+    from . import (block_embedding, dense_prefill, fused_projections, gguf_blocks, gguf_int4, gguf_linears,
+                   native_kernels, quantize)
 
     digest = hashlib.sha256(FORMAT.encode())
-    for module in (dense_prefill, fused_projections, gguf_blocks, gguf_int4, gguf_linears, quantize):
+    for module in (block_embedding, dense_prefill, fused_projections, gguf_blocks, gguf_int4, gguf_linears,
+                   native_kernels, quantize):
         digest.update(Path(module.__file__).read_bytes())
     digest.update(Path(__file__).read_bytes())
     capability = torch.backends.cpu.get_cpu_capability()
@@ -137,9 +140,12 @@ def dense_copies(tensors: dict[str, torch.Tensor], layout: dict) -> list[tuple[t
 
 def _flatten(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict]:
     """Every tensor of ``model`` once by name, and the layout that puts them back."""
-    layout: dict = {"int4": {}, "int8": {}, "q8": {}, "shared": [], "parameters": [], "buffers": [], "aliases": {}}
+    layout: dict = {"int4": {}, "int8": {}, "q8": {}, "embeddings": [], "shared": [], "parameters": [], "buffers": [],
+                    "aliases": {}}
     for name, module in model.named_modules():
-        if isinstance(module, Q8Linear):
+        if isinstance(module, BlockEmbedding):
+            layout["embeddings"].append(name)
+        elif isinstance(module, Q8Linear):
             layout["q8"][name] = [module.in_features, module.out_features, module.bits]
         elif isinstance(module, Int4Linear):
             layout["int4"][name] = [module.in_features, module.out_features, module.group]
@@ -192,7 +198,12 @@ def _assemble(skeleton: nn.Module, tensors: dict[str, torch.Tensor], layout: dic
     for name in quantised:
         parent_name, _, child = name.rpartition(".")
         setattr(skeleton.get_submodule(parent_name) if parent_name else skeleton, child, linear(name))
-    owned = {f"{name}.{attr}" for name in layout["int4"] for attr in ("packed", "scales_and_zeros", "bias")}
+    for name in layout["embeddings"]:  # a GGUF's token embedding in its own blocks (block_embedding.py)
+        parent_name, _, child = name.rpartition(".")
+        setattr(skeleton.get_submodule(parent_name) if parent_name else skeleton, child, BlockEmbedding(
+            tensors[f"{name}.codes"], tensors[f"{name}.scale"], tensors[f"{name}.offset"], tensors.get(f"{name}.embed_scale")))
+    owned = {f"{name}.{attr}" for name in layout["embeddings"] for attr in ("codes", "scale", "offset", "embed_scale")}
+    owned |= {f"{name}.{attr}" for name in layout["int4"] for attr in ("packed", "scales_and_zeros", "bias")}
     owned |= {f"{name}.{attr}" for name in layout["int8"] for attr in ("q", "scale", "bias")}
     owned |= {f"{name}.{attr}" for name in layout["q8"] for attr in ("codes", "scale", "offset", "bias")}
     for kind in ("parameters", "buffers"):

@@ -31,22 +31,33 @@ ROWS_AT_ONCE = 4096  # rows of a float weight quantised at a time (a multiple of
 
 
 def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8: (q, scale) with weight ≈ q * scale[:, None]."""
+    """Symmetric per-row int8: (q, scale) with weight ≈ q * scale[:, None], scale a float16 value where it can be."""
     weight = weight.float()
-    scale = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    scale = float16_rounded(weight.abs().amax(dim=1) / 127).clamp(min=SMALLEST_SCALE)
     q = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
     return q, scale
 
 
 def int4_groups(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Asymmetric group-wise int4 from float weights: (q 0..15, scale, minimum), per row and group,
-    with weight ≈ q * scale + minimum (the GGUF Q4_1 form; min and max of each group are kept)."""
+    with weight ≈ q * scale + minimum (the GGUF Q4_1 form: min and max of each group, as float16
+    values where they can be, so that specdec's kernel keeps them in two bytes as Q4_1 does)."""
     rows, columns = weight.shape
     groups = weight.float().reshape(rows, columns // group, group)
-    low, high = groups.amin(dim=2), groups.amax(dim=2)
-    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    high = groups.amax(dim=2)
+    low = float16_rounded(groups.amin(dim=2))
+    scale = float16_rounded((high - low) / 15).clamp(min=SMALLEST_SCALE)
     q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
     return q.reshape(rows, columns), scale, low
+
+
+SMALLEST_SCALE = 2.0**-24  # float16's smallest: a constant group's scale, which no code multiplies into a weight
+
+
+def float16_rounded(values: torch.Tensor) -> torch.Tensor:
+    """``values`` rounded to float16 (kept float32) where every one stays finite, else as they are."""
+    half = values.half()
+    return half.float() if torch.isfinite(half).all() else values
 
 
 def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group: int = GROUP) -> torch.Tensor:
@@ -290,6 +301,11 @@ def quantise_model(model: nn.Module, kind: str, blocks: dict[str, tuple] | None 
 
 
 def output_weight(model) -> torch.Tensor:
-    """The lm_head weight in float, also when the lm_head itself is quantised."""
+    """The lm_head weight in float, also when the lm_head itself is quantised (and, tied to an embedding
+    that keeps its GGUF's blocks, block_embedding.py, the embedding's table de-quantised)."""
     head = model.get_output_embeddings()
-    return head.float_weight if hasattr(head, "float_weight") else head.weight
+    if hasattr(head, "float_weight"):
+        return head.float_weight
+    if not hasattr(head, "weight") and getattr(model.config, "tie_word_embeddings", False):
+        return model.get_input_embeddings().weight
+    return head.weight

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
 from ..errors import UserError
+from ..decoding.kv import input_device
 from ..runtime.quantize import dense_kernels
 from ..pairs.tokenization import encode_prompt
 from ..prompts import Prompt
@@ -71,7 +72,7 @@ def split(prompts: list[Prompt], fraction: float, seed: int) -> tuple[list[Promp
 def answer(target: PreTrainedModel, prompts: list[list[int]], eos: set[int], pad: int, sampled: bool,
            settings: AnswerSettings, progress=None) -> list[list[int]]:
     """The target's answers, batched with left padding (so every row continues at the same place)."""
-    device = target.get_input_embeddings().weight.device
+    device = input_device(target)
     options = {"do_sample": True, "temperature": settings.temperature, "top_k": 0, "top_p": 1.0} if sampled else {"do_sample": False}
     answers = []
     torch.manual_seed(settings.seed)
@@ -95,7 +96,7 @@ def answer_pruned(target: PreTrainedModel, prompts: list[list[int]], eos: set[in
                   settings: AnswerSettings) -> list[list[int]]:
     """``answer`` for one batch, with finished rows dropped from the batch (and its KV cache) as
     they end: a batch then costs its answers' tokens, not its longest answer times its rows."""
-    device = target.get_input_embeddings().weight.device
+    device = input_device(target)
     vocab = target.config.get_text_config().vocab_size
     generator = torch.Generator(device=device).manual_seed(settings.seed)
     width = max(map(len, prompts))
@@ -138,7 +139,7 @@ def teacher(target: PreTrainedModel, sequences: list[tuple[list[int], int]], top
             batch_size: int, pad: int, progress=None, layers: tuple[int, ...] = (-1,)) -> list[Example]:
     """Top-k log-probs at each answer position (and, for a head, the hidden states ``layers`` select,
     concatenated, at every position), right-padded batches."""
-    device = target.get_input_embeddings().weight.device
+    device = input_device(target)
     vocab = target.config.get_text_config().vocab_size
     examples = []
     with dense_kernels(target):

@@ -14,6 +14,7 @@ import torch
 
 from ...errors import UserError
 from ...limits import MAX_K
+from ...runtime.block_embedding import embedding_device
 from ...runtime.quantize import QUANTISED, native_linear, output_weight, quantise_model, quantised_weight
 from ...runtime.rowwise_attention import on_native_kernels
 from ..control.gate import DraftGate
@@ -70,6 +71,7 @@ class HeadDrafter(Drafter, TreeDrafting):
             self.head.go_lean(native)
         self.needs = Needs(features=head.feature_layers)
         self.embed = target.get_input_embeddings()
+        self.embed_device = embedding_device(self.embed)
         self.vocab_size = target.config.get_text_config().vocab_size
         self.allowed = None if allowed is None else allowed.to(self.device)
         rows = (weight[: self.vocab_size] if allowed is None else weight[self.allowed]).detach().float()
@@ -189,7 +191,7 @@ class HeadDrafter(Drafter, TreeDrafting):
                 mask[row, cached + row] = True
                 mask[row, [slot[a] for a in path_to(parents, parents[node])]] = True
             features = torch.stack([root_guess if parents[i] < 0 else guesses[parents[i]] for i in frontier])
-            embeds = self.embed(torch.tensor([tokens[i] for i in frontier]).to(self.embed.weight.device))
+            embeds = self.embed(torch.tensor([tokens[i] for i in frontier]).to(self.embed_device))
             positions = torch.full((1, len(frontier)), n - 1 + level, device=self.device)
             out = self.head(embeds.to(self.device, torch.float32)[None], features[None], self.cache,
                             positions=positions, mask=mask[None, None].to(self.device))[0]
@@ -208,7 +210,7 @@ class HeadDrafter(Drafter, TreeDrafting):
 
     def _step(self, tokens: torch.Tensor, features: torch.Tensor, start: int, fuse: bool = True) -> torch.Tensor:
         """Feed positions from ``start``: the target's states (``fuse``) or the head's own guesses."""
-        embeds = self.embed(tokens.to(self.embed.weight.device)).to(self.device, torch.float32)
+        embeds = self.embed(tokens.to(self.embed_device)).to(self.device, torch.float32)
         if fuse:
             features = self.head.fused(features)
         return self.head(embeds[None], features[None], self.cache, start)[0, -1]

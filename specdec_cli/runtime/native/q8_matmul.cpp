@@ -20,6 +20,11 @@
 // 0-15, 16-31); each half is its own integer dot and its own two fused multiply-adds, the first
 // half's before the second's:
 //     y = fma(float(dot_h), d_w,h * d_x, y);   y = fma(m_w,h, d_x * float(sum of the half's codes), y)
+//
+// Weight scales and offsets are float32 or float16 (a GGUF block's own: exact in float32 once loaded),
+// and an offset is either stored or a fixed multiple of its scale (-8 d for Q4_0, -128 d for Q8_0:
+// an exact float32 product), so that a weight takes as few bytes as the file's block. Either way the
+// two fused multiply-adds above see the same float32 values.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -51,6 +56,39 @@ struct Quantised {
   std::vector<float> scale;    // [rows, K / 32]
   std::vector<float> offset;   // [rows, K / 32]: scale * sum of the block's codes
   std::vector<float> halves;   // [rows, K / 32, 2]: scale * sum of each half's codes (bits 6 only, else empty)
+};
+
+// One tensor's weight scales and offsets, [tiles, blocks, 16] ([tiles, blocks, 2, 16] at bits 6), read 16
+// (AVX-512) or 8 (AVX2) outputs at a time as float32.
+struct WeightScales {
+  const void* scale;
+  const void* offset;  // nullptr: offset = multiple * scale
+  bool half;           // float16, else float32
+  float multiple;
+
+  WeightScales at(int64_t element) const {
+    const int64_t bytes = element * (half ? 2 : 4);
+    return {static_cast<const char*>(scale) + bytes, offset ? static_cast<const char*>(offset) + bytes : nullptr, half,
+            multiple};
+  }
+
+  __attribute__((target("avx512f"))) static __m512 load16(const void* base, int64_t i, bool half) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + i)))
+                : _mm512_loadu_ps(static_cast<const float*>(base) + i);
+  }
+  __attribute__((target("avx512f"))) __m512 scale16(int64_t i) const { return load16(scale, i, half); }
+  __attribute__((target("avx512f"))) __m512 offset16(int64_t i) const {
+    return offset ? load16(offset, i, half) : _mm512_mul_ps(scale16(i), _mm512_set1_ps(multiple));
+  }
+
+  __attribute__((target("avx2,f16c"))) static __m256 load8(const void* base, int64_t i, bool half) {
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i)))
+                : _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  }
+  __attribute__((target("avx2,f16c"))) __m256 scale8(int64_t i) const { return load8(scale, i, half); }
+  __attribute__((target("avx2,f16c"))) __m256 offset8(int64_t i) const {
+    return offset ? load8(offset, i, half) : _mm256_mul_ps(scale8(i), _mm256_set1_ps(multiple));
+  }
 };
 
 struct Sums {
@@ -132,7 +170,7 @@ Quantised quantise_rows(const float* x, int64_t rows, int64_t k, bool avx512, bo
 
 template <int BITS, int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
-void tile_avx512(const uint8_t* w, const float* dw, const float* mw, const Quantised& q, int64_t row0,
+void tile_avx512(const uint8_t* w, const WeightScales& ws, const Quantised& q, int64_t row0,
                  int64_t k, float* y, int64_t n_total, int64_t n0) {
   const int64_t blocks = k / BLOCK;
   __m512 acc[R][2];  // even and odd blocks: two float chains, summed at the end
@@ -150,8 +188,8 @@ void tile_avx512(const uint8_t* w, const float* dw, const float* mw, const Quant
     } else {
       for (int i = 0; i < 8; ++i) quads[i] = _mm512_loadu_si512(wb + 64 * i);
     }
-    const __m512 scale_w = _mm512_loadu_ps(dw + b * scales_per_block(BITS));  // at bits 6: the first half's
-    const __m512 offset_w = _mm512_loadu_ps(mw + b * scales_per_block(BITS));
+    const __m512 scale_w = ws.scale16(b * scales_per_block(BITS));  // at bits 6: the first half's
+    const __m512 offset_w = ws.offset16(b * scales_per_block(BITS));
     for (int r = 0; r < R; ++r) {
       const int64_t row = row0 + r;
       const int32_t* codes = reinterpret_cast<const int32_t*>(q.codes.data() + row * k + b * BLOCK);
@@ -167,9 +205,9 @@ void tile_avx512(const uint8_t* w, const float* dw, const float* mw, const Quant
       if constexpr (BITS == 6) {
         const float* halves = q.halves.data() + 2 * (row * blocks + b);
         for (int h = 0; h < 2; ++h) {
-          const __m512 scale_h = _mm512_mul_ps(_mm512_loadu_ps(dw + b * 2 * TILE + h * TILE), d_x);
+          const __m512 scale_h = _mm512_mul_ps(ws.scale16(b * 2 * TILE + h * TILE), d_x);
           sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[h]), scale_h, sum);
-          sum = _mm512_fmadd_ps(_mm512_loadu_ps(mw + b * 2 * TILE + h * TILE), _mm512_set1_ps(halves[h]), sum);
+          sum = _mm512_fmadd_ps(ws.offset16(b * 2 * TILE + h * TILE), _mm512_set1_ps(halves[h]), sum);
         }
       } else {
         const __m512i dot = _mm512_add_epi32(dots[0], dots[1]);
@@ -185,8 +223,8 @@ void tile_avx512(const uint8_t* w, const float* dw, const float* mw, const Quant
 // ---- AVX2 (no VNNI): the same integers by maddubs/madd, the same float ops -----------------------
 
 template <int BITS, int R>
-__attribute__((target("avx2,fma")))
-void tile_avx2(const uint8_t* w, const float* dw, const float* mw, const Quantised& q, int64_t row0,
+__attribute__((target("avx2,fma,f16c")))
+void tile_avx2(const uint8_t* w, const WeightScales& ws, const Quantised& q, int64_t row0,
                int64_t k, float* y, int64_t n_total, int64_t n0) {
   const int64_t blocks = k / BLOCK;
   __m256 acc[R][2][2];  // per half of the tile, even and odd blocks (as the AVX-512 path)
@@ -211,8 +249,8 @@ void tile_avx2(const uint8_t* w, const float* dw, const float* mw, const Quantis
       }
     }
     for (int half = 0; half < 2; ++half) {
-      const __m256 scale_w = _mm256_loadu_ps(dw + b * scales_per_block(BITS) + 8 * half);
-      const __m256 offset_w = _mm256_loadu_ps(mw + b * scales_per_block(BITS) + 8 * half);
+      const __m256 scale_w = ws.scale8(b * scales_per_block(BITS) + 8 * half);
+      const __m256 offset_w = ws.offset8(b * scales_per_block(BITS) + 8 * half);
       for (int r = 0; r < R; ++r) {
         const int64_t row = row0 + r;
         const uint8_t* codes = reinterpret_cast<const uint8_t*>(q.codes.data() + row * k + b * BLOCK);
@@ -249,9 +287,9 @@ void tile_avx2(const uint8_t* w, const float* dw, const float* mw, const Quantis
         if constexpr (BITS == 6) {
           const float* halves = q.halves.data() + 2 * (row * blocks + b);
           for (int h = 0; h < 2; ++h) {
-            const __m256 scale_h = _mm256_mul_ps(_mm256_loadu_ps(dw + b * 2 * TILE + h * TILE + 8 * half), d_x);
+            const __m256 scale_h = _mm256_mul_ps(ws.scale8(b * 2 * TILE + h * TILE + 8 * half), d_x);
             sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[h]), scale_h, sum);
-            const __m256 offset_h = _mm256_loadu_ps(mw + b * 2 * TILE + h * TILE + 8 * half);
+            const __m256 offset_h = ws.offset8(b * 2 * TILE + h * TILE + 8 * half);
             sum = _mm256_fmadd_ps(offset_h, _mm256_set1_ps(halves[h]), sum);
           }
         } else {
@@ -270,39 +308,39 @@ void tile_avx2(const uint8_t* w, const float* dw, const float* mw, const Quantis
 // Rows in passes of up to 8 (AVX-512: 32 registers) or 4 (AVX2: 16) over one tile: the weights are
 // unpacked once a pass, and only the first pass reads them from memory.
 template <int BITS, int R>
-void pass(bool avx512, const uint8_t* w, const float* dw, const float* mw, const Quantised& q, int64_t row, int64_t k,
+void pass(bool avx512, const uint8_t* w, const WeightScales& ws, const Quantised& q, int64_t row, int64_t k,
           float* y, int64_t n, int64_t n0) {
   if constexpr (R <= 4) {
-    if (!avx512) return tile_avx2<BITS, R>(w, dw, mw, q, row, k, y, n, n0);
+    if (!avx512) return tile_avx2<BITS, R>(w, ws, q, row, k, y, n, n0);
   }
-  if constexpr (R <= 8) tile_avx512<BITS, R>(w, dw, mw, q, row, k, y, n, n0);
+  if constexpr (R <= 8) tile_avx512<BITS, R>(w, ws, q, row, k, y, n, n0);
 }
 
 template <int BITS>
-void tiles(bool avx512, const uint8_t* w, const float* dw, const float* mw, const Quantised& q, int64_t rows,
+void tiles(bool avx512, const uint8_t* w, const WeightScales& ws, const Quantised& q, int64_t rows,
            int64_t k, float* y, int64_t n, int64_t tile) {
   const int64_t blocks = k / BLOCK;
   const int64_t tile_bytes = blocks * block_bytes(BITS);
   const uint8_t* wt = w + tile * tile_bytes;
-  const float* dt = dw + tile * blocks * scales_per_block(BITS);
-  const float* mt = mw + tile * blocks * scales_per_block(BITS);
+  const WeightScales st = ws.at(tile * blocks * scales_per_block(BITS));
   const int64_t most = avx512 ? 8 : 4, n0 = tile * TILE;
   for (int64_t row = 0; row < rows; row += most) {
     switch (std::min(most, rows - row)) {
-      case 8: pass<BITS, 8>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
-      case 7: pass<BITS, 7>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
-      case 6: pass<BITS, 6>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
-      case 5: pass<BITS, 5>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
-      case 4: pass<BITS, 4>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
-      case 3: pass<BITS, 3>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
-      case 2: pass<BITS, 2>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
-      default: pass<BITS, 1>(avx512, wt, dt, mt, q, row, k, y, n, n0); break;
+      case 8: pass<BITS, 8>(avx512, wt, st, q, row, k, y, n, n0); break;
+      case 7: pass<BITS, 7>(avx512, wt, st, q, row, k, y, n, n0); break;
+      case 6: pass<BITS, 6>(avx512, wt, st, q, row, k, y, n, n0); break;
+      case 5: pass<BITS, 5>(avx512, wt, st, q, row, k, y, n, n0); break;
+      case 4: pass<BITS, 4>(avx512, wt, st, q, row, k, y, n, n0); break;
+      case 3: pass<BITS, 3>(avx512, wt, st, q, row, k, y, n, n0); break;
+      case 2: pass<BITS, 2>(avx512, wt, st, q, row, k, y, n, n0); break;
+      default: pass<BITS, 1>(avx512, wt, st, q, row, k, y, n, n0); break;
     }
   }
 }
 
-// x [rows, K] float32; codes [N / 16, K / 32, 256 or 512] uint8; scale, offset [N / 16, K / 32, 16] float32
-// ([N / 16, K / 32, 2, 16] at bits 6).
+// x [rows, K] float32; codes [N / 16, K / 32, 256 or 512] uint8; scale [N / 16, K / 32, 16] float32 or
+// float16 ([N / 16, K / 32, 2, 16] at bits 6); offset the same as scale, or one float32 value: the multiple
+// of the scale that every offset is.
 at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset,
                      int64_t bits, bool avx512) {
   require_cpu(avx512);
@@ -311,22 +349,26 @@ at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 3 && codes.is_contiguous(), "codes: uint8 [tiles, blocks, bytes]");
   const int64_t rows = x.size(0), k = x.size(1), tiles_n = codes.size(0), n = tiles_n * TILE;
   TORCH_CHECK(k % BLOCK == 0 && codes.size(1) == k / BLOCK && codes.size(2) == block_bytes(bits), "codes do not fit x");
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
-              offset.is_contiguous() && scale.numel() == n / TILE * (k / BLOCK) * scales_per_block(bits) &&
-              offset.numel() == scale.numel(),
-              "scale, offset: float32 [tiles, blocks, 16] ([tiles, blocks, 2, 16] at bits 6)");
+  const bool half = scale.scalar_type() == at::kHalf;
+  const bool multiple = offset.numel() == 1 && offset.scalar_type() == at::kFloat;
+  TORCH_CHECK((half || scale.scalar_type() == at::kFloat) && scale.is_contiguous() &&
+              scale.numel() == n / TILE * (k / BLOCK) * scales_per_block(bits),
+              "scale: float32 or float16 [tiles, blocks, 16] ([tiles, blocks, 2, 16] at bits 6)");
+  TORCH_CHECK(multiple || (offset.scalar_type() == scale.scalar_type() && offset.is_contiguous() &&
+                           offset.numel() == scale.numel()),
+              "offset: scale's dtype and shape, or one float32 value (the multiple of the scale)");
   auto y = at::empty({rows, n}, x.options());
   if (rows == 0) return y;
   const Quantised q = quantise_rows(x.data_ptr<float>(), rows, k, avx512, bits == 6);
   const uint8_t* w = codes.data_ptr<uint8_t>();
-  const float* dw = scale.data_ptr<float>();
-  const float* mw = offset.data_ptr<float>();
+  const WeightScales ws{scale.data_ptr(), multiple ? nullptr : offset.data_ptr(), half,
+                        multiple ? offset.data_ptr<float>()[0] : 0.f};
   float* out = y.data_ptr<float>();
   at::parallel_for(0, tiles_n, 1, [&](int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; ++tile) {
-      if (bits == 4) tiles<4>(avx512, w, dw, mw, q, rows, k, out, n, tile);
-      else if (bits == 6) tiles<6>(avx512, w, dw, mw, q, rows, k, out, n, tile);
-      else tiles<8>(avx512, w, dw, mw, q, rows, k, out, n, tile);
+      if (bits == 4) tiles<4>(avx512, w, ws, q, rows, k, out, n, tile);
+      else if (bits == 6) tiles<6>(avx512, w, ws, q, rows, k, out, n, tile);
+      else tiles<8>(avx512, w, ws, q, rows, k, out, n, tile);
     }
   });
   return y;
