@@ -4,9 +4,10 @@ them, so that a target is prepared from the file without its whole float model i
 transformers' ``load_gguf_checkpoint`` reads every tensor into one dictionary of float32 tensors
 (four times a Q4 file's size) before the model even exists. The steps per tensor are its own
 (``gguf.dequantize``, the architecture's tensor processor, its name map); only the order differs:
-each tensor is read, de-quantised and handed on before the next is read. The bytes are read with
-``pread``, not through the reader's memory map: every page of a mapping that was touched counts in
-the process's resident memory until the mapping goes, which would be the whole file by the end.
+each tensor is read, de-quantised and handed on before the next is read. Where each tensor lies comes
+from the file's header alone (gguf_header.py). The bytes are read with ``pread``, not through a memory
+map: every page of a mapping that was touched counts in the process's resident memory until the
+mapping goes, which would be the whole file by the end.
 A tensor is de-quantised a few rows at a time: its blocks are independent, so the pieces
 are the whole's, without numpy's temporaries for all of it.
 """
@@ -39,20 +40,21 @@ class GGUFTensor:
 
 
 def gguf_tensors(path: Path, model: torch.nn.Module) -> Iterator[GGUFTensor]:
-    """The GGUF's tensors, in the file's order, named as ``model`` (a skeleton: only its parameter
-    names are read) names them; a tensor the model has no place for is skipped, as transformers skips it."""
-    import gguf
-    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map,
-                                                          load_gguf_checkpoint, read_field)
+    """The GGUF's tensors, in the file's order, named as ``model`` (a skeleton built from the GGUF's
+    conversion: only its config and parameter names are read) names them; a tensor the model has no place
+    for is skipped, as transformers skips it. The file's metadata is not parsed again (gguf_header.py):
+    the architecture's tensor processor takes the conversion's config, which holds every value the
+    processors read (attention heads, key/value heads, experts)."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-    reader = gguf.GGUFReader(path)
-    parsed = load_gguf_checkpoint(str(path), return_tensors=False)
-    architecture = read_field(reader, "general.architecture")[0]
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed["config"])
+    from .gguf_header import read_header
+
+    header = read_header(path)
+    processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=model.config.to_dict())
     names = get_gguf_hf_weights_map(model, processor)
-    parsed["tensors"] = {}  # where some processors (mixtures of experts) put what they assemble
+    parsed = {"tensors": {}}  # where some processors (mixtures of experts) put what they assemble
     with open(path, "rb") as handle:
-        for tensor in reader.tensors:
+        for tensor in header.tensors:
             raw = _read(handle.fileno(), tensor)
             result = processor.process(weights=_dequantised(raw, tensor.tensor_type), name=tensor.name,
                                        tensor_key_mapping=names, parsed_parameters=parsed)
@@ -68,8 +70,8 @@ def gguf_tensors(path: Path, model: torch.nn.Module) -> Iterator[GGUFTensor]:
 
 
 def _read(descriptor: int, tensor) -> np.ndarray:
-    """The tensor's bytes, read (not mapped) into memory of this process's own, shaped as the reader shapes them."""
-    mapped = tensor.data  # a view of the reader's map: its shape and dtype, no page read
+    """The tensor's bytes, read (not mapped) into memory of this process's own, shaped as gguf-py's reader
+    shapes them."""
     buffer = bytearray(tensor.n_bytes)
     view, offset = memoryview(buffer), tensor.data_offset
     while view:
@@ -77,7 +79,7 @@ def _read(descriptor: int, tensor) -> np.ndarray:
         if done == 0:
             raise ValueError(f"{tensor.name}: the file ends before its data does")
         view, offset = view[done:], offset + done
-    return np.frombuffer(buffer, dtype=mapped.dtype).reshape(mapped.shape)
+    return np.frombuffer(buffer, dtype=tensor.dtype).reshape(tensor.shape)
 
 
 def _dequantised(raw: np.ndarray, kind) -> np.ndarray:
