@@ -261,3 +261,20 @@ def test_a_tree_on_the_kernels_scores_each_node_as_one_token_forwards_along_its_
             for node in tree.path_to(leaf):
                 step = model(torch.tensor([[int(tree.tokens[node])]]), cache=cache, use_cache=True).logits[0, -1]
                 assert torch.equal(tree_logits[node], step), (leaf, node)
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_a_weight_quantised_in_pieces_is_stored_as_one(kind, monkeypatch):
+    """A big output layer is quantised a few thousand rows at a time; each piece's compact storage is
+    joined into the whole's (one multiple, one dtype), and the result is the weight quantised at once."""
+    from specdec_cli.runtime import quantize
+
+    weight = torch.randn(80, 64, generator=torch.Generator().manual_seed(9))
+    whole = quantize.native_linear(weight, kind)
+    monkeypatch.setattr(quantize, "ROWS_AT_ONCE", 32)
+    pieces = quantize.native_linear(weight, kind)
+    assert pieces.scale.dtype == torch.float16 and (kind == "int4" or pieces.offset.tolist() == [-128.0])
+    for a, b in zip((pieces.codes, pieces.scale, pieces.offset), (whole.codes, whole.scale, whole.offset)):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    x = torch.randn(3, 64)
+    assert torch.equal(pieces(x), whole(x))

@@ -228,6 +228,13 @@ def compact(scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, to
     return scale, offset if multiple is None else torch.tensor([multiple])
 
 
+def widened(scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``compact``'s storage back to float32 scales and offsets of one shape: what pieces packed apart
+    (each compacted alone) are joined as, before the whole is compacted once."""
+    scale = scale.float()
+    return scale, scale * offset if offset.numel() == 1 else offset.float()
+
+
 def unpack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:
     """``pack``'s layout back to float32 weights [N padded to 16, K]: ``scale * code + offset``."""
     tiles, blocks = codes.shape[:2]
@@ -236,8 +243,7 @@ def unpack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits:
         quads = torch.stack([quads & 0x0F, quads >> 4], dim=3).view(tiles, blocks, 8, 64)
     halves = HALVES.get(bits, 1)
     values = quads.view(tiles, blocks, 8, TILE, 4).permute(0, 3, 1, 2, 4).reshape(tiles, TILE, blocks, halves, -1).float()
-    scale = scale.float()
-    offset = scale * offset if offset.numel() == 1 else offset.float()
+    scale, offset = widened(scale, offset)
     # [tiles, 16, blocks, halves, 1]
     per_output = lambda t: t.view(tiles, blocks, halves, TILE).permute(0, 3, 1, 2)[..., None]  # noqa: E731
     return (values * per_output(scale) + per_output(offset)).reshape(tiles * TILE, blocks * BLOCK)

@@ -192,7 +192,9 @@ def native_linear(weight: torch.Tensor, kind: str, bias: torch.Tensor | None = N
     four = kind == "int4" and fits_int4(weight.shape[1])
     pieces = [native_kernels.pack(*int4_groups(part), 4) if four else int8_packed(*int8_per_channel(part))
               for part in weight.split(ROWS_AT_ONCE)]
-    codes, scale, offset = (torch.cat(parts) for parts in zip(*pieces))
+    codes = torch.cat([piece[0] for piece in pieces])
+    joined = (torch.cat(parts) for parts in zip(*(native_kernels.widened(*piece[1:]) for piece in pieces)))
+    scale, offset = native_kernels.compact(*joined)
     return Q8Linear(codes, scale, offset, 4 if four else 8, weight.shape[1], weight.shape[0], bias)
 
 
