@@ -72,7 +72,9 @@ def test_the_target_prepared_tensor_by_tensor_is_the_whole_models_bit_for_bit(ti
         assert matched == (2 * 7 if kind == "int4" else 0)  # every linear's own blocks went in: nothing re-quantised
         want, layout = prepared_file._flatten(model)
         assert json.loads(saved["layout"]) | {"dense": None} == layout | {"dense": None}
-        assert list(saved["tensors"]) == list(want)
+        # The dense prompt copies (where this CPU path takes them: dense_prefill.py) are the layers' floats, not
+        # what a whole-model quantisation builds; test_dense_prefill.py covers them.
+        assert [n for n in saved["tensors"] if not n.startswith(f"{prepared_file.DENSE}.")] == list(want)
         assert all(saved["tensors"][name].dtype == want[name].dtype and torch.equal(saved["tensors"][name], want[name])
                    for name in want)
 
