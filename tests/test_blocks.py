@@ -78,3 +78,17 @@ def test_a_measurement_a_busy_machine_skewed_is_not_kept(target, tmp_path, monke
     monkeypatch.setattr(blocks, "time_blocks", lambda model, context: skewed)
     assert blocks.cached_costs(target, "tiny", tmp_path) == {}
     assert saved[0].read_text() == '{"1": 0.035, "2": 0.031}'  # not overwritten by another skewed one
+
+
+def test_ratios_within_each_pass_hold_where_the_machine_drifts():
+    """A pass run at half speed moves its lengths alike: the median of each pass's ratios keeps the
+    shape (1, 1.2, 1.5), where each length's fastest, taken from different passes, would not."""
+    from specdec_cli.decoding.blocks import pass_ratios
+
+    steady = {1: 10.0, 2: 12.0, 3: 15.0}
+    slow = {n: 2 * s for n, s in steady.items()}
+    odd = {1: 9.0, 2: 30.0, 3: 13.0}  # one pass that met a busy moment mid-way
+    passes = [slow, steady, {1: 20.0, 2: 24.0, 3: 30.0}, odd, steady]
+    assert pass_ratios(passes) == {1: 1.0, 2: pytest.approx(1.2), 3: pytest.approx(1.5)}
+    fastest = {n: min(p[n] for p in passes) for n in steady}
+    assert fastest[3] / fastest[1] != pytest.approx(1.5)

@@ -17,9 +17,12 @@ from specdec_cli.measure.prediction import (
     chosen,
     cost_per_token,
     other_rule_alpha,
+    RoundCosts,
     predict,
     race_alpha,
+    round_curve,
     rules_differ,
+    spread,
     standard_alpha,
     typical_context,
 )
@@ -67,6 +70,23 @@ def test_the_rules_relation_and_its_inverse():
     assert rules_differ(0.7, True) and not rules_differ(0.0, True) and not rules_differ(0.7, False)
 
 
+def test_the_curve_is_scaled_to_what_the_rounds_paid():
+    rounds = RoundCosts(plain=1.05, top_k=2, top_verify=1.6, other=0.05)  # the rounds paid 0.6 where a tight loop shows 0.4
+    curve = round_curve({1: 1.2, 2: 1.4}, rounds)
+    assert curve[2] == pytest.approx((1.6 + 0.05) / 1.05)  # the top K is what its rounds paid
+    assert curve[1] == pytest.approx((1.3 + 0.05) / 1.05)  # half the rise, as in the timed curve
+    flat = round_curve({1: 1.0, 2: 1.0}, RoundCosts(plain=1.0, top_k=2, top_verify=1.4, other=0.0))
+    assert flat == {1: pytest.approx(1.2), 2: pytest.approx(1.4)}  # a flat timed curve: the rise by rows
+    unseen = round_curve({1: 1.2, 2: 1.4}, RoundCosts(plain=1.0, top_k=2, top_verify=None, other=0.0))
+    assert unseen == {1: pytest.approx(1.2), 2: pytest.approx(1.4)}  # no round drafted K: the timed curve stands
+
+
+def test_a_sample_spreads_over_the_file():
+    lines = list(range(80))  # ten scenarios of eight, in order
+    assert spread(lines, 8) == [0, 10, 20, 30, 40, 50, 60, 70]
+    assert spread(lines, 3) == [0, 26, 53] and spread(lines, 200) == lines and spread([], 4) == []
+
+
 def test_typical_context_and_cost_per_token():
     assert typical_context([40, 60], 64, 64, 1000) == 64  # 50 + 32 = 82 → 2^6
     assert typical_context([100], 64, 64, 1000) == 128  # 132 → 2^7
@@ -82,7 +102,7 @@ def given_curve(monkeypatch):
     """The verify curve as COSTS says, so that no test times (nor keeps) a block."""
     from specdec_cli.decoding import blocks
 
-    monkeypatch.setattr(blocks, "time_blocks", lambda model, reps, context: dict(COSTS))
+    monkeypatch.setattr(blocks, "block_passes", lambda model, lengths, reps, context: [dict(COSTS)] * reps)
 
 
 def run(models, *args):
@@ -99,7 +119,8 @@ def run(models, *args):
     (["--alpha", "0.5", "--k", "x"], "--k takes a range like 0..8"),
     (["--alpha", "0.5", "--accept", "lenient:2"], "--accept 'lenient:2': predict covers the lossless rules, exact or standard"),
     (["--prompts", "p.txt", "--accept", "standard"], "--accept names the rule of --alpha; with --prompts both rules are measured"),
-    (["--alpha", "0.5", "--first", "3"], "--first counts the prompts of --prompts; --alpha samples none"),
+    (["--alpha", "0.5", "--sample", "3"], "--sample counts the prompts of --prompts; --alpha samples none"),
+    (["--prompts", "p.txt", "--sample", "0"], "--sample must be at least 1, got 0"),
     (["--alpha", "0.5", "--context", "0"], "--context must be at least 1, got 0"),
     (["--alpha", "0.5", "--temperature", "-1"], "--temperature must be 0 or more"),
 ])
@@ -119,17 +140,24 @@ def test_a_context_the_target_cannot_hold_is_refused(models, given_curve):
 
 
 def check_formula(result: dict) -> None:
-    """Every printed speed-up and break-even is the formula's on the printed α, c and verify costs; the choice is the best."""
+    """Every printed speed-up and break-even is the formula's on the printed α, c, verify curve and
+    rounds (the curve scaled to the rounds, over a plain round); the choice is the best."""
+    rounds = result["rounds"]
+    top = COSTS[rounds["k"] + 1] / COSTS[1]
+    c = result["c"] / rounds["plain"]
     for rule, figure in result["alpha"].items():
         speeds = {}
         for row in result["per_k"]:
             k = row["k"]
             assert row["verify_cost"] == pytest.approx(COSTS[k + 1] / COSTS[1], abs=1e-4)
-            expected = predicted_speedup(figure["value"], k, result["c"], row["verify_cost"])
+            paid = top - 1 if rounds["verify"] is None else rounds["verify"] - 1
+            scaled = 1 + (row["verify_cost"] - 1) / (top - 1) * paid
+            assert row["round_cost"] == pytest.approx((scaled + rounds["other"]) / rounds["plain"], rel=1e-3)
+            expected = predicted_speedup(figure["value"], k, c, row["round_cost"])
             assert row["speedup"][rule] == pytest.approx(expected, rel=1e-3, abs=1e-4)  # printed to 4 places
             speeds[k] = row["speedup"][rule]
             even = row["break_even_alpha"]  # where K just pays; None: not even at α = 1
-            at = predicted_speedup(1.0 if even is None else even, k, result["c"], row["verify_cost"])
+            at = predicted_speedup(1.0 if even is None else even, k, c, row["round_cost"])
             assert at < 1 + 1e-3 if even is None else at == pytest.approx(1.0, abs=1e-3)
         choice = result["choice"][rule]
         assert choice["best_k"] == max(speeds, key=lambda k: (speeds[k], k))
@@ -160,7 +188,7 @@ def test_a_given_alpha_under_sampling_derives_the_other_rule(models, given_curve
 def test_sampled_acceptance_measures_both_rules_for_a_draft_model(models, given_curve, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("abcabcabc\nhello hello\nxyz\n")
-    result = run(models, "--prompts", str(prompts), "--first", "2", "--temperature", "0.8", "--k", "1..3",
+    result = run(models, "--prompts", str(prompts), "--sample", "2", "--temperature", "0.8", "--k", "1..3",
                  "--max-new-tokens", "8", "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
@@ -181,7 +209,9 @@ def test_the_table_names_the_rule_and_the_choice(models, given_curve, tmp_path):
     assert lines[0].startswith("tiny-ngram · drafter ngram · 64 cached tokens · greedy")
     assert any(line.startswith("α ") and "under exact, measured at K=2 on 1 prompt(s)" in line
                and line.endswith("; greedy: the same under both rules") for line in lines)
-    assert any(line.split()[:3] == ["K", "verify", "break-even"] for line in lines)
+    assert any(line.split()[:4] == ["K", "verify", "round", "break-even"] for line in lines)
+    assert any(line.startswith("a plain round ") and ("a round at K=2 verified in " in line or "no round drafted 2" in line)
+               for line in lines)
     assert lines[-1].startswith("exact: ") and "speed-up standard" not in result.stdout
 
 
@@ -208,6 +238,6 @@ def test_a_disordered_verify_curve_is_refused_not_predicted_from(models, monkeyp
     from specdec_cli.decoding import blocks
 
     skewed = {**COSTS, 2: COSTS[1] * 0.5}  # two rows clearly cheaper than one: what a busy moment gives
-    monkeypatch.setattr(blocks, "time_blocks", lambda model, reps, context: dict(skewed))
+    monkeypatch.setattr(blocks, "block_passes", lambda model, lengths, reps, context: [dict(skewed)] * reps)
     message = one_line_error(run(models, "--alpha", "0.5"))
     assert message.startswith("the verify blocks' timings came out disordered three times")

@@ -17,7 +17,18 @@ from rich.table import Table
 from ..atomic import check_writable
 from ..decoding.rules import EXACT, STANDARD
 from ..errors import UserError
-from ..measure.prediction import LEAST_CONTEXT, MOST_K, RULES, chosen, other_rule_alpha, predict, rules_differ, typical_context
+from ..measure.prediction import (
+    LEAST_CONTEXT,
+    MOST_K,
+    RULES,
+    chosen,
+    other_rule_alpha,
+    predict,
+    round_curve,
+    rules_differ,
+    spread,
+    typical_context,
+)
 from ..pairs.profile import k_values
 from ..pairs.registry import HEAD, MODEL
 from ..prompts import check_fit, read_file
@@ -47,7 +58,7 @@ from .common import (
     write_output,
 )
 
-VERIFY_REPS = 10  # passes over the block lengths; each length's fastest counts
+VERIFY_REPS = 30  # passes over the block lengths (a few seconds): the median of their ratios counts
 TYPICAL_CONTEXT = 256  # cached tokens of a typical chat turn, where no prompts say otherwise
 # What the drafter's cost is measured on when --alpha spares the prompts: any text will do, as cost
 # does not depend on what is drafted.
@@ -58,7 +69,7 @@ PROBE = "Explain in a few sentences why the sky is blue, and then why sunsets ar
 def predict_command(
     alpha: Annotated[Optional[float], typer.Option("--alpha", metavar="A", help="An acceptance rate you know (0 to 1), under the rule --accept names: nothing is sampled; the drafter's cost is measured on a built-in prompt.")] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", metavar="FILE", help="Sample the acceptance rate from a few of your prompts (same format as calibrate-k's): each is answered plainly and at the largest K asked, under both lossless rules where they differ.")] = None,
-    first: Annotated[int, typer.Option("--first", metavar="N", help="With --prompts: sample from the first N prompts of the file.")] = 8,
+    sample_size: Annotated[int, typer.Option("--sample", metavar="N", help="With --prompts: sample from N of its prompts, taken at even steps through the file (a file sorted by scenario gives each scenario its share).")] = 16,
     pair: PairOption = None,
     k: Annotated[str, typer.Option("--k", "-k", metavar="KS", help=f"K values to predict: a range like 1..8 or a list like 1,2,4 (1 to {MOST_K}: verify blocks are timed up to {MOST_K + 1} rows).")] = "1..8",
     context: Annotated[Optional[int], typer.Option("--context", metavar="N", help=f"Cached tokens the verify blocks are timed over. Default: with --prompts, the mean prompt plus half an answer, rounded to a power of two; else {TYPICAL_CONTEXT}.")] = None,
@@ -79,11 +90,13 @@ def predict_command(
     """Predict the speed-up of each K on this machine before a long run.
 
     Times the target's verify curve (a block of K + 1 rows over one row, at --context cached tokens,
-    each at the pair's padded length) and the drafter's cost per drafted token beside a one-token
-    target forward, takes an acceptance rate (--alpha, or sampled from --prompts), and prints per K
-    the predicted speed-up (1 − α^(K+1)) / ((1 − α)(verify(K) + K·c)), the break-even α at which K
-    just pays, and the K it would choose, for both lossless rules. The formula assumes every round
-    drafts K tokens: it understates a drafter that drafts only where it finds a match (lookup).
+    each at the pair's padded length), answers a few prompts plainly and at the largest K with the
+    drafter a run drives (--prompts, or a built-in prompt with --alpha), and prints per K the
+    predicted speed-up (1 − α^(K+1)) / ((1 − α)(round(K) + K·c)), the break-even α at which K just
+    pays, and the K it would choose, for both lossless rules. round(K) is the verify curve scaled to
+    what the answered rounds paid, bookkeeping included, over a plain round; c the drafter's cost
+    per drafted token. The formula assumes every round drafts K tokens: it understates a drafter
+    that drafts only where it finds a match (lookup).
 
     Exit codes: 0 done; 2 bad input; 3 the result was printed but --plot could not be written.
     """
@@ -94,10 +107,10 @@ def predict_command(
     if prompts is not None:
         refuse_given(("accept",), "names the rule of --alpha; with --prompts both rules are measured")
     else:
-        refuse_given(("first",), "counts the prompts of --prompts; --alpha samples none")
+        refuse_given(("sample_size",), "counts the prompts of --prompts; --alpha samples none")
     if accept not in RULES:
         raise UserError(f"--accept {accept!r}: predict covers the lossless rules, {' or '.join(RULES)}")
-    check_count("--first", first, 1)
+    check_count("--sample", sample_size, 1)
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_count("--context", context, 1)
     check_seed(seed)
@@ -107,11 +120,10 @@ def predict_command(
     if plot:
         check_writable(plot, "--plot", ours=own_files.image)
         _check_plotting()
-    items = read_file(prompts)[:first] if prompts is not None else []
+    items = spread(read_file(prompts), sample_size) if prompts is not None else []
     spec = resolve_pair(models, pair, target, draft, drafter, dtype)
 
     thread_policy.apply(threads)  # before torch loads
-    from ..decoding.engine import SpeculativeEngine
     from ..decoding.loaded_pair import load_pair
     from ..decoding.rules import AcceptRule
     from ..measure.acceptance_sample import sample
@@ -122,7 +134,7 @@ def predict_command(
     with console.status(f"loading {spec.name}…") if console.is_terminal else nullcontext():
         runtime = load_pair(spec)
     kind = spec.drafter.kind
-    engine = SpeculativeEngine(runtime.target.model, runtime.drafter_of(kind)[0], runtime.eos_token_ids, runtime.block_plan)
+    engine = runtime.engine  # the drafter a run drives: prompt lookup first where the pair puts it there
     encoded = [encode_prompt(runtime.tokenizer, item.text, raw) for item in items]
     check_fit(items, encoded, engine.context_length)
     holds = engine.context_length
@@ -137,15 +149,18 @@ def predict_command(
     with _progress(console, len(measured_rules) + 1) as report:
         sampled = sample(engine, runs, max(ks), measured_rules, max_new_tokens, sampling, seed, report)
     alphas = _alphas(alpha, accept, sampled if prompts is not None else None, differ)
-    per_rule = {rule: predict(value, sampled.c, verify_costs) for rule, (value, _) in alphas.items()}
+    rounds = sampled.round_costs()
+    curve = round_curve(verify_costs, rounds)
+    per_rule = {rule: predict(value, sampled.c / rounds.plain, curve) for rule, (value, _) in alphas.items()}
 
     failed = False
-    title = f"{spec.name} · {kind} · {cached} cached tokens"
+    title = f"{spec.name} · {runtime.drafter.name} · {cached} cached tokens"
     if plot:
         from ..measure.plot import plot_prediction
 
         failed = not write_output("--plot", plot, lambda: plot_prediction(per_rule, {r: a for r, (a, _) in alphas.items()}, plot, title))
-    result = _as_json(spec.name, kind, cached, temperature, sampled, prompts is not None, verify_costs, alphas, per_rule, differ)
+    result = _as_json(spec.name, runtime.drafter.name, cached, temperature, sampled, prompts is not None, verify_costs, rounds,
+                      alphas, per_rule, differ)
     result["computed_by"] = runtime.target.computed_by()
     if json_out:
         print(json.dumps(result, ensure_ascii=False))
@@ -182,9 +197,10 @@ def _context(given: int | None, encoded: list[list[int]], max_new_tokens: int, h
 
 def _verify_curve(runtime, cached: int, ks: list[int]) -> dict[int, float]:
     """A block of K + 1 rows over one row, each run at the length the pair's padding plan runs it at.
-    Timed afresh, fastest of VERIFY_REPS: a prediction is of this machine now, and the padding plan's
-    kept costs (fastest of 5, taken once) may have met a busy moment."""
-    from ..decoding.blocks import MEASURE_TRIES, disturbed, relative_costs, time_blocks
+    Timed afresh, each length's seconds over one row's within a pass and the median across
+    VERIFY_REPS passes: a prediction is of this machine now, and a machine's speed drifts between
+    passes (blocks.pass_ratios)."""
+    from ..decoding.blocks import MEASURE_TRIES, block_passes, disturbed, pass_ratios
     from ..decoding.kv import input_device
 
     model = runtime.target.model
@@ -192,14 +208,15 @@ def _verify_curve(runtime, cached: int, ks: list[int]) -> dict[int, float]:
     if device != "cpu":
         raise UserError(f"predict times verify blocks on a CPU target; this one runs on {device}")
     for _ in range(MEASURE_TRIES):
-        costs = time_blocks(model, reps=VERIFY_REPS, context=cached)
-        if not disturbed(costs):
+        passes = block_passes(model, MOST_K + 1, VERIFY_REPS, cached)
+        if not disturbed({n: min(times[n] for times in passes) for n in passes[0]}):
             break
     else:
         raise UserError("the verify blocks' timings came out disordered three times (a busy machine): "
                         "run predict again when the machine is quieter")
-    relative = relative_costs(costs, runtime.block_plan)
-    return {value: relative[value] for value in ks}
+    ratios, plan = pass_ratios(passes), runtime.block_plan
+    one = ratios[plan.get(1, 1)]
+    return {value: ratios[plan.get(value + 1, value + 1)] / one for value in ks}
 
 
 def _alphas(given: float | None, rule: str, sampled, differ: bool) -> dict[str, tuple[float, str]]:
@@ -218,21 +235,23 @@ def _alphas(given: float | None, rule: str, sampled, differ: bool) -> dict[str, 
     return {rule: (given, "given"), other: (other_rule_alpha(given, rule), f"derived from {rule}'s")}
 
 
-def _as_json(pair, kind, cached, temperature, sampled, from_prompts, verify_costs, alphas, per_rule, differ) -> dict:
+def _as_json(pair, drafter, cached, temperature, sampled, from_prompts, verify_costs, rounds, alphas, per_rule, differ) -> dict:
     first = per_rule[EXACT]
     return {
         "pair": pair,
-        "drafter": kind,
+        "drafter": drafter,
         "context": cached,
         "temperature": temperature,
         "rules_differ": differ,
         "one_token_ms": round(sampled.one_token_s * 1000, 4),
         "c": round(sampled.c, 5),
         "verify_cost": {str(value): round(cost, 4) for value, cost in verify_costs.items()},
+        "rounds": {"plain": round(rounds.plain, 4), "k": rounds.top_k,
+                   "verify": None if rounds.top_verify is None else round(rounds.top_verify, 4), "other": round(rounds.other, 4)},
         "alpha": {rule: {"value": round(value, 4), "from": origin} for rule, (value, origin) in alphas.items()},
         "sampled": {"prompts": sampled.prompts, "k": sampled.k, "judged": {rule: counts.judged for rule, counts in sampled.counts.items()},
                     "plain_tokens_per_s": round(sampled.plain_tokens_per_s, 2)} if from_prompts else None,
-        "per_k": [{"k": p.k, "verify_cost": round(p.verify_cost, 4),
+        "per_k": [{"k": p.k, "verify_cost": round(verify_costs[p.k], 4), "round_cost": round(p.verify_cost, 4),
                    "break_even_alpha": None if p.break_even_alpha is None else round(p.break_even_alpha, 4),
                    "speedup": {rule: round(predictions[i].speedup, 4) for rule, predictions in per_rule.items()}}
                   for i, p in enumerate(first)],
@@ -251,6 +270,11 @@ def _print(result: dict, differ: bool) -> None:
     greedy = "greedy" if result["temperature"] == 0 else f"temperature {result['temperature']:g}"
     console.print(f"{result['pair']} · drafter {result['drafter']} · {result['context']} cached tokens · {greedy}")
     console.print(f"one target token {result['one_token_ms']:.2f} ms; a drafted token costs {result['c']:.3f} of that (c)")
+    rounds, timed = result["rounds"], result["verify_cost"][str(result["rounds"]["k"])]
+    paid = (f"a round at K={rounds['k']} verified in {rounds['verify']:.2f} (timed alone {timed:.2f})" if rounds["verify"] is not None
+            else f"no round drafted {rounds['k']} (the timed curve stands)")
+    console.print(f"a plain round {rounds['plain']:.2f} of that; {paid}; a round's books {rounds['other']:.2f}: "
+                  "`round` is the timed curve scaled to the rounds, over a plain round")
     for rule in rules:
         figure = result["alpha"][rule]
         where = figure["from"]
@@ -263,13 +287,13 @@ def _print(result: dict, differ: bool) -> None:
         both = "" if differ else f"; {'greedy' if result['temperature'] == 0 else 'one-hot drafts'}: the same under both rules"
         console.print(f"α {figure['value']:.3f} under {rule}, {where}{both}")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("K", "verify", "break-even α", *(f"speed-up {rule}" if differ else "speed-up" for rule in rules), ""):
+    for column in ("K", "verify", "round", "break-even α", *(f"speed-up {rule}" if differ else "speed-up" for rule in rules), ""):
         table.add_column(column, justify="left" if not column else "right")
     top = max(row["speedup"][EXACT] for row in result["per_k"])
     for row in result["per_k"]:
         even = row["break_even_alpha"]
         speeds = [row["speedup"][rule] for rule in rules]
-        table.add_row(str(row["k"]), f"{row['verify_cost']:.2f}", "never" if even is None else f"{even:.2f}",
+        table.add_row(str(row["k"]), f"{row['verify_cost']:.2f}", f"{row['round_cost']:.2f}", "never" if even is None else f"{even:.2f}",
                       *(f"{s:.2f}×" for s in speeds), _bar(speeds[0], top))
     console.print(table)
     for rule in rules:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -81,20 +82,36 @@ def time_blocks(model: PreTrainedModel, lengths: int = MEASURED_LENGTHS, reps: i
                 context: int = SHORT_CONTEXT) -> dict[int, float]:
     """Seconds of a forward of n tokens over a cached context, for n = 1..lengths, interleaved: the
     fastest of ``reps``, since other work on the machine only ever adds time."""
+    passes = block_passes(model, lengths, reps, context)
+    return {n: min(times[n] for times in passes) for n in passes[0]}
+
+
+def pass_ratios(passes: list[dict[int, float]]) -> dict[int, float]:
+    """Each length's seconds over one token's, taken within each pass and the median across passes:
+    a machine whose speed drifts between passes (clocks, neighbours) moves a pass's lengths alike, so
+    the ratios hold where each length's fastest, taken from different passes, would not."""
+    return {n: statistics.median(times[n] / times[1] for times in passes) for n in passes[0]}
+
+
+def block_passes(model: PreTrainedModel, lengths: int, reps: int, context: int) -> list[dict[int, float]]:
+    """``reps`` passes, each timing a forward of every length 1..lengths over ``context`` cached
+    tokens, one after the other; a first pass warms every shape up and is left out."""
     device = input_device(model)
     vocab = model.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
     cache = reserved_cache(model.config)  # as the engine's
     model(torch.randint(vocab, (1, context), generator=generator).to(device), cache=cache, logits_to_keep=1)
-    times: dict[int, list[float]] = {n: [] for n in range(1, lengths + 1)}
-    for _ in range(reps + 1):  # the first pass warms every shape up and is not counted
-        for n in times:
+    passes = []
+    for _ in range(reps + 1):
+        times = {}
+        for n in range(1, lengths + 1):
             block = torch.randint(vocab, (1, n), generator=generator).to(device)
             started = time.perf_counter()
             model(block, cache=cache, use_cache=True, logits_to_keep=n)
-            times[n].append(time.perf_counter() - started)
+            times[n] = time.perf_counter() - started
             crop_cache(cache, context)
-    return {n: min(samples[1:]) for n, samples in times.items()}
+        passes.append(times)
+    return passes[1:]
 
 
 def disturbed(costs: dict[int, float]) -> bool:

@@ -15,7 +15,7 @@ from ..decoding.rules import AcceptRule
 from ..errors import UserError
 from ..serving.stats import percentile
 from .interleaved import run_interleaved
-from .prediction import cost_per_token
+from .prediction import RoundCosts, cost_per_token
 
 
 @dataclass
@@ -28,6 +28,7 @@ class Sample:
     counts: dict[str, RoundCounts] = field(default_factory=dict)  # rule → the K rounds' sums
     plain: RoundCounts = field(default_factory=RoundCounts)
     one_token_s: float = 0.0  # median seconds of a plain round's verify forward
+    top_verify_s: float = 0.0  # median seconds of the verify forward of a round that drafted K
     plain_s: float = 0.0  # wall seconds of the plain answers
 
     def alpha(self, rule: str) -> float | None:
@@ -39,6 +40,17 @@ class Sample:
         draft_s = sum(counts.draft_s for counts in self.counts.values())
         drafted = sum(counts.drafted for counts in self.counts.values())
         return cost_per_token(draft_s, drafted, self.one_token_s)
+
+    def round_costs(self) -> RoundCosts:
+        """What the plain rounds and the rounds at K paid, in one-token forwards: verify forwards by
+        their median (a busy moment's spikes left out), bookkeeping by its mean."""
+        spec = RoundCounts()
+        for counts in self.counts.values():
+            spec.merge(counts)
+        unit, plain = self.one_token_s, self.plain
+        return RoundCosts(plain=1.0 + plain.other_s / plain.rounds / unit, top_k=self.k,
+                          top_verify=self.top_verify_s / unit if self.top_verify_s else None,
+                          other=spec.other_s / spec.rounds / unit)
 
     @property
     def plain_tokens_per_s(self) -> float:
@@ -52,6 +64,7 @@ def sample(engine: SpeculativeEngine, prompts: list[list[int]], k: int, rules: l
         raise UserError("no prompts to sample acceptance from")
     result = Sample(len(prompts), k, {str(rule): RoundCounts() for rule in rules})
     verify_times: list[float] = []
+    top_times: list[float] = []  # rounds that drafted K: lookup drafts fewer where its match is short
 
     def run(ids: list[int], arm: tuple[int, AcceptRule]) -> None:
         arm_k, rule = arm
@@ -63,6 +76,8 @@ def sample(engine: SpeculativeEngine, prompts: list[list[int]], k: int, rules: l
             counts.add(event)
             if arm_k == 0:
                 verify_times.append(event.verify_s)
+            elif len(event.drafted) == arm_k:
+                top_times.append(event.verify_s)
         if arm_k == 0:
             result.plain_s += wall_s
 
@@ -73,4 +88,5 @@ def sample(engine: SpeculativeEngine, prompts: list[list[int]], k: int, rules: l
     arms = [(0, AcceptRule())] + [(k, rule) for rule in rules]
     run_interleaved(prompts, arms, run, warm_up, progress)
     result.one_token_s = percentile(verify_times, 50) or 0.0
+    result.top_verify_s = percentile(top_times, 50) or 0.0
     return result

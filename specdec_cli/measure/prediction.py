@@ -67,6 +67,42 @@ def chosen(predictions: list[KPrediction]) -> Verdict:
     return choose({p.k: p.speedup for p in predictions})
 
 
+@dataclass(frozen=True)
+class RoundCosts:
+    """What the sampled rounds paid, in one-token target forwards (the plain rounds' median verify):
+    a plain round whole (its verify and bookkeeping), the verify of a round that drafted ``top_k``,
+    and a speculative round's bookkeeping (cache crop, features, the schedule)."""
+
+    plain: float
+    top_k: int
+    top_verify: float | None  # None: no sampled round drafted top_k (lookup found no long match)
+    other: float
+
+
+def round_curve(timed: dict[int, float], rounds: RoundCosts) -> dict[int, float]:
+    """Per K, a speculative round's cost without its drafts, over a plain round's: the timed verify
+    curve's shape (how a block's cost grows with its rows, in a tight loop) anchored at what the
+    sampled rounds paid for one row and for ``top_k`` + 1 rows (in a run, between drafts and
+    bookkeeping, a forward costs what a tight loop does not show), plus the round's bookkeeping.
+    Where no round drafted ``top_k``, the timed curve stands as it is."""
+    rise = timed[rounds.top_k] - 1.0
+    paid = rise if rounds.top_verify is None else rounds.top_verify - 1.0
+    curve = {}
+    for k, cost in timed.items():
+        share = (cost - 1.0) / rise if rise > 1e-9 else k / rounds.top_k
+        curve[k] = (1.0 + share * paid + rounds.other) / rounds.plain
+    return curve
+
+
+def spread(items: list, count: int) -> list:
+    """``count`` of ``items`` taken at even steps from the first: a sample that reaches every part of
+    a file sorted by scenario, where its first lines would all be one scenario."""
+    if count >= len(items):
+        return list(items)
+    step = len(items) / count
+    return [items[int(i * step)] for i in range(count)]
+
+
 def typical_context(prompt_lengths: list[int], max_new_tokens: int, least: int, most: int) -> int:
     """The cached tokens a verify block attends over, on average, while these prompts are answered:
     the mean prompt plus half an answer, rounded to a power of two (so that block costs measured once
