@@ -20,6 +20,7 @@ from ..pairs.free_kinds import FREE_KINDS
 from ..pairs.registry import HEAD, MODEL, STORE, PairSpec
 from ..measure.mode_kinds import modes_help
 from ..prompts import read_file
+from .bench_batch import BATCH_HELP, batch_output, batch_sizes, check_modes
 from .engine_bench import engine_bench
 from .common import (
     ConcurrencyOption,
@@ -62,7 +63,7 @@ COLUMNS = [
     ("mean K", "mean_k"), ("drafted", "mean_drafted"), ("nodes", "mean_nodes"),
 ]
 # Parameters one branch of the command reads and the other does not: given to the other, refused.
-LOOP_ONLY = ("temperature", "seed", "dtype", "profile", "samples", "accept")
+LOOP_ONLY = ("temperature", "seed", "dtype", "profile", "samples", "accept", "batch")
 ENGINE_ONLY = ("concurrency", "rate", "repeats", "slo", "plot", "port", "requests", "loop_modes")
 ONLY_WHEN_MEASURED = {"mean_k", "mean_drafted", "mean_nodes"}  # auto's alone: a column of dashes for every other mode says nothing
 # Every mode, from the one list of them (measure/mode_kinds.py; the free drafters' from their table).
@@ -90,6 +91,7 @@ def bench_command(
     threads: ThreadsOption = None,
     samples: Annotated[int, typer.Option("--samples", metavar="S", help="Runs per prompt and mode, with seeds seed, seed+1, … shared by all modes (paired).")] = 1,
     accept: AcceptOption = "exact",
+    batch: Annotated[Optional[str], typer.Option("--batch", metavar="N,N,...", help=BATCH_HELP)] = None,
     engine: Annotated[Optional[str], typer.Option("--engine", metavar="ENGINE", help="Benchmark a serving engine instead of this loop, one server per --modes entry, stopped at the end (docs/engines.md). 'vllm' from vLLM's own environment (`bash install.sh vllm`): vllm-plain, vllm-ngram:K, vllm-draft:K, vllm-eagle3:K with the pair's head exported once, vllm-config:FILE with a --speculative-config JSON such as `specdec export --out` writes; default vllm-plain,vllm-ngram:4. 'llama.cpp' serves the pair's GGUF itself with the server `bash install.sh llama.cpp` builds: llama-plain, llama-ngram:K (ngram-mod, the type that drafted best here), llama-ngram-simple:K, llama-ngram-map-k:K, llama-ngram-mod:K, llama-ngram-cache:K, llama-draft:K (the pair's draft model converted to GGUF once), llama-eagle3:K (the pair's head exported for llama.cpp's EAGLE-3 layer and converted once); default llama-plain,llama-ngram:4.")] = None,
     server: Annotated[Optional[str], typer.Option("--server", metavar="URL", help="Benchmark an OpenAI-compatible server already running at URL (API key from $SPECDEC_API_KEY, never printed).")] = None,
     reference: Annotated[Optional[str], typer.Option("--reference", metavar="URL", help="With --server: the plain server it is compared with (the gain's denominator).")] = None,
@@ -109,6 +111,9 @@ def bench_command(
     measured acceptance, draft cost and verify cost next to the measured one. Mode auto reads the
     calibration profile (--profile) to start from; without one it starts from the pair's K.
 
+    With --batch 1,2,4,8,16 it measures this loop's batches instead: every prompt as one job per batch
+    size and mode, the gain over plain at each size, the K table by batch size and the break-even size.
+
     With --engine vllm|llama.cpp (or --server URL) it benchmarks a serving engine under concurrency
     instead: per mode and level request throughput, output tok/s, TTFT, TPOT, ITL and end-to-end
     latency (p50/p90/p99, as `vllm bench serve` defines them), failures, acceptance from the
@@ -121,6 +126,7 @@ def bench_command(
     check_count("--max-new-tokens", max_new_tokens, 1)
     check_threads(threads)
     if engine or server or reference:  # a serving engine under load: commands/engine_bench.py
+        refuse_given(("batch",), "measures this loop's batches; a serving engine's bench takes --concurrency N,N,...")
         refuse_given(LOOP_ONLY, "applies to this loop's bench, not to a serving engine's (--engine, --server)")
         if not engine:
             refuse_given(("port", "loop_modes"), "applies to the servers --engine starts, not to one at --server")
@@ -134,6 +140,7 @@ def bench_command(
     check_sampling_options(temperature, 0, 1.0)
     check_count("--samples", samples, 1)
     check_seed(seed, samples, f"--samples {samples}")
+    sizes = batch_sizes(batch, samples, accept)
     rule = accept_rule(accept)
     if markdown:
         check_writable(markdown, "--markdown", ours=own_files.markdown_page)
@@ -145,7 +152,11 @@ def bench_command(
     from ..pairs import manifest
 
     sampling = sampling_params(temperature, 0, 1.0)
-    chosen = loop_bench.with_rule(loop_bench.parse_modes(modes or _default_modes(spec)), rule)
+    chosen = loop_bench.with_rule(loop_bench.parse_modes(modes or _default_modes(spec, bool(sizes))), rule)
+    if sizes:
+        from ..measure import batch_bench
+
+        check_modes(chosen)
     console = stderr_console()
     lossy_modes = [m for m in chosen if not m.rule.lossless]
     if lossy_modes and rule.lossless:  # --accept already said so
@@ -157,9 +168,13 @@ def bench_command(
         console.print(f"specdec: {watcher.seeded()}", soft_wrap=True)
     interrupt.now("benchmarking", "nothing was written: the tables and --markdown come at the end")
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task("benchmarking", total=len(items) * len(chosen) * samples)
-        runtime, result = loop_bench.bench_pair(spec, chosen, items, max_new_tokens, sampling, seed, watcher, samples,
-                                                lambda: progress.advance(task))
+        task = progress.add_task("benchmarking", total=len(items) * len(chosen) * (len(sizes) if sizes else samples))
+        if sizes:  # every prompt as one job per size and mode: measure/batch_bench.py
+            runtime, result = batch_bench.bench_pair(spec, chosen, items, max_new_tokens, sampling, seed, watcher, sizes,
+                                                     lambda: progress.advance(task))
+        else:
+            runtime, result = loop_bench.bench_pair(spec, chosen, items, max_new_tokens, sampling, seed, watcher,
+                                                    samples, lambda: progress.advance(task))
     result["manifest"] = {
         **invocation("bench"),
         "pair": spec.name,
@@ -176,6 +191,10 @@ def bench_command(
     }
     if watcher:  # what seeded auto: a profile file, or (None) the pair's K
         result["manifest"]["profile"] = str(watcher.path) if watcher.profile else None
+    if sizes:
+        result["manifest"]["batch_sizes"] = sizes
+        return batch_output(result, json_out, markdown, f"{spec.name}: {len(items)} prompts, {max_new_tokens} new tokens",
+                            sampling.greedy, markdown_page)
     slowed = {mode: f["fallback_forwards"] for mode, f in result["modes"].items() if f.get("fallback_forwards")}
     if slowed:  # a slowdown the speeds alone do not explain
         warning_line("target forwards ran transformers' forward instead of the lean int8/int4 one (slower): "
@@ -199,10 +218,12 @@ def bench_command(
         raise typer.Exit(WRITE_FAILED)
 
 
-def _default_modes(pair: PairSpec) -> str:
-    """Plain and n-gram modes always; the model and head modes for each such drafter the pair has."""
+def _default_modes(pair: PairSpec, batch: bool = False) -> str:
+    """Plain and n-gram modes always; the model and head modes for each such drafter the pair has.
+    ``batch`` (--batch): this loop's alone, and auto, whose controller turns drafting down as a batch fills."""
     extra = {MODEL: ",spec:4,hf-assisted:4", HEAD: ",head:4"}
-    return "plain,hf-plain,ngram:4,hf-lookup:4" + "".join(extra[kind] for kind in extra if pair.alternate(kind))
+    modes = "plain,hf-plain,ngram:4,hf-lookup:4" + "".join(extra[kind] for kind in extra if pair.alternate(kind))
+    return ",".join([m for m in modes.split(",") if not m.startswith("hf-")] + ["auto"]) if batch else modes
 
 
 def _drafter_entry(runtime: LoadedPair, kind: str):
@@ -258,16 +279,19 @@ def lossy_table(report: dict) -> Table:
 
 
 def markdown_page(result: dict) -> str:
-    from ..measure import lossy
+    from ..measure import batch_figures, lossy
 
     meta = result["manifest"]
     lines = [own_files.BENCH_TITLE, "", f"Made with `{meta['command']}` on {meta['date']}.", ""]
-    for scope, by_mode in [("all prompts", result["modes"])] + [(f"scenario `{s}`", m) for s, m in result["scenarios"].items()]:
+    scopes = [("all prompts", result["modes"])] + [(f"scenario `{s}`", m) for s, m in result["scenarios"].items()] \
+        if "modes" in result else []  # --batch: its own section alone
+    for scope, by_mode in scopes:
         columns = _columns(by_mode)
         lines += [f"## {scope}", "", "| mode | " + " | ".join(h for h, _ in columns) + " |",
                   "|---" * (len(columns) + 1) + "|"]
         lines += [f"| {mode} | " + " | ".join(_cell(k, f.get(k)) for _, k in columns) + " |" for mode, f in by_mode.items()]
         lines.append("")
+    lines += batch_figures.markdown_section(result["batch"]) if "batch" in result else []
     lines += lossy.markdown_section(result.get("lossy", {}))
     lines += ["## Manifest", "", "```json", json.dumps(meta, indent=2), "```", ""]
     return "\n".join(lines)

@@ -143,8 +143,23 @@ class Bench:
     samples: int = 1  # runs per prompt and mode, seeds seed .. seed + samples - 1
 
     def runner(self, mode: Mode) -> Callable[[list[int], Prompt, int], Sample]:
-        """A fresh runner: for auto, a fresh controller that has learnt nothing yet; every drafter
-        that learns as it runs (token recycling, the suffix memory) new as well."""
+        """A fresh runner: this loop's modes on a fresh engine (``engine_for``), transformers' on its generate."""
+        if mode.kind in engine_kinds():
+            engine, k_for = self.engine_for(mode)
+            return lambda ids, prompt, seed: self._run_engine(engine, k_for(prompt), ids, prompt, seed, mode.rule)
+        kwargs = {}
+        if mode.kind == "hf-assisted":
+            # A constant schedule and no confidence cut-off: K drafts every round, like spec:K.
+            kwargs = dict(assistant_model=self._drafter(mode)[1].model, num_assistant_tokens=mode.k,
+                          num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+        elif mode.kind == "hf-lookup":
+            kwargs = dict(prompt_lookup_num_tokens=mode.k, max_matching_ngram_size=NgramDrafter().max_ngram)
+        return lambda ids, prompt, seed: self._run_hf(kwargs, ids, prompt, seed)
+
+    def engine_for(self, mode: Mode) -> tuple[SpeculativeEngine, Callable[[Prompt], int | KSchedule]]:
+        """One of this loop's modes as a fresh engine and each prompt's K: the mode's own, or for auto
+        a schedule of a fresh controller that has learnt nothing yet (as `generate -k auto` gives each
+        prompt); every drafter that learns as it runs (token recycling, the suffix memory) new as well."""
         if mode.kind in AUTO_KINDS:
             pair = self.runtime.pair
             kinds = tuple(kind for kind in free_kinds_of(mode.kind, pair.drafter.beside) if pair.alternate(kind) is not None)
@@ -154,28 +169,16 @@ class Bench:
                 raise UserError(f"mode {mode} needs a pair drafted by its head; "
                                 f"pair {self.runtime.pair.name!r} drafts with {self.runtime.pair.drafter.kind!r}")
             controller = self.runtime.controller(self.profile, trees, gating=mode.kind != "auto-ungated")
-            return lambda ids, prompt, seed: self._run_engine(engine, controller.schedule(prompt.scenario), ids, prompt,
-                                                              seed, mode.rule)
-        if mode.kind in engine_kinds():
-            drafter = None
-            if mode.drafter_kind in FREE_KINDS:
-                drafter = free_drafter(self._spec(mode),
-                                       self.runtime.target.model.config.get_text_config().vocab_size)
-            elif mode.drafter_kind in (MODEL, HEAD):
-                # The pair's model or head as it is (a ModelDrafter keeps its trained output layer),
-                # with prompt lookup first exactly when the mode says so.
-                drafter = composed(self._drafter(mode)[0], mode.kind.startswith("ngram+"), mode.kind in TREE_KINDS)
-            engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.eos_token_ids,
-                                       self.runtime.block_plan)
-            return lambda ids, prompt, seed: self._run_engine(engine, mode.k, ids, prompt, seed, mode.rule)
-        kwargs = {}
-        if mode.kind == "hf-assisted":
-            # A constant schedule and no confidence cut-off: K drafts every round, like spec:K.
-            kwargs = dict(assistant_model=self._drafter(mode)[1].model, num_assistant_tokens=mode.k,
-                          num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
-        elif mode.kind == "hf-lookup":
-            kwargs = dict(prompt_lookup_num_tokens=mode.k, max_matching_ngram_size=NgramDrafter().max_ngram)
-        return lambda ids, prompt, seed: self._run_hf(kwargs, ids, prompt, seed)
+            return engine, lambda prompt: controller.schedule(prompt.scenario)
+        drafter = None
+        if mode.drafter_kind in FREE_KINDS:
+            drafter = free_drafter(self._spec(mode), self.runtime.target.model.config.get_text_config().vocab_size)
+        elif mode.drafter_kind in (MODEL, HEAD):
+            # The pair's model or head as it is (a ModelDrafter keeps its trained output layer),
+            # with prompt lookup first exactly when the mode says so.
+            drafter = composed(self._drafter(mode)[0], mode.kind.startswith("ngram+"), mode.kind in TREE_KINDS)
+        engine = SpeculativeEngine(self.runtime.target.model, drafter, self.runtime.eos_token_ids, self.runtime.block_plan)
+        return engine, lambda prompt: mode.k
 
     def _drafter(self, mode: Mode):
         """The pair's drafter for a spec, hf-assisted or head mode, refused in the mode's words."""
