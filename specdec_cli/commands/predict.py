@@ -200,7 +200,7 @@ def _verify_curve(runtime, cached: int, ks: list[int]) -> dict[int, float]:
     Timed afresh, each length's seconds over one row's within a pass and the median across
     VERIFY_REPS passes: a prediction is of this machine now, and a machine's speed drifts between
     passes (blocks.pass_ratios)."""
-    from ..decoding.blocks import MEASURE_TRIES, block_passes, disturbed, pass_ratios
+    from ..decoding.blocks import MEASURE_TRIES, block_passes, disturbed, fastest, pass_ratios
     from ..decoding.kv import input_device
 
     model = runtime.target.model
@@ -209,7 +209,7 @@ def _verify_curve(runtime, cached: int, ks: list[int]) -> dict[int, float]:
         raise UserError(f"predict times verify blocks on a CPU target; this one runs on {device}")
     for _ in range(MEASURE_TRIES):
         passes = block_passes(model, MOST_K + 1, VERIFY_REPS, cached)
-        if not disturbed({n: min(times[n] for times in passes) for n in passes[0]}):
+        if not disturbed(fastest(passes)):
             break
     else:
         raise UserError("the verify blocks' timings came out disordered three times (a busy machine): "

@@ -82,7 +82,11 @@ def time_blocks(model: PreTrainedModel, lengths: int = MEASURED_LENGTHS, reps: i
                 context: int = SHORT_CONTEXT) -> dict[int, float]:
     """Seconds of a forward of n tokens over a cached context, for n = 1..lengths, interleaved: the
     fastest of ``reps``, since other work on the machine only ever adds time."""
-    passes = block_passes(model, lengths, reps, context)
+    return fastest(block_passes(model, lengths, reps, context))
+
+
+def fastest(passes: list[dict[int, float]]) -> dict[int, float]:
+    """Each length's fastest seconds over the passes: other work on the machine only ever adds time."""
     return {n: min(times[n] for times in passes) for n in passes[0]}
 
 
