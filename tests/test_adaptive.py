@@ -312,3 +312,17 @@ def test_finding_the_free_drafters_drafts_is_charged_to_every_round_not_to_the_d
     schedule.observe(round_)
     assert schedule.standings["head"].draft_s_per_token == pytest.approx(0.001)  # (5 ms − 3 ms) / 2 drafts
     assert schedule.other_s == pytest.approx(0.004)
+
+
+def test_a_shared_forward_that_drafted_nothing_leaves_the_standings_as_they_were():
+    """Verify costs rise with the context here (context_cost), past where drafting pays: a round of
+    the answer's own forward re-weighs and turns speculation off; one in a shared forward that
+    drafted nothing tells nothing new, and leaves it on until a round that drafts."""
+    costs = {k: 0.01 for k in range(1, 9)}  # seconds each cached token adds to a block of K drafts
+    for batch, off in ((4, False), (1, True)):
+        schedule = AdaptiveK(Prior(2, 0.6, 0.01, COSTS), context_cost={0: 0.0, **costs})
+        drive(schedule, 0.6, 20, random.Random(2))
+        assert not schedule.off
+        schedule.context(50)
+        schedule.observe(replace(event(0, 0), batch=batch, cached=50))
+        assert schedule.off is off

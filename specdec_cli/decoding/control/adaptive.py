@@ -182,7 +182,11 @@ class AdaptiveK(KSchedule):
         probed = self.probing if event.asked else None
         if probed:
             self.probes += 1
-        self._decide(probed)
+        # A shared forward that drafted nothing tells nothing new of drafting or of verify costs (those
+        # are its own forwards', batch_rows.py prices shared rows): the standings stand until a round
+        # that does. In a full batch most rounds are such, and re-weighing each was a cost paid every round.
+        if event.asked or event.batch == 1:
+            self._decide(probed)
 
     def _decide(self, probed: str | None = None) -> None:
         plain = self.plain_rate()
