@@ -182,9 +182,9 @@ class AdaptiveK(KSchedule):
         probed = self.probing if event.asked else None
         if probed:
             self.probes += 1
-        # A shared forward that drafted nothing tells nothing new of drafting or of verify costs (those
-        # are its own forwards', batch_rows.py prices shared rows): the standings stand until a round
-        # that does. In a full batch most rounds are such, and re-weighing each was a cost paid every round.
+        # Re-weigh on new evidence only: a round that drafted, or one that ran its own forward. A shared
+        # forward's seconds are not this answer's block cost (batch_rows.py prices shared rows), and in
+        # a full batch most rounds share one and draft nothing.
         if event.asked or event.batch == 1:
             self._decide(probed)
 
