@@ -103,6 +103,28 @@ def test_a_quantised_targets_conversion_has_no_float_weights_until_one_is_loaded
     assert torch.equal(float_model.model.embed_tokens.weight, model.model.embed_tokens.weight)
 
 
+def test_the_conversion_reads_the_files_metadata_once_and_leaves_transformers_as_it_was(tiny_gguf, tmp_path, monkeypatch):
+    """transformers' config and AutoTokenizer each parse the whole metadata (gguf's reader); one parse serves both."""
+    import gguf
+    from transformers import AutoConfig, modeling_gguf_pytorch_utils
+
+    parsed = []
+
+    class Counted(gguf.GGUFReader):
+        def __init__(self, path, *args, **kwargs):
+            parsed.append(Path(path).name)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
+    read = modeling_gguf_pytorch_utils.load_gguf_checkpoint
+    conversion._convert(ModelSource.parse(str(tiny_gguf)), str(tiny_gguf.parent), tiny_gguf.name, tmp_path)
+    assert parsed == [tiny_gguf.name]
+    assert (tmp_path / "config.json").exists() and (tmp_path / "tokenizer.json").exists()
+    assert modeling_gguf_pytorch_utils.load_gguf_checkpoint is read
+    AutoConfig.from_pretrained(str(tiny_gguf.parent), gguf_file=tiny_gguf.name)  # outside the block: its own parse
+    assert parsed == [tiny_gguf.name] * 2
+
+
 def test_progress_says_layers_done_and_the_time_left_at_the_rate_since_the_first(caplog):
     now = [0.0]
     progress = layerwise.Progress("preparing the int4 target", clock=lambda: now[0])

@@ -14,12 +14,13 @@ made again. A conversion written before the digests existed has none, and is rea
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
 import os
 import shutil
-from contextlib import redirect_stderr
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 
 import torch
@@ -144,7 +145,7 @@ def _convert(source: ModelSource, directory: str, gguf_file: str, into: Path) ->
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
-        with redirect_stderr(io.StringIO()):
+        with redirect_stderr(io.StringIO()), metadata_read_once():
             tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
             config = AutoConfig.from_pretrained(directory, gguf_file=gguf_file)
     except (OSError, ValueError) as exc:
@@ -155,6 +156,30 @@ def _convert(source: ModelSource, directory: str, gguf_file: str, into: Path) ->
     model.config.save_pretrained(into)
     model.generation_config.save_pretrained(into)
     tokenizer.save_pretrained(into)
+
+
+@contextmanager
+def metadata_read_once():
+    """Within the block, transformers reads a GGUF's metadata once. Its config and AutoTokenizer (for
+    the tokenizer's class) each read all of it through gguf's reader, every vocabulary string
+    included: most of a first run on a 262,144-token vocabulary (docs/performance.md). Each reader
+    gets its own copy, as it got its own parse; a read of the tensors is not kept."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_loading
+
+    read, kept = gguf_loading.load_gguf_checkpoint, {}
+
+    def once(path, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:
+            return read(path, return_tensors, **kwargs)
+        if path not in kept:
+            kept[path] = read(path)
+        return copy.deepcopy(kept[path])
+
+    gguf_loading.load_gguf_checkpoint = once
+    try:
+        yield
+    finally:
+        gguf_loading.load_gguf_checkpoint = read
 
 
 def _float_weights(source: ModelSource, directory: str, gguf_file: str, into: Path) -> None:
