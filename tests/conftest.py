@@ -5,12 +5,15 @@ The tests have a specdec cache of their own, so that no test writes into the use
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from specdec_cli.pairs.cache_dir import cache_root
+from specdec_cli.runtime import kernel_checksum, native_kernels
 from specdec_cli.serving import environment
 
 TEST_CACHE = "SPECDEC_TEST_CACHE"  # where the tests keep their cache; the project's .test-cache/ if unset
@@ -25,16 +28,32 @@ def pytest_configure(config):
     environment and llama.cpp's build stay where ``install.sh test`` built them, in the user's cache."""
     os.environ.setdefault(environment.ENV_VAR, str(environment.vllm_env()))
     os.environ.setdefault(environment.LLAMA_CPP_VAR, str(environment.llama_directory()))
+    users = None if os.environ.get("SPECDEC_KERNELS") else native_kernels.library_path(cache_root())
     root = os.environ.setdefault(TEST_CACHE, str(PROJECT_CACHE))  # a nested run shares it
     os.makedirs(root, exist_ok=True)
     os.environ["SPECDEC_CACHE"] = root
     os.environ.setdefault("SPECDEC_KERNELS", os.path.join(root, "kernels"))  # compiled once, for tests with caches of their own
+    if users is not None:
+        copy_kernels(users, native_kernels.library_path(Path(root)))
     for variable, name in (("XDG_CACHE_HOME", ".xdg-cache"), ("XDG_CONFIG_HOME", ".xdg-config")):
         os.environ[variable] = os.path.join(root, name)
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         # Workers share the cores: a torch thread waiting at a barrier for a descheduled one stalls
         # every small forward, so each worker computes on one thread.
         torch.set_num_threads(1)
+
+
+def copy_kernels(built: Path, kept: Path) -> None:
+    """The kernel library that ``install.sh`` compiled into the user's cache, copied (read there, never
+    written) to where the tests keep theirs when they have none: a compile is some 20 s of a clean
+    run's CPU. One that does not match its record is left alone, and the tests compile their own."""
+    if built == kept or kept.exists() or not built.exists() or kernel_checksum.damage(built):
+        return
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    record = kernel_checksum.record_path(built)
+    shutil.copyfile(record, kernel_checksum.record_path(kept))
+    shutil.copyfile(built, kept.with_suffix(".copying"))
+    os.replace(kept.with_suffix(".copying"), kept)  # the library last, whole: a load finds both or compiles
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +109,15 @@ def vllm_servers(tmp_path_factory):
     from engine_support import start_vllm_servers
 
     yield from start_vllm_servers(tmp_path_factory.mktemp("vllm-servers"))
+
+
+@pytest.fixture(scope="session")
+def eagle3_bench_killed(tmp_path_factory):
+    """The vLLM bench whose EAGLE-3 config-file server is killed mid-run (engine_support), read by a
+    faults test and an export test (both of the group ``vllm``, so on one worker)."""
+    from engine_support import eagle3_bench_killed_mid_run
+
+    return eagle3_bench_killed_mid_run(tmp_path_factory.mktemp("eagle3-bench"))
 
 
 @pytest.fixture

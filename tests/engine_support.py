@@ -20,7 +20,7 @@ import pytest
 
 from specdec_cli.errors import UserError
 from specdec_cli.serving import environment
-from specdec_cli.serving.server import group_members, log_directory, running_servers
+from specdec_cli.serving.server import free_port, group_members, log_directory, running_servers
 
 # Every module of real-server tests is slow, and one engine's tests run on one pytest-xdist worker:
 # the test run's vLLM servers are that worker's, and the llama.cpp tests count the llama-servers that
@@ -231,6 +231,39 @@ def exported_vllm_config(directory: Path) -> dict:
                                       "--from-bench", str(bench), "--out", str(out)])
     assert result.exit_code == 0, result.output
     return json.loads(out.read_text())
+
+
+@dataclass
+class KilledBench:
+    """What ``kill_mid_bench`` returned for the bench of ``eagle3_bench_killed_mid_run``, and its config-file mode."""
+
+    code: int
+    lines: list[str]
+    out: str
+    groups: dict
+    mode: str
+
+
+def eagle3_bench_killed_mid_run(directory: Path) -> KilledBench:
+    """One managed bench read by two tests (each vLLM start takes ~45 s of CPU here): vllm-plain and
+    vllm-config:FILE, FILE the shipped head exported as EAGLE-3 (`specdec export-head --format eagle3`),
+    at concurrency 1 and 4; the config file's server is killed while plain runs level 4."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+
+    require_vllm()
+    head = directory / "eagle3"
+    shipped = Path(__file__).resolve().parents[1] / "specdec_cli" / "trained" / "smollm2-135m-head"
+    result = CliRunner().invoke(app, ["export-head", str(shipped), "--format", "eagle3", "--out", str(head)])
+    assert result.exit_code == 0, result.output
+    config = directory / "eagle3.json"
+    config.write_text(json.dumps({"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}))
+    mode, port = f"vllm-config:{config}", free_port()
+    command = [sys.executable, "-m", "specdec_cli", "bench", "--engine", "vllm", "--prompts", str(write_prompts(directory)),
+               "--port", str(port), "--max-new-tokens", "32", "--threads", str(SERVER_THREADS), "--modes",
+               f"vllm-plain,{mode}", "--concurrency", "1,4", "--requests", "3", "--json"]
+    return KilledBench(*kill_mid_bench(command, port, ("vllm-plain", mode), "vllm-plain: concurrency 4", 600), mode)
 
 
 def start_vllm_servers(directory: Path):

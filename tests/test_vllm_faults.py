@@ -1,5 +1,5 @@
 """Managed vLLM servers, REAL ones: the bench starts vllm-plain and a server from a
---speculative-config file (`vllm-config:FILE`, as `specdec export --out` writes), one of them is
+--speculative-config file (`vllm-config:FILE`, here the shipped head exported as EAGLE-3), one of them is
 killed in the middle (levels done are written, exit 3); a busy port and a bad model directory (one
 error line naming the log, exit 2); in every case nothing left running. (specdec's own loop beside
 a managed bench: test_llama_engine.py.)"""
@@ -19,7 +19,7 @@ from specdec_cli.pairs.registry import load_registry
 from specdec_cli.serving.server import free_port
 
 from engine_support import (SERVER_THREADS, VLLM_SERVERS, assert_killed_run, assert_port_refused, busy_port, error_lines,
-                            kill_mid_bench, require_vllm, servers_on_port, specdec, write_prompts)
+                            require_vllm, servers_on_port, specdec, write_prompts)
 
 pytestmark = VLLM_SERVERS
 
@@ -36,19 +36,14 @@ def _bench(prompts: Path, port: int, *extra: str) -> list[str]:
             "--max-new-tokens", "16", "--threads", str(SERVER_THREADS), *extra]
 
 
-def test_a_config_file_servers_death_mid_bench_writes_the_levels_done_and_exits_3(tmp_path):
-    config = tmp_path / "spec.json"
-    config.write_text(json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
-                                  "prompt_lookup_max": 4}))
-    mode, port = f"vllm-config:{config}", free_port()
-    command = _bench(write_prompts(tmp_path), port, "--modes", f"vllm-plain,{mode}", "--concurrency", "1,4",
-                     "--requests", "3", "--json")
-    # the config file's server dies while plain runs level 4
-    code, lines, out, groups = kill_mid_bench(command, port, ("vllm-plain", mode), "vllm-plain: concurrency 4", TIMEOUT)
-    result = assert_killed_run(code, lines, out, groups, mode, f"the vLLM server for {mode} died")
-    assert result["modes"][mode]["1"]["acceptance"]["drafts"] > 0  # the copy prompts give n-grams to draft
+def test_a_config_file_servers_death_mid_bench_writes_the_levels_done_and_exits_3(eagle3_bench_killed):
+    """The config file (the shipped head as EAGLE-3, K 3) names a server that dies while plain runs level 4
+    (engine_support.eagle3_bench_killed_mid_run; test_export_vllm.py reads its drafts)."""
+    run = eagle3_bench_killed
+    result = assert_killed_run(run.code, run.lines, run.out, run.groups, run.mode, f"the vLLM server for {run.mode} died")
+    assert result["modes"][run.mode]["1"]["acceptance"]["drafts"] > 0
     assert result["modes"]["vllm-plain"]["1"]["acceptance"]["drafts"] == 0
-    arguments = result["manifest"]["engine"]["servers"][mode]["arguments"]
+    arguments = result["manifest"]["engine"]["servers"][run.mode]["arguments"]
     assert json.loads(arguments[arguments.index("--speculative-config") + 1])["num_speculative_tokens"] == 3
     assert result["k_table"] == {}  # a config file's K is not one of a fixed mode's
     assert "own_loop" not in result  # the own loop runs only after a bench that finished
