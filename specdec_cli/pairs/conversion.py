@@ -162,7 +162,7 @@ def _convert(source: ModelSource, directory: str, gguf_file: str, into: Path) ->
 def metadata_read_once():
     """Within the block, transformers reads a GGUF's metadata once. Its config and AutoTokenizer (for
     the tokenizer's class) each read all of it through gguf's reader, every vocabulary string
-    included: most of a first run on a 262,144-token vocabulary (docs/performance.md). Each reader
+    included: most of a first run on a 262,144-token vocabulary (docs/notebook.md). Each reader
     gets its own copy, as it got its own parse; a read of the tensors is not kept."""
     from transformers import modeling_gguf_pytorch_utils as gguf_loading
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import native_kernels
-from .rowwise_attention import native_answers, sdpa_rows, visible_keys
+from .rowwise_attention import native_answers, row_keys, sdpa_rows, visible_keys
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class LeanDecoder:
     def __init__(self, config, native: bool = False):
         """``native``: attend on specdec's attention op (the model's linears are on its kernels)."""
         self.kernels = native_kernels.bound() if native else None
+        self.cached_op = native  # answers' rows attend in the op that writes them into their caches (attend_cached)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.groups = self.heads // self.kv_heads
@@ -87,6 +88,9 @@ class LeanDecoder:
         q_and_k = self.heads + self.kv_heads
         qk = heads[:, :q_and_k]
         qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin
+        layers = self.roomy_layers(parts, index)
+        if layers is not None:
+            return self.attend_cached(qk, heads[:, q_and_k:], layers, parts)
         prompts, rowwise, start = {}, [], 0
         for i, part in enumerate(parts):
             end = start + part.count
@@ -106,6 +110,35 @@ class LeanDecoder:
             found = [prompts[i] if i in prompts else next(chunks) for i in range(len(parts))]
             attended = found[0] if len(found) == 1 else torch.cat(found)
         return attended
+
+    def roomy_layers(self, parts, index: int) -> list | None:
+        """Each part's cache layer ``index`` where the forward's rows can be written and attended in one
+        call of specdec's op: answers' rows (no prompt) on caches that reserve room (reserved_cache.py,
+        every cache the engine makes); else None, and each part is updated and attends as below."""
+        if not self.cached_op:
+            return None
+        layers = []
+        for part in parts:
+            layer = None if part.prompt or part.cache is None else part.cache.layers[index]
+            if getattr(layer, "planes", None) is None:
+                return None
+            layers.append(layer)
+        return layers
+
+    def attend_cached(self, qk, values, layers: list, parts) -> torch.Tensor:
+        """What the parts' cache updates and ``attend_answers`` compute, in one call of specdec's op
+        (attend_cached): in Python a part's slices, copies and views cost a batch more than its attention."""
+        cached = [layer.make_room(part.count) for layer, part in zip(layers, parts)]
+        counts, indices = [], []
+        for part, length in zip(parts, cached):
+            count, index = row_keys(part.seen, part.count, length + part.count)
+            counts.append(count)
+            indices.append(index)
+        out = self.kernels.attend_cached(qk[:, : self.heads], qk[:, self.heads :], values, [layer.planes[0] for layer in layers],
+                                         [layer.planes[1] for layer in layers], cached, counts, indices, self.scaling)
+        for layer, part, length in zip(layers, parts, cached):
+            layer.extend(length + part.count)
+        return out
 
     def attend_answers(self, answers: list) -> torch.Tensor:
         """Per answer (query [1, heads, rows, dim], its key, value, seen) -> every answer's [rows, heads,

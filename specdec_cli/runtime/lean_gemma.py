@@ -100,6 +100,7 @@ class LeanGemma2(LeanGemma):
     def __init__(self, model, dense=None):
         super().__init__(model, dense)
         self.attention_softcap = model.config.attn_logit_softcapping
+        self.cached_op = self.cached_op and self.attention_softcap is None  # soft-capped rows attend alone (below)
 
     def kind_rotary(self, kind: str):
         return self.rotary

@@ -250,7 +250,7 @@ def unpack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits:
 
 
 def op(name: str = "q8_matmul"):
-    """A loaded op itself (``q8_matmul`` or ``attend_rows``); a model on these kernels exists only
+    """A loaded op itself (``q8_matmul``, ``attend_rows`` or ``attend_cached``); a model on these kernels exists only
     once ``load`` succeeded."""
     if not loaded():
         raise Unavailable("specdec's kernels are not loaded (native_kernels.load)")
@@ -269,6 +269,7 @@ class Kernels:
 
     q8_matmul: object
     attend_rows_op: object
+    attend_cached_op: object
     avx512: bool
 
     def matmul(self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
@@ -281,11 +282,18 @@ class Kernels:
         [rows, heads, dim] one after another, in one call (rowwise_attention.py)."""
         return self.attend_rows_op(queries, keys, values, counts, indices, scaling, self.avx512)
 
+    def attend_cached(self, queries, keys, values, key_buffers, value_buffers, cached, counts, indices, scaling) -> torch.Tensor:
+        """``attend_rows`` for answers whose caches have room: every answer's new [rows, kv heads, dim] keys
+        and values (one after another, as its queries) written into its [kv heads, room, dim] buffers
+        after its ``cached`` positions, then each answer's rows against its buffers' positions so far."""
+        return self.attend_cached_op(queries, keys, values, key_buffers, value_buffers, cached, counts, indices, scaling,
+                                     self.avx512)
+
 
 @cache
 def bound() -> Kernels:
     """The loaded library's ops, bound once a process (``Unavailable`` before ``load``: not kept)."""
-    return Kernels(op("q8_matmul"), op("attend_rows"), avx512())
+    return Kernels(op("q8_matmul"), op("attend_rows"), op("attend_cached"), avx512())
 
 
 if __name__ == "__main__":  # install.sh: python3 -m specdec_cli.runtime.native_kernels CACHE

@@ -36,20 +36,32 @@ class ReservedLayer:
         self.values = torch.tensor([], dtype=value_states.dtype, device=self.device)
         self.is_initialized = True
         self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.planes: tuple[torch.Tensor, torch.Tensor] | None = None
         self.handed = (None, None)  # the views last made of the buffers: identity says they still are
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys, values = self.keys, self.values
-        length, new = self.get_seq_length(), key_states.shape[-2]
-        if not (keys is self.handed[0] and values is self.handed[1]) or length + new > self.buffers[0].shape[-2]:
-            self._reserve(length, length + new, (key_states, value_states))
+        new = key_states.shape[-2]
+        length = self.make_room(new, (key_states, value_states))
         key_buffer, value_buffer = self.buffers
         key_buffer.narrow(-2, length, new).copy_(key_states)
         value_buffer.narrow(-2, length, new).copy_(value_states)
-        self.keys, self.values = self.handed = key_buffer.narrow(-2, 0, length + new), value_buffer.narrow(-2, 0, length + new)
+        self.extend(length + new)
         return self.keys, self.values
+
+    def make_room(self, new: int, like: tuple[torch.Tensor, torch.Tensor] | None = None) -> int:
+        """Buffers with room for ``new`` positions after the cached ones, which they hold; the cached
+        count. ``like``: tensors of the buffers' shape, where the cached keys are none yet."""
+        length = self.get_seq_length()
+        if not (self.keys is self.handed[0] and self.values is self.handed[1]) or length + new > self.buffers[0].shape[-2]:
+            self._reserve(length, length + new, like or (self.keys, self.values))
+        return length
+
+    def extend(self, length: int) -> None:
+        """The cached positions are the buffers' first ``length``: those before, and new ones written in place."""
+        key_buffer, value_buffer = self.buffers
+        self.keys, self.values = self.handed = key_buffer.narrow(-2, 0, length), value_buffer.narrow(-2, 0, length)
 
     def get_seq_length(self) -> int:
         if not self.is_initialized or self.keys.numel() == 0:
@@ -77,6 +89,8 @@ class ReservedLayer:
             for buffer, t in zip(buffers, (self.keys, self.values)):
                 buffer.narrow(-2, 0, length).copy_(t)
         self.buffers = buffers
+        # [kv heads, room, dim], as specdec's attention op writes a batch of one's new positions (attend_cached)
+        self.planes = tuple(b[0] for b in buffers) if buffers[0].dim() == 4 and buffers[0].shape[0] == 1 else None
 
 
 class ReservedCache:
