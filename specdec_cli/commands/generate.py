@@ -54,7 +54,7 @@ from .common import (
     write_output,
 )
 
-DEFAULT_BATCH = 8  # piped prompts decoded at once (docs/performance.md, "Many prompts at once")
+DEFAULT_BATCH = 16  # piped prompts decoded at once: the most throughput here (docs/batching.md, "Measured")
 PROMPTS_FAILED = 1  # exit code: some prompts of the stream failed, each said on stderr (and in --json); the rest ran
 
 if TYPE_CHECKING:
