@@ -5,7 +5,9 @@ context × 46 KB for this project's target (30 layers, 3 KV heads), some 23 MB a
 a one-token forward of an int4 target (~80 MB of weights) feels. ``ReservedLayer`` writes only the
 new positions into a buffer with room to grow. A crop keeps prefix views of the buffers; keys
 replaced by anything else (a tree's kept path, gathered) seed new buffers on the next update. The
-attention kernels read the same values through a strided view, so results are unchanged.
+attention kernels read the same values through a strided view, so results are unchanged. On specdec's
+kernels a batch's forward writes every answer's new positions itself (``make_room``, the op
+attend_cached into ``planes``, ``extend``): one call a layer instead of a copy and views an answer.
 
 A target loaded for the lean forward alone (lean_model.py) is read by nothing of transformers, so
 its cache is ``ReservedCache``: DynamicCache's update, length and crop, on these layers, without
