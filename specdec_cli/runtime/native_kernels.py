@@ -155,7 +155,7 @@ def compiled(path: Path, damage: str | None) -> None:
     """Build the library at ``path``, then its checksum record. A ``damage``d library (kernel_checksum)
     is built again with one warning; where it cannot be, ``Unavailable`` carries both reasons, so
     the user reads one line either way."""
-    log.info(f"compiling specdec's int8 matmul kernel {'again' if damage else 'once'} (~10 s)")
+    log.info(f"compiling specdec's int8 matmul kernel {'again' if damage else 'once'} (~20 s)")
     try:
         kernel_checksum.write(path, build(path))
     except (Unavailable, OSError) as exc:  # OSError: a cache that cannot be written
