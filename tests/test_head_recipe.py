@@ -122,6 +122,30 @@ def test_fused_head_round_trips_and_is_refused_by_another_target(target, tmp_pat
         load_head(tmp_path, tiny_llama(seed=7), "other")
 
 
+def test_loading_a_head_reads_the_targets_output_table_once(target, tmp_path, monkeypatch):
+    """A quantised target's output table is de-quantised whole to be read: the check of the head's
+    target and the head's output rows share one read, and the check's fingerprint is unchanged."""
+    import specdec_cli.decoding.drafters.head as head_module
+    import specdec_cli.decoding.head_files as head_files
+
+    torch.manual_seed(9)
+    head = DraftHead(head_config(target), FUSED)
+    identity = target_identity(target, "tiny")
+    save_head(tmp_path, head, {"target": identity, "layer": head.config_dict})
+    reads = []
+
+    def counted(model):
+        reads.append(model)
+        return output_weight(model)
+
+    output_weight = head_files.output_weight
+    monkeypatch.setattr(head_files, "output_weight", counted)
+    monkeypatch.setattr(head_module, "output_weight", counted)
+    load_head(tmp_path, target, "tiny")
+    assert reads == [target]
+    assert target_identity(target, "tiny", output_weight(target)) == identity
+
+
 def test_a_format_1_head_reads_the_last_hidden_state(target, tmp_path):
     """Heads saved before fused features (no format, no feature_layers in their meta) still load."""
     torch.manual_seed(6)

@@ -55,16 +55,18 @@ def build_head(meta: dict, state: dict, directory, skeleton: bool = False) -> Dr
     return head
 
 
-def target_identity(model: PreTrainedModel, source) -> dict:
-    """The target a head belongs to: its source, and a hash of its shape and lm_head weight.
+def target_identity(model: PreTrainedModel, source, weight: torch.Tensor | None = None) -> dict:
+    """The target a head belongs to: its source, and a hash of its shape and lm_head weight;
+    ``weight``: the model's output_weight, where the caller holds it (a quantised table is
+    de-quantised whole to get it).
 
     The weight is hashed in bfloat16 so that the same target loaded in float32 or bfloat16 matches.
     """
     c = model.config.get_text_config()
     shape = {k: getattr(c, k, None) for k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")}
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode())
-    weight = output_weight(model).detach().to("cpu", torch.bfloat16).contiguous()
-    digest.update(weight.view(torch.int16).numpy().tobytes())
+    weight = (output_weight(model) if weight is None else weight).detach().to("cpu", torch.bfloat16).contiguous()
+    digest.update(weight.view(torch.int16).numpy())
     return {"source": str(source), "fingerprint": digest.hexdigest()[:16]}
 
 
@@ -76,9 +78,10 @@ def save_head(directory: str | Path, head: DraftHead, meta: dict) -> None:
     write_meta(directory, {**meta, "kind": "head", "format": FORMAT, "feature_layers": list(head.feature_layers)})
 
 
-def check_target(meta: dict, directory, target: PreTrainedModel, source) -> None:
-    """Refuse a head trained for another target: its features would mean nothing to it."""
-    mine = target_identity(target, source)
+def check_target(meta: dict, directory, target: PreTrainedModel, source, weight: torch.Tensor | None = None) -> None:
+    """Refuse a head trained for another target: its features would mean nothing to it (``weight``: as
+    target_identity takes it)."""
+    mine = target_identity(target, source, weight)
     theirs = meta.get("target", {})
     if theirs.get("fingerprint") != mine["fingerprint"]:
         raise UserError(

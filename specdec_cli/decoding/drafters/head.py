@@ -32,13 +32,14 @@ def load_head(directory: str | Path, target: PreTrainedModel, source, precision:
     """The head saved in ``directory``, refused unless it was trained for this very target;
     ``precision``: the target's dtype, which the head follows (see HeadDrafter)."""
     meta, state = read_head(Path(directory))
-    check_target(meta, directory, target, source)
+    weight = output_weight(target)  # de-quantised once for the check and the head's output rows
+    check_target(meta, directory, target, source, weight)
     if meta.get("format", 1) > FORMAT:
         raise UserError(f"draft head {directory} has format {meta['format']}, newer than this specdec reads ({FORMAT}); upgrade specdec")
     quantised = precision in QUANTISED  # drafts with the lean forward: no transformers layer unless asked for
     head = build_head(meta, state, directory, skeleton=quantised)
     top = meta.get("top_vocab")
-    return HeadDrafter(head, target, None if top is None else torch.tensor(top, dtype=torch.long), precision)
+    return HeadDrafter(head, target, None if top is None else torch.tensor(top, dtype=torch.long), precision, weight)
 
 
 class HeadDrafter(Drafter, TreeDrafting):
@@ -60,8 +61,9 @@ class HeadDrafter(Drafter, TreeDrafting):
     name = "head"
 
     def __init__(self, head: DraftHead, target: PreTrainedModel, allowed: torch.Tensor | None = None,
-                 precision: str = "float32"):
-        weight = output_weight(target)  # float even when the target's own lm_head is quantised
+                 precision: str = "float32", weight: torch.Tensor | None = None):
+        """``weight``: the target's output_weight, where the caller holds it."""
+        weight = output_weight(target) if weight is None else weight  # float even when the target's lm_head is quantised
         self.device = weight.device
         self.precision = "int8" if precision in QUANTISED else "float32"
         self.head = head.to(self.device).eval()
