@@ -73,4 +73,4 @@ def test_a_gathered_layer_seeds_a_new_buffer():
     keep_positions(cache, torch.tensor([0, 2, 4]))
     keys, _ = cache.update(states[..., :1, :] + 100, states[..., :1, :], 0)
     assert torch.equal(keys, torch.cat([states[..., [0, 2, 4], :], states[..., :1, :] + 100], dim=-2))
-    assert keys is cache.layers[0].handed[0] and keys.data_ptr() == cache.layers[0].buffers[0].data_ptr()
+    assert cache.layers[0].on_buffers and keys.data_ptr() == cache.layers[0].buffers[0].data_ptr()

@@ -25,12 +25,48 @@ RESERVE_STEP = 256  # positions a reserved layer grows by, at least
 
 
 class ReservedLayer:
-    """DynamicLayer's keys, values, update, length and crop (transformers' semantics), updated in place."""
+    """DynamicLayer's keys, values, update, length and crop (transformers' semantics), updated in place.
+
+    While the cached positions are the buffers' first ``length`` (``on_buffers``), ``keys`` and
+    ``values`` are views made when they are read: a batch's forward moves every layer of every answer
+    (``extend``), and two views a layer an answer cost it about as much as its attention. Keys and
+    values set from outside (transformers, a tree's kept path) are held as given until the next update
+    copies them into buffers."""
 
     def __init__(self, *args, **kwargs):
+        self._keys = self._values = None
+        self.on_buffers, self.length = False, 0
         super().__init__(*args, **kwargs)  # transformers' layer, in the class kv.py builds on both
         self.keys = self.values = None
         self.is_initialized = False
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        if self._keys is None and self.on_buffers:
+            self._keys = self.buffers[0].narrow(-2, 0, self.length)
+        return self._keys
+
+    @keys.setter
+    def keys(self, tensor: torch.Tensor | None) -> None:
+        self._off_buffers()
+        self._keys = tensor
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        if self._values is None and self.on_buffers:
+            self._values = self.buffers[1].narrow(-2, 0, self.length)
+        return self._values
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self._off_buffers()
+        self._values = tensor
+
+    def _off_buffers(self) -> None:
+        """Keys or values are set from outside: both are held as tensors from now on."""
+        if self.on_buffers:
+            self._keys, self._values = self.keys, self.values
+            self.on_buffers = False
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -39,7 +75,6 @@ class ReservedLayer:
         self.is_initialized = True
         self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
         self.planes: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.handed = (None, None)  # the views last made of the buffers: identity says they still are
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -56,19 +91,21 @@ class ReservedLayer:
         """Buffers with room for ``new`` positions after the cached ones, which they hold; the cached
         count. ``like``: tensors of the buffers' shape, where the cached keys are none yet."""
         length = self.get_seq_length()
-        if not (self.keys is self.handed[0] and self.values is self.handed[1]) or length + new > self.buffers[0].shape[-2]:
+        if not self.on_buffers or length + new > self.buffers[0].shape[-2]:
             self._reserve(length, length + new, like or (self.keys, self.values))
         return length
 
     def extend(self, length: int) -> None:
         """The cached positions are the buffers' first ``length``: those before, and new ones written in place."""
-        key_buffer, value_buffer = self.buffers
-        self.keys, self.values = self.handed = key_buffer.narrow(-2, 0, length), value_buffer.narrow(-2, 0, length)
+        self.length, self.on_buffers = length, True
+        self._keys = self._values = None
 
     def get_seq_length(self) -> int:
-        if not self.is_initialized or self.keys.numel() == 0:
+        if self.on_buffers:
+            return self.length
+        if not self.is_initialized or self._keys is None or self._keys.numel() == 0:
             return 0
-        return self.keys.shape[-2]
+        return self._keys.shape[-2]
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last ``-tokens_to_remove`` positions (a negative count, as transformers >= 5 takes it)."""
@@ -76,11 +113,11 @@ class ReservedLayer:
             raise ValueError(f"crop takes a negative count of positions to remove, got {tokens_to_remove}")
         if tokens_to_remove == 0 or not self.is_initialized:
             return
-        views = self.keys is self.handed[0] and self.values is self.handed[1]
-        self.keys = self.keys[..., :tokens_to_remove, :]
-        self.values = self.values[..., :tokens_to_remove, :]
-        if views:
-            self.handed = (self.keys, self.values)  # prefix views of the buffers still
+        if self.on_buffers:  # a prefix of the buffers still
+            self.extend(max(0, self.length + tokens_to_remove))
+            return
+        self._keys = self._keys[..., :tokens_to_remove, :]
+        self._values = self._values[..., :tokens_to_remove, :]
 
     def _reserve(self, length: int, need: int, like: tuple[torch.Tensor, torch.Tensor]) -> None:
         """New buffers shaped as ``like`` with room for ``need`` positions and more, holding the
@@ -93,6 +130,7 @@ class ReservedLayer:
         self.buffers = buffers
         # [kv heads, room, dim], as specdec's attention op writes a batch of one's new positions (attend_cached)
         self.planes = tuple(b[0] for b in buffers) if buffers[0].dim() == 4 and buffers[0].shape[0] == 1 else None
+        self.extend(length)
 
 
 class ReservedCache:
