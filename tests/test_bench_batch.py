@@ -146,3 +146,54 @@ LEAN = "decoding 2 prompts at once needs specdec's lean forward (Llama-architect
 ])
 def test_what_batch_cannot_measure_is_refused_in_one_line(models, prompt_file, options, message):
     assert one_line_error(bench(models, prompt_file, *options)) == message
+
+
+def calibrate(models, prompt_file, *extra):
+    return runner.invoke(app, ["calibrate-k", "--models", models, "--prompts", str(prompt_file), "--max-new-tokens",
+                               "10", *extra])
+
+
+def test_calibrate_k_batch_measures_the_pairs_drafter_at_each_k_and_keeps_the_k_table(models, prompt_file, tmp_path):
+    from specdec_cli.pairs.profile import read_profiles
+
+    profile = tmp_path / "profile.yaml"
+    result = calibrate(models, prompt_file, "--dtype", "int8", "--k", "0,2,3", "--batch", "2", "--json", "--write",
+                       "--profile", str(profile))
+    assert result.exit_code == 0, result.output
+    batch = json.loads(result.stdout)["batch"]
+    assert batch["sizes"] == [1, 2]
+    for size, by_mode in batch["by_size"].items():
+        assert list(by_mode) == ["plain", "spec:2", "spec:3"]  # the tiny pair drafts with its draft model
+        assert all(figures["identical_to_plain"] is True for figures in by_mode.values()), size
+        assert all(figures["max_at_once"] == int(size) for figures in by_mode.values())
+    rows = batch["k_by_batch_size"]
+    assert rows[0][0] == 1 and rows[-1][1] == 2 and all(k in (0, 2, 3) for _, _, k in rows)
+    assert set(batch["break_even_batch"]) == {"spec:2", "spec:3"}
+    [kept] = [section.settings["batch"] for section in read_profiles(profile).values()]
+    assert kept == {"sizes": [1, 2], "k_by_batch_size": rows, "break_even_batch": batch["break_even_batch"]}
+
+
+def test_calibrate_k_batch_runs_each_drafter_as_its_pair_does():
+    from pathlib import Path
+
+    from specdec_cli.commands.calibrate_batch import batch_modes
+    from specdec_cli.pairs.registry import DrafterSpec
+
+    def modes(spec, ks):
+        return [str(m) for m in batch_modes(spec, ks)]
+
+    assert modes(DrafterSpec(head=Path("h"), lookup=True), [0, 1, 3]) == ["plain", "ngram+head:1", "ngram+head:3"]
+    assert modes(DrafterSpec(head=Path("h")), [2]) == ["plain", "head:2"]
+    assert modes(DrafterSpec(), [0, 2]) == ["plain", "ngram:2"]
+    assert modes(DrafterSpec(free_kind="suffix"), [4]) == ["plain", "suffix:4"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (("--batch", "x"), "--batch 'x': expected comma-separated batch sizes, as in 1,2,4,8,16"),
+    (("--batch", "2,65"), "--batch must be at most 64, got 65"),
+    (("--accept", "top:3", "--batch", "2"),
+     "--batch measures lossless modes, each checked against plain decoding at batch 1; --accept top:3 is lossy"),
+    (("--batch", "2"), LEAN),  # float32: transformers' forward, refused before the measuring
+])
+def test_what_calibrate_k_batch_cannot_measure_is_refused_in_one_line(models, prompt_file, options, message):
+    assert one_line_error(calibrate(models, prompt_file, *options)) == message

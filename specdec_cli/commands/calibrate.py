@@ -24,6 +24,8 @@ from ..errors import UserError
 from ..limits import MAX_K
 from ..pairs.profile import k_values, profile_path, read_profiles, write_profile
 from ..prompts import check_fit, read_file
+from .bench_batch import batch_sizes
+from .calibrate_batch import BATCH_HELP, batch_modes, measure_batches, print_batches, profile_setting, warn_differing
 from .common import (
     WRITE_FAILED,
     AcceptOption,
@@ -75,6 +77,7 @@ def calibrate_k(
     drafter: DrafterOption = None,
     dtype: DtypeOption = None,
     tree: TreeBudgetsOption = None,
+    batch: Annotated[Optional[str], typer.Option("--batch", metavar="N,N,...", help=BATCH_HELP)] = None,
     models: ModelsOption = None,
     threads: ThreadsOption = None,
     accept: AcceptOption = "exact",
@@ -84,6 +87,7 @@ def calibrate_k(
     Every prompt runs at every K (K=0 is plain decoding), interleaved so that a busy machine slows
     all K alike. Per scenario it reports acceptance, per-position acceptance, costs, measured and
     predicted speed-up, the best K, its break-even acceptance rate, and a verdict: speculate or off.
+    With --batch, also the K table by batch size and where speculation stops paying.
 
     Exit codes: 0 done; 2 bad input; 3 the result was printed but --profile or --plot could not be
     written.
@@ -94,6 +98,7 @@ def calibrate_k(
     check_seed(seed)
     if profile and not write:
         raise UserError("--profile names the file for --write; add --write")
+    sizes = batch_sizes(batch, 1, accept)  # before accept_rule warns of a lossy rule that --batch refuses
     rule = accept_rule(accept)
     budgets = parse_k_list(tree, "--tree", least=1) if tree is not None else []
     if budgets:
@@ -131,6 +136,8 @@ def calibrate_k(
     interrupt.now("loading the pair")
     with console.status(f"loading {spec.name}…") if console.is_terminal else nullcontext():
         runtime = load_pair(spec)
+    if sizes:
+        runtime.engine.check_batch(sizes[-1])  # before the measuring: a target that batches nothing is refused now
     interrupt.now("measuring", "nothing was written: the profile and the tables come at the end")
     tree_engine = None
     if budgets:
@@ -139,6 +146,12 @@ def calibrate_k(
     check_fit(items, [ids for _, ids in encoded], runtime.engine.context_length)
     with _progress(console, len(ks) + len(budgets)) as report:
         measured = sweep(runtime.engine, encoded, ks, max_new_tokens, sampling, seed, report, rule, budgets, tree_engine)
+    batches = None
+    if sizes:
+        modes = batch_modes(spec.drafter, ks)
+        with _progress(console, len(modes)) as report:
+            batches = measure_batches(runtime, items, [ids for _, ids in encoded], modes, sizes, max_new_tokens,
+                                      sampling, seed, report)
     scenarios, overall = summarise_all(measured)
     trees = tree_findings(measured, scenarios)
 
@@ -149,6 +162,8 @@ def calibrate_k(
                         temperature=temperature, threads=thread_policy.policy(threads))
         if trees:
             settings["tree"] = tree_setting(measured, trees, {**scenarios, "overall": overall})
+        if batches:
+            settings["batch"] = profile_setting(batches)
         pair_profile = to_profile(spec, scenarios, overall, settings, runtime.target.computed_by())
         if write_output("--profile", destination, lambda: write_profile(destination, pair_profile)):
             written = str(destination)
@@ -164,11 +179,17 @@ def calibrate_k(
         if trees:
             result["trees"] = {name: [{key: _round(value) for key, value in vars(f).items()} for f in figures]
                                for name, figures in trees.items()}
+        if batches:
+            result["batch"] = batches
         print(json.dumps(result, ensure_ascii=False))
     else:
         _print_tables(plain_console(), scenarios, overall, len(scenarios) > 1, not rule.lossless)
         if trees:
             _print_trees(plain_console(), trees, {**scenarios, "overall": overall}, len(scenarios) > 1)
+        if batches:
+            print_batches(plain_console(), batches)
+    if batches:
+        warn_differing(console, batches, sampling.greedy)
     if written:
         console.print(f"wrote the profile of {spec.name} to {written}")
     if failed:

@@ -74,16 +74,22 @@ def run(bench: Bench, modes: list[Mode], prompts: list[Prompt], encoded: list[li
     return jobs
 
 
+def measure(bench: Bench, modes: list[Mode], prompts: list[Prompt], encoded: list[list[int]], sizes: list[int],
+            progress: Callable[[], None] | None = None) -> dict:
+    """``modes`` run at ``sizes`` (``run``) and ``report``ed: bench --batch's figures, and calibrate-k --batch's."""
+    jobs = run(bench, modes, prompts, encoded, sizes, progress)
+    named = {size: {str(mode): job for mode, job in by_mode.items()} for size, by_mode in jobs.items()}
+    return report(sizes, named, fixed_k(modes))
+
+
 def bench_pair(spec, modes: list[Mode], prompts: list[Prompt], max_new_tokens: int, sampling: SamplingParams,
                seed: int, watcher: ProfileWatcher | None, sizes: list[int],
                progress: Callable[[], None] | None = None) -> tuple[LoadedPair, dict]:
-    """The pair ``spec`` loaded, ``modes`` run at ``sizes`` (``run``) and ``report``ed under "batch";
+    """The pair ``spec`` loaded, ``modes`` measured at ``sizes`` (``measure``) under "batch";
     ``watcher``: the profile that seeds auto, as loop_bench.bench_pair. The runtime, for a manifest."""
     runtime = load_pair(spec)
     if watcher is not None:
         watcher.expect(runtime.target.computed_by())
     bench = Bench(runtime, max_new_tokens, sampling, seed, watcher.profile if watcher else None)
     encoded = [encode_prompt(runtime.tokenizer, p.text) for p in prompts]
-    jobs = run(bench, modes, prompts, encoded, sizes, progress)
-    named = {size: {str(mode): job for mode, job in by_mode.items()} for size, by_mode in jobs.items()}
-    return runtime, {"batch": report(sizes, named, fixed_k(modes))}
+    return runtime, {"batch": measure(bench, modes, prompts, encoded, sizes, progress)}

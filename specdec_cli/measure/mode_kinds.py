@@ -63,6 +63,13 @@ def drafter_of(kind: str) -> str | None:
     return kind if kind in free_kinds.FREE_KINDS else DRAFTER_OF_MODE.get(kind)
 
 
+def running_kind(drafter_kind: str, lookup: bool) -> str:
+    """The mode kind that drafts as a pair's drafter of ``drafter_kind`` does, prompt lookup first where
+    the pair puts it there (``lookup``): spec or head, ngram+ either; ngram and a free kind their own."""
+    own = {MODEL: "spec", HEAD: "head"}.get(drafter_kind, drafter_kind)
+    return f"ngram+{own}" if lookup and own in ("spec", "head") else own
+
+
 def free_kinds_of(kind: str, listed: tuple[str, ...]) -> tuple[str, ...]:
     """The free kinds an auto mode puts beside the pair's drafter: auto+free every kind `free:` may
     list, auto-free none, the others those the pair lists (``listed``)."""
