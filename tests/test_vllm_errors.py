@@ -106,3 +106,26 @@ def test_a_busy_port_the_user_chose_is_refused_before_the_engine_starts():
         with pytest.raises(UserError, match=f"the server for vllm-plain cannot start: port {port} of 127.0.0.1 is in use"):
             check_port(port, "vllm-plain")
     check_port(port, "vllm-plain")  # free again
+
+
+def test_a_busy_port_is_said_before_the_pairs_model_is_looked_at(tmp_path, prompts):
+    """The ports --port gives the servers (the first mode's, then counting up) are checked before torch,
+    the tokenizer or the target load: here the target does not exist, and the busy port is still the one
+    error. The vLLM environment is a stand-in that only passes the installation check."""
+    env = tmp_path / "vllm-env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").symlink_to(sys.executable)
+    (env / "lib" / "python3" / "site-packages" / "vllm").mkdir(parents=True)
+    (env / "lib" / "python3" / "site-packages" / "vllm" / "__init__.py").write_text("")
+    models = tmp_path / "models.yaml"
+    models.write_text(f"default: gone\npairs:\n  gone:\n    target: {tmp_path / 'no-such-model'}\n    draft: ngram\n")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        done = run("bench", "--engine", "vllm", "--models", str(models), "--modes", "vllm-plain,vllm-ngram:4",
+                   "--port", str(busy - 1), "--prompts", prompts, SPECDEC_VLLM_ENV=str(env))
+    assert done.returncode == 2, done.stderr
+    assert error_lines(done.stderr) == [f"specdec: error: the server for vllm-ngram:4 cannot start: port {busy} of "
+                                        "127.0.0.1 is in use (Address already in use); give another --port, "
+                                        "or none for a free one"]

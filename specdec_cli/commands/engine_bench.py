@@ -62,6 +62,11 @@ def engine_bench(*, engine, server, reference, prompts: Path, modes, concurrency
             check_writable(path, option, ours=ours)
     items = read_file(prompts)
     spec = resolve_pair(models, pair, target, draft)
+    if engine and port:  # a busy port said before torch, the tokenizer and the model load (each start checks again)
+        from ..serving.server import check_port, mode_port
+
+        for index, mode in enumerate(chosen):
+            check_port(mode_port(port, index), mode.name)
     thread_policy.apply(threads)  # before torch: the own loop's threads, the servers' count (serving/environment.py)
     from ..pairs.loading import transformers_directory  # torch and transformers: after every cheap check
     from ..serving import configs as serving_configs

@@ -16,7 +16,7 @@ from ..pairs.loading import gguf_file, transformers_directory
 from ..pairs.registry import HEAD, MODEL, PairSpec
 from .load_bench import EngineMode, Target
 from .llama_server import LlamaConfig, draft_gguf, eagle3_gguf, speculative_flags
-from .server import ManagedServer, ServerConfig, speculative_config
+from .server import ManagedServer, ServerConfig, mode_port, speculative_config
 
 
 def draft_directory(pair: PairSpec) -> Path:
@@ -46,7 +46,7 @@ def server_configs(pair: PairSpec, modes: list[EngineMode], threads: int | None 
             speculative = speculative_config(mode.method, mode.k, draft)
         configs[mode.name] = ServerConfig(mode.name, model_dir, pair.name, speculative,
                                           max_model_len=max_model_len, threads=threads,
-                                          port=None if port is None else port + index)
+                                          port=mode_port(port, index))
     return configs
 
 
@@ -63,7 +63,7 @@ def llama_configs(pair: PairSpec, modes: list[EngineMode], threads: int | None, 
     return {mode.name: LlamaConfig(mode.name, target, pair.name,
                                    speculative_flags(None if mode.method == "plain" else mode.method, mode.k,
                                                      drafts.get(mode.method)),
-                                   threads=threads, parallel=parallel, port=None if port is None else port + index)
+                                   threads=threads, parallel=parallel, port=mode_port(port, index))
             for index, mode in enumerate(modes)}
 
 

@@ -85,6 +85,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def mode_port(port: int | None, index: int) -> int | None:
+    """The port of a bench's ``index``-th server: the --port given is the first's and the next ones count
+    up from it; None (no --port): each gets a free one."""
+    return None if port is None else port + index
+
+
 def check_port(port: int, label: str) -> None:
     """A port the user chose that something already listens on: said now, in one line, rather than
     after the engine has spent its start-up (tens of seconds for vLLM) finding out. The probe binds as the
