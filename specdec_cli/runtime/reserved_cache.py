@@ -24,6 +24,24 @@ import torch
 RESERVE_STEP = 256  # positions a reserved layer grows by, at least
 
 
+def held_view(name: str, index: int) -> property:
+    """A reserved layer's ``keys`` (buffer 0) or ``values`` (1): while the cached positions are the
+    buffers' first ``length`` (``on_buffers``), that buffer's view, made when read; set from outside,
+    held as given."""
+    private = f"_{name}"
+
+    def read(layer: "ReservedLayer") -> torch.Tensor | None:
+        if getattr(layer, private) is None and layer.on_buffers:
+            setattr(layer, private, layer.buffers[index].narrow(-2, 0, layer.length))
+        return getattr(layer, private)
+
+    def write(layer: "ReservedLayer", tensor: torch.Tensor | None) -> None:
+        layer._off_buffers()
+        setattr(layer, private, tensor)
+
+    return property(read, write)
+
+
 class ReservedLayer:
     """DynamicLayer's keys, values, update, length and crop (transformers' semantics), updated in place.
 
@@ -40,27 +58,8 @@ class ReservedLayer:
         self.keys = self.values = None
         self.is_initialized = False
 
-    @property
-    def keys(self) -> torch.Tensor | None:
-        if self._keys is None and self.on_buffers:
-            self._keys = self.buffers[0].narrow(-2, 0, self.length)
-        return self._keys
-
-    @keys.setter
-    def keys(self, tensor: torch.Tensor | None) -> None:
-        self._off_buffers()
-        self._keys = tensor
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        if self._values is None and self.on_buffers:
-            self._values = self.buffers[1].narrow(-2, 0, self.length)
-        return self._values
-
-    @values.setter
-    def values(self, tensor: torch.Tensor | None) -> None:
-        self._off_buffers()
-        self._values = tensor
+    keys = held_view("keys", 0)
+    values = held_view("values", 1)
 
     def _off_buffers(self) -> None:
         """Keys or values are set from outside: both are held as tensors from now on."""
