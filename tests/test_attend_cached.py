@@ -58,11 +58,13 @@ def test_the_op_writes_each_answers_rows_after_its_cached_ones_and_attends_as_at
 
 
 def test_rows_that_do_not_fit_a_buffer_are_refused_and_nothing_is_written():
-    q, k = torch.randn(3, HEADS, DIM), torch.randn(3, KV_HEADS, DIM)
-    kb, vb = torch.zeros(KV_HEADS, 8, DIM), torch.zeros(KV_HEADS, 8, DIM)
-    with pytest.raises(RuntimeError, match="3 rows after 6 cached do not fit its buffer of 8"):
-        native_kernels.bound().attend_cached(q, k, k.clone(), [kb], [vb], [6], [torch.arange(7, 10)], [None], 0.125)
-    assert not kb.any() and not vb.any()
+    """The second answer's rows do not fit: the first answer's, which do, are not written either."""
+    q, k = torch.randn(4, HEADS, DIM), torch.randn(4, KV_HEADS, DIM)
+    buffers = [torch.zeros(KV_HEADS, 8, DIM) for _ in range(4)]
+    with pytest.raises(RuntimeError, match="answer 1: 3 rows after 6 cached do not fit its buffer of 8"):
+        native_kernels.bound().attend_cached(q, k, k.clone(), buffers[:2], buffers[2:], [2, 6],
+                                             [torch.arange(3, 4), torch.arange(7, 10)], [None, None], 0.125)
+    assert not any(buffer.any() for buffer in buffers)
 
 
 def test_the_lean_forward_on_the_engines_caches_attends_in_the_op_with_the_bits_of_per_answer_updates(monkeypatch):

@@ -411,13 +411,17 @@ at::Tensor attend_cached(const at::Tensor& q, const at::Tensor& k_new, const at:
                 "buffers: float32 [kv_heads, room, dim], the last dimension contiguous");
     TORCH_CHECK(cached[i] >= 0 && seen <= kb.size(1) && start + rows <= k_new.size(0), "answer ", i, ": ", rows,
                 " rows after ", cached[i], " cached do not fit its buffer of ", kb.size(1));
-    write_rows(k_new, start, rows, kb, cached[i]);
-    write_rows(v_new, start, rows, vb, cached[i]);
     parts.push_back(make_part(q, kb, vb, counts[i], index.get(i), avx512, out.data_ptr<float>() + start * q.size(1) * q.size(2),
                               start, rows, seen));
     start += rows;
   }
   TORCH_CHECK(start == q.size(0), "the answers' rows are ", start, " of ", q.size(0));
+  start = 0;  // every answer checked: only now is anything written
+  for (size_t i = 0; i < answers; ++i) {
+    write_rows(k_new, start, parts[i].rows, key_buffers[i], cached[i]);
+    write_rows(v_new, start, parts[i].rows, value_buffers[i], cached[i]);
+    start += parts[i].rows;
+  }
   run_parts(parts, avx512, scale);
   return out;
 }
