@@ -80,3 +80,14 @@ def test_verify_equivalence_checks_batched_runs_and_refuses_what_cannot_batch(mo
     assert refused.exit_code == 2 and "needs specdec's lean forward" in refused.stderr
     engine = runner.invoke(app, ["verify-equivalence", "--prompts", str(prompts), "--models", models, "--engine", "vllm", "--batch", "2"])
     assert engine.exit_code == 2 and "--batch" in engine.stderr
+
+
+def test_prompts_that_begin_alike_compute_their_beginning_once_and_say_so(models):
+    stem = "Answer in one word, and keep it short, please: "  # a character a token
+    lines = "".join(json.dumps({"id": f"p{i}", "prompt": stem + tail}) + "\n" for i, tail in enumerate(["cats", "dogs", "owls"]))
+    options = ("--dtype", "int8", "-k", "0", "--max-new-tokens", "8")
+    batched = records(generate(models, lines, *options, "--batch", "3"))
+    alone = records(generate(models, lines, *options, "--batch", "1"))
+    assert [r["token_ids"] for r in batched] == [r["token_ids"] for r in alone]
+    # the second and third wait a step for the first, then copy its cache of the stem
+    assert [r["stats"]["batch"]["prompt_shared"] for r in batched] == [0, len(stem), len(stem)]

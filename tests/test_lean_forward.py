@@ -128,7 +128,8 @@ def test_what_it_does_not_cover_runs_transformers_forward_and_is_counted():
 
 
 def test_a_run_that_leaves_the_lean_forward_counts_every_such_forward_and_warns_once(pair_dir, monkeypatch, tmp_path):
-    monkeypatch.setattr(lean_forward, "ROWWISE_UP_TO", 0)  # every forward on a cache now leaves the lean forward
+    monkeypatch.setattr(lean_forward, "ROWWISE_UP_TO", 0)  # every forward on a cache now leaves the lean forward,
+    monkeypatch.setattr(lean_forward, "NATIVE_ROWWISE_UP_TO", 0)  # on either attention
     monkeypatch.setenv("SPECDEC_DENSE_PREFILL", "1")  # and every prompt shorter than the dense copies take, on any CPU
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("abc\nxyz\n")

@@ -32,6 +32,7 @@ from .control.batch_rows import RowCosts, batch_lengths
 from .drafters.base import Draft, Drafter, Needs, TreeDrafting, Verified, drafts_trees, parts, top_ids
 from .drafting import Decision, decide, gains, propose
 from .request import Request
+from .shared_prefix import copy_prefix, plan_sharing
 from .events import CONTEXT, EOS, MAX_NEW_TOKENS, RoundEvent
 from .kv import context_length, input_device, keep_rows, reserved_cache
 from .rules import check_tree_rule
@@ -179,9 +180,9 @@ class SpeculativeEngine:
                 started = time.perf_counter()
                 out = self._verify(request.cache, pending.block, pending.tree, pending.cached, request.device)
                 return [(request, self._finish(request, pending, out, time.perf_counter() - started))]
-        joining = [r for r in running if not r.prompted]
         rounds = [r for r in running if r.prompted]
-        blocks = [Block(r.tokens[:-1], r.cache, keep=1) for r in joining if r.tokens.shape[0] > 1]
+        joining = self._share([r for r in running if not r.prompted], rounds)
+        blocks = [Block(r.tokens[r.shared : -1], r.cache, keep=1) for r in joining if r.tokens.shape[0] - 1 > r.shared]
         decisions = []
         for request in rounds:
             request.schedule.context(request.tokens.shape[0] - 1)
@@ -195,8 +196,22 @@ class SpeculativeEngine:
         self.row_costs.observe(sum(b.ids.shape[0] for b in blocks), forward_s)
         outs = iter(outs)
         for request in joining:
-            self._prompt(request, request.cache, next(outs) if request.tokens.shape[0] > 1 else None)
+            self._prompt(request, request.cache, next(outs) if request.tokens.shape[0] - 1 > request.shared else None)
         return [(r, None) for r in joining] + [(r, self._finish(r, p, next(outs), forward_s, len(rounds))) for p, r in zip(plans, rounds)]
+
+    def _share(self, joining: list[Request], cached: list[Request]) -> list[Request]:
+        """The prompts that join this step's forward, each holding the prefix it shares with a cached
+        answer's prompt (shared_prefix.py: on specdec's attention op); one that gains by waiting a
+        step for a prompt joining in this one is left out."""
+        if not (joining and self.batched.shares_prefixes):
+            return joining
+        found = []
+        for request, source, length in plan_sharing(joining, cached, self.batched.rowwise_up_to):
+            if length:
+                copy_prefix(source.cache, request.cache, length)
+                request.shared, request.shared_features = length, source.prompt_features
+            found.append(request)
+        return found
 
     def _caps(self, rounds: list[Request], decisions: list[Decision], prompt_rows: int) -> list[int | None]:
         """Each round's longest chain in this step, chosen for the batch as a whole by what its rows
@@ -218,11 +233,20 @@ class SpeculativeEngine:
         return Block(pending.tree.tokens, request.cache, pending.cached + pending.tree.depths(), mask)
 
     def _prompt(self, request: Request, cache, out) -> None:
-        """The prompt is cached: the drafter reads it (its features, where it needs them)."""
+        """The prompt is cached: the drafter reads it (its features, where it needs them: a shared
+        prefix's are its source's, and a batch keeps them for the prompts that share its own)."""
         request.cache, request.prompted = cache, True
-        if out is not None and request.drafter is not None:
-            length = request.prompt_length
-            request.drafter.observe(Verified(request.tokens, length, features=self._features(out, slice(0, length - 1))))
+        rows = request.prompt_length - 1
+        if rows == 0 or request.drafter is None:
+            return
+        features = None
+        if self.needs.features:
+            own = [] if out is None else [self._features(out, slice(0, rows - request.shared))]
+            features = torch.cat([request.shared_features[: request.shared], *own]) if request.shared else own[0]
+            request.shared_features = None
+            if self.batched is not None and self.batched.shares_prefixes:
+                request.prompt_features = features
+        request.drafter.observe(Verified(request.tokens, request.prompt_length, features=features))
 
     def _plan(self, request: Request, decision: Decision | None = None, cap: int | None = None) -> Pending:
         """A round up to its verify forward: decide and draft (a chain, at most ``cap`` long where a

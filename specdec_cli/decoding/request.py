@@ -35,6 +35,9 @@ class Request:
     key: object = None  # the caller's name for it, which ``run`` hands back with each event
     drafter: Drafter | None = None  # this answer's own (a fork of the engine's, when batched)
     prompted: bool = False  # its prompt is cached
+    shared: int = 0  # prompt positions copied from another answer's cache (shared_prefix.py)
+    shared_features: torch.Tensor | None = None  # that answer's prompt features, until the prompt is cached
+    prompt_features: torch.Tensor | None = None  # its own, kept in a batch for the prompts that share them
 
     @property
     def left(self) -> int:

@@ -15,20 +15,23 @@ from dataclasses import dataclass
 import torch
 
 from . import native_kernels
-from .rowwise_attention import native_answers, row_keys, sdpa_rows, visible_keys
+from .rowwise_attention import causal_rows, native_answers, row_keys, sdpa_rows, visible_keys
 
 
 @dataclass(frozen=True)
 class Rows:
     """One answer's rows in a forward: ``count`` of them, its cache, per row the keys it sees (a tree's
-    gathered positions, or a window's; None: causal), whether they are a prompt on an empty cache,
-    and the window of the layers they are given to (None: they see every position)."""
+    gathered positions, or a window's; None: causal), whether they are a prompt, the window of the
+    layers they are given to (None: they see every position), and of a prompt's rows how many come
+    first and attend row by row (``head``: its positions below the op's rowwise limit, lean_forward.py),
+    the rest in one causal call."""
 
     count: int
     cache: object
     seen: list | None = None
     prompt: bool = False
     window: int | None = None
+    head: int = 0
 
 
 def window_seen(rows: int, keys: int, window: int | None) -> list | None:
@@ -100,14 +103,21 @@ class LeanDecoder:
             if part.cache is not None:
                 key, value = part.cache.update(key, value, index)
             if part.prompt:
-                prompts[i] = self.attend_prompt(query, key, value, part.window)
+                if part.head:  # its first rows as answers' rows are: each over its own causal keys
+                    visible = key.shape[2] - part.count + part.head
+                    rowwise.append((query[:, :, : part.head], key[:, :, :visible], value[:, :, :visible],
+                                    part.seen and part.seen[: part.head]))
+                prompts[i] = self.attend_prompt(query[:, :, part.head :], key, value, part.window)
             else:
                 rowwise.append((query, key, value, part.seen))
             start = end
         attended = self.attend_answers(rowwise) if rowwise else None
         if prompts:  # a prompt joins the forward: the parts' rows put back in order
-            chunks = iter(attended.split([p.count for p in parts if not p.prompt]) if rowwise else ())
-            found = [prompts[i] if i in prompts else next(chunks) for i in range(len(parts))]
+            counts = [p.head if p.prompt else p.count for p in parts]
+            chunks = iter(attended.split([c for c in counts if c]) if rowwise else ())
+            found = []
+            for i, count in enumerate(counts):
+                found += ([next(chunks)] if count else []) + ([prompts[i]] if i in prompts else [])
             attended = found[0] if len(found) == 1 else torch.cat(found)
         return attended
 
@@ -149,20 +159,7 @@ class LeanDecoder:
         return found[0] if len(found) == 1 else torch.cat(found)
 
     def attend_prompt(self, query, key, value, window: int | None = None):
-        """[1, heads, rows, dim] -> [rows, heads, dim], every row in one causal call: a prompt on an
-        empty cache, or a head's long catch-up after the positions it has cached (an explicit mask).
-        A window as long as the prompt or shorter is a mask, and transformers' SDPA call with a mask
-        repeats the kv heads rather than grouping them in the kernel: so here."""
-        rows, keys = query.shape[2], key.shape[2]
-        if window is not None and keys >= window:
-            columns, positions = torch.arange(keys), torch.arange(keys - rows, keys)
-            mask = (columns[None, :] <= positions[:, None]) & (columns[None, :] > positions[:, None] - window)
-            if self.groups > 1:
-                key, value = (t.repeat_interleave(self.groups, dim=1) for t in (key, value))
-            out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask[None, None],
-                                                                   scale=self.scaling)
-            return out[0].transpose(0, 1)
-        causal = None if rows == keys else torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=causal, is_causal=causal is None,
-                                                               scale=self.scaling, enable_gqa=self.groups > 1)
-        return out[0].transpose(0, 1)
+        """[1, heads, rows, dim] -> [rows, heads, dim], the last ``rows`` of the keys' positions in one
+        causal call (causal_rows): a prompt's rows past those that attend row by row, or a head's long
+        catch-up after the positions it has cached."""
+        return causal_rows(query, key, value, self.scaling, self.groups, window)[0].transpose(0, 1)

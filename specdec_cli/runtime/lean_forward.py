@@ -40,7 +40,7 @@ from .lean_decoder import LeanDecoder, Rows, window_seen
 from .lean_model import LeanCausalLM
 from .lean_weights import kernel, layer_kinds, layer_weights, plain_norm, rms_norm
 from .reserved_cache import ReservedCache, appends
-from .rowwise_attention import ROWWISE_UP_TO, on_native_kernels, visible_keys
+from .rowwise_attention import NATIVE_ROWWISE_UP_TO, ROWWISE_UP_TO, on_native_kernels, visible_keys
 
 HANDLED = {"input_ids", "cache", "use_cache", "logits_to_keep", "attention_mask", "position_ids", "output_hidden_states"}
 
@@ -129,7 +129,7 @@ class LeanLlama(LeanDecoder):
         past = cache.get_seq_length() if cache is not None else 0
         to_keep = kwargs.get("logits_to_keep", 0)
         prompt = self.is_prompt(rows, past, mask, to_keep)
-        if rows > ROWWISE_UP_TO and not prompt:
+        if rows > self.rowwise_up_to and not prompt:
             return self.fallback(input_ids, **kwargs)
         use_cache = kwargs.get("use_cache")
         if cache is None and (self.model.config.use_cache if use_cache is None else use_cache):
@@ -167,12 +167,14 @@ class LeanLlama(LeanDecoder):
     def kind_rows(self, rows: int, cache, mask, prompt: bool) -> dict[str, Rows]:
         """An answer's rows as each kind of layer sees them: under its mask (one for all layers, or
         one per kind), else causally, within the kind's window where it slides one."""
-        keys = rows + (cache.get_seq_length() if cache is not None else 0)
+        past = cache.get_seq_length() if cache is not None else 0
+        keys = rows + past
+        head = max(0, self.rowwise_up_to - past) if prompt and self.cached_op and self.prompt_layers is None else 0
         found = {}
         for kind, window in self.windows.items():
             own = mask.get(kind) if isinstance(mask, dict) else mask
             seen = window_seen(rows, keys, window) if own is None else visible_keys(own, rows, keys)
-            found[kind] = Rows(rows, cache, seen, prompt, window)
+            found[kind] = Rows(rows, cache, seen, prompt, window, head)
         return found
 
     def layers_forward(self, ids, positions, cache, mask, keep, prompt: bool = False):
@@ -205,11 +207,32 @@ class LeanLlama(LeanDecoder):
         return x, states
 
     def is_prompt(self, rows: int, past: int, mask, to_keep) -> bool:
-        """Whether a forward is a prompt's: an empty cache, and only its last row's logits wanted (a
-        verify block scores every row): on the dense copies from dense_from rows; without them, past a
-        block's rows, on the kernels in one causal call."""
-        return past == 0 and mask is None and to_keep == 1 and (
-            rows >= self.dense_from if self.prompt_layers is not None else rows > ROWWISE_UP_TO)
+        """Whether a forward is a prompt's: causal, only its last row's logits wanted (a verify block
+        scores every row), and rows that answers' rows may not have. On the dense copies, an empty
+        cache from dense_from rows. On specdec's attention op, rows past position ``rowwise_up_to``,
+        on a cache that ends below it: the positions below it attend row by row (``Rows.head``) and
+        the rest in one causal call, so a prompt's first ``rowwise_up_to`` positions are what any
+        forward computes there (batched prompts copy a shared prefix's: decoding/shared_prefix.py).
+        On torch's kernels, an empty cache past ``ROWWISE_UP_TO`` rows, in one causal call."""
+        if mask is not None or to_keep != 1:
+            return False
+        if self.prompt_layers is not None:
+            return past == 0 and rows >= self.dense_from
+        if self.cached_op:
+            return past < self.rowwise_up_to < past + rows
+        return past == 0 and rows > ROWWISE_UP_TO
+
+    @property
+    def rowwise_up_to(self) -> int:
+        """The most rows a block attends row by row: on specdec's op a prompt's first positions too."""
+        return NATIVE_ROWWISE_UP_TO if self.cached_op else ROWWISE_UP_TO
+
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether a prompt's first ``rowwise_up_to`` positions are what any forward computes there, so
+        that a batch may copy them from one answer's cache to another's (decoding/shared_prefix.py):
+        on specdec's attention op, prompts on the kernels."""
+        return self.cached_op and self.prompt_layers is None
 
     @property
     def batches_prompts(self) -> bool:
@@ -225,7 +248,7 @@ class LeanLlama(LeanDecoder):
         for block in blocks:
             rows, past = block.ids.shape[0], block.cache.get_seq_length()
             prompt = self.is_prompt(rows, past, block.mask, block.keep)
-            if not keeps_every_position(block.cache) or (prompt and not self.batches_prompts) or (rows > ROWWISE_UP_TO and not prompt):
+            if not keeps_every_position(block.cache) or (prompt and not self.batches_prompts) or (rows > self.rowwise_up_to and not prompt):
                 raise ValueError(f"a block of {rows} rows over {past} cached positions cannot share a forward")
             parts.append(self.kind_rows(rows, block.cache, block.mask, prompt))
             positions.append(torch.arange(past, past + rows) if block.positions is None else block.positions.reshape(-1))

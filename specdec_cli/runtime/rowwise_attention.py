@@ -29,6 +29,9 @@ from . import native_kernels
 SDPA_ROWS = "specdec_rowwise"
 NATIVE_ROWS = "specdec_native_rows"
 ROWWISE_UP_TO = 64  # query rows; verify blocks are at most MAX_K + 1
+# On specdec's op, where a row costs about what it costs in a causal call up to here: a prompt's
+# positions below it attend row by row, so that batched prompts may share them (lean_forward.is_prompt).
+NATIVE_ROWWISE_UP_TO = 128
 
 
 def one_query(query, key, value, scaling, groups: int) -> torch.Tensor:
@@ -140,15 +143,41 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     if softcap is not None and query.shape[0] == 1 and not module.training:
         seen = None if attention_mask is None else visible_keys_once(attention_mask, rows, keys)
         return sdpa_rows(query, key, value, scaling, getattr(module, "num_key_value_groups", 1), seen, softcap), None
-    if rows > ROWWISE_UP_TO or query.shape[0] != 1 or module.training:
+    limit = ROWWISE_UP_TO if kernels is None else NATIVE_ROWWISE_UP_TO
+    head = min(rows, limit - (keys - rows))  # rows at positions below the limit (the lean forward's Rows.head)
+    if query.shape[0] != 1 or module.training or (rows > limit and (kernels is None or head <= 0)):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     # transformers passes no mask to a one-token forward
     seen = None if attention_mask is None else visible_keys_once(attention_mask, rows, keys)
-    if kernels is not None:
+    groups = getattr(module, "num_key_value_groups", 1)
+    if kernels is None:
+        return sdpa_rows(query, key, value, scaling, groups, seen), None
+    if head == rows:
         return native_rows(kernels, query, key, value, scaling, seen), None
-    return sdpa_rows(query, key, value, scaling, getattr(module, "num_key_value_groups", 1), seen), None
+    # a prompt past the limit: its first rows on the op, the rest in one causal call, as the lean forward
+    visible = keys - rows + head
+    first = native_rows(kernels, query[:, :, :head], key[:, :, :visible], value[:, :, :visible], scaling, seen and seen[:head])
+    rest = causal_rows(query[:, :, head:], key, value, scaling, groups, kwargs.get("sliding_window"))
+    return torch.cat([first, rest.transpose(1, 2)], dim=1), None
+
+
+def causal_rows(query, key, value, scaling, groups: int, window: int | None = None) -> torch.Tensor:
+    """[1, heads, rows, dim] -> [1, heads, rows, dim]: the last ``rows`` of ``key``'s positions attending
+    causally in one SDPA call (a prompt's rows past those that attend row by row; the lean forward and
+    transformers' forward on the op both call this). Within a ``window`` as long as the keys or shorter,
+    under its mask, as transformers' SDPA call takes a mask: kv heads repeated."""
+    rows, keys = query.shape[2], key.shape[2]
+    if window is not None and keys >= window:
+        columns, positions = torch.arange(keys), torch.arange(keys - rows, keys)
+        mask = (columns[None, :] <= positions[:, None]) & (columns[None, :] > positions[:, None] - window)
+        if groups > 1:
+            key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask[None, None], scale=scaling)
+    causal = None if rows == keys else torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=causal, is_causal=causal is None,
+                                                           scale=scaling, enable_gqa=groups > 1)
 
 
 def use_rowwise_attention(model) -> None:
