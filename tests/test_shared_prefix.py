@@ -21,8 +21,6 @@ from specdec_cli.runtime.lean_install import use_lean_forward
 from specdec_cli.runtime.quantize import quantise_model
 from specdec_cli.runtime.rowwise_attention import NATIVE_ROWWISE_UP_TO, use_rowwise_attention
 
-pytestmark = pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
-
 EOS = {1}
 
 
@@ -64,6 +62,7 @@ def test_a_prompt_copies_the_longest_cached_prefix_and_waits_for_a_longer_one_jo
     assert named(plan_sharing([leader, follower], cached, limit=40 + DEFER_FROM - 1)) == [(0, 5, 40), (1, 5, 40)]
 
 
+@pytest.mark.cpu_kernels  # run again on AVX2's kernels (test_cpu_paths.py)
 def test_a_prompts_first_positions_are_the_same_bits_whatever_follows_them(target):
     """What sharing rests on: the positions below rowwise_up_to, cached by a long prompt (its rest in one
     causal call) and by a short one (all row by row), and the same positions' last-row logits."""
@@ -85,6 +84,7 @@ def alone(target, tokens, budget):
     return [t for e in engine.generate(tokens, k=0, max_new_tokens=budget) for t in e.emitted]
 
 
+@pytest.mark.cpu_kernels
 @pytest.mark.parametrize("drafter", ["plain", "ngram", "head"])
 def test_batched_prompts_that_share_a_beginning_are_each_their_own_plain_decoding(target, drafter):
     base = ids(3, 150)
