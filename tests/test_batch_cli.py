@@ -89,5 +89,8 @@ def test_prompts_that_begin_alike_compute_their_beginning_once_and_say_so(models
     batched = records(generate(models, lines, *options, "--batch", "3"))
     alone = records(generate(models, lines, *options, "--batch", "1"))
     assert [r["token_ids"] for r in batched] == [r["token_ids"] for r in alone]
-    # the second and third wait a step for the first, then copy its cache of the stem
-    assert [r["stats"]["batch"]["prompt_shared"] for r in batched] == [0, len(stem), len(stem)]
+    # the second and third wait a step for the first, then copy its cache of the stem: on specdec's
+    # kernels with prompts on them; dense prompt copies (an AVX2 CPU's) share nothing
+    ran = batched[0]["stats"]["computed_by"]
+    shared = len(stem) if ran["kernels"].startswith("specdec-") and ran["prefill"] == "as decoding" else 0
+    assert [r["stats"]["batch"]["prompt_shared"] for r in batched] == [0, shared, shared]
