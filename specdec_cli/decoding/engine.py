@@ -244,8 +244,8 @@ class SpeculativeEngine:
             own = [] if out is None else [self._features(out, slice(0, rows - request.shared))]
             features = torch.cat([request.shared_features[: request.shared], *own]) if request.shared else own[0]
             request.shared_features = None
-            if self.batched is not None and self.batched.shares_prefixes:
-                request.prompt_features = features
+            if self.batched is not None and self.batched.shares_prefixes:  # only what a prefix may copy
+                request.prompt_features = features[: self.batched.rowwise_up_to].clone()
         request.drafter.observe(Verified(request.tokens, request.prompt_length, features=features))
 
     def _plan(self, request: Request, decision: Decision | None = None, cap: int | None = None) -> Pending:
