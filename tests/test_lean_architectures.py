@@ -87,11 +87,13 @@ def caches_equal(a, b):
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_lean_logits_caches_and_hidden_states_equal_transformers_bit_for_bit(arch, kind):
     model, lean = quantised(arch, kind)
-    ids = torch.randint(3, 98, (1, 100), generator=torch.Generator().manual_seed(4))
+    ids = torch.randint(3, 98, (1, 140), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
         caches = reserved_cache(model.config), reserved_cache(model.config)
-        # a long prompt past the window, tokens, blocks, then blocks past another window's worth
-        for start, stop in ((0, 70), (70, 71), (71, 72), (72, 77), (77, 78), (78, 90), (90, 91), (91, 100)):
+        # a long prompt past the window, tokens, blocks, then blocks past another window's worth, and
+        # past the positions a prompt attends row by row on specdec's op (a block across them is no prompt)
+        for start, stop in ((0, 70), (70, 71), (71, 72), (72, 77), (77, 78), (78, 90), (90, 91), (91, 100),
+                            (100, 125), (125, 131), (131, 140)):
             outs = [run(m, ids[:, start:stop], c, logits_to_keep=1 if stop - start > 20 else 0, output_hidden_states=True)
                     for m, c in zip((model, lean), caches)]
             assert torch.equal(outs[0].logits, outs[1].logits), (start, stop)

@@ -144,7 +144,8 @@ def rowwise_attention(module, query, key, value, attention_mask, dropout=0.0, sc
         seen = None if attention_mask is None else visible_keys_once(attention_mask, rows, keys)
         return sdpa_rows(query, key, value, scaling, getattr(module, "num_key_value_groups", 1), seen, softcap), None
     limit = ROWWISE_UP_TO if kernels is None else NATIVE_ROWWISE_UP_TO
-    head = min(rows, limit - (keys - rows))  # rows at positions below the limit (the lean forward's Rows.head)
+    # a long input on the op: its rows at positions below the limit (the lean forward's Rows.head)
+    head = rows if rows <= limit else limit - (keys - rows)
     if query.shape[0] != 1 or module.training or (rows > limit and (kernels is None or head <= 0)):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
