@@ -13,7 +13,7 @@ from specdec_cli.decoding.drafters.lookup import NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head_network import DraftHead, head_config
 from specdec_cli.decoding.kv import reserved_cache
-from specdec_cli.decoding.shared_prefix import DEFER_FROM, common_length, plan_sharing
+from specdec_cli.decoding.shared_prefix import DEFER_FROM, plan_sharing
 from specdec_cli.pairs.cache_dir import cache_root
 from specdec_cli.runtime import native_kernels
 from specdec_cli.runtime.lean_forward import forward_many
@@ -35,12 +35,6 @@ def target():
 
 def ids(seed: int, n: int) -> list[int]:
     return torch.randint(2, 98, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def test_common_length():
-    assert common_length(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 4, 5])) == 2
-    assert common_length(torch.tensor([1, 2]), torch.tensor([1, 2, 3])) == 2
-    assert common_length(torch.tensor([7]), torch.tensor([1])) == 0
 
 
 def prompt(tokens: list[int]):

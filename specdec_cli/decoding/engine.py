@@ -182,7 +182,7 @@ class SpeculativeEngine:
                 return [(request, self._finish(request, pending, out, time.perf_counter() - started))]
         rounds = [r for r in running if r.prompted]
         joining = self._share([r for r in running if not r.prompted], rounds)
-        blocks = [Block(r.tokens[r.shared : -1], r.cache, keep=1) for r in joining if r.tokens.shape[0] - 1 > r.shared]
+        blocks = [Block(r.tokens[r.shared : -1], r.cache, keep=1) for r, _ in joining if r.tokens.shape[0] - 1 > r.shared]
         decisions = []
         for request in rounds:
             request.schedule.context(request.tokens.shape[0] - 1)
@@ -195,22 +195,23 @@ class SpeculativeEngine:
         forward_s = time.perf_counter() - started
         self.row_costs.observe(sum(b.ids.shape[0] for b in blocks), forward_s)
         outs = iter(outs)
-        for request in joining:
-            self._prompt(request, request.cache, next(outs) if request.tokens.shape[0] - 1 > request.shared else None)
-        return [(r, None) for r in joining] + [(r, self._finish(r, p, next(outs), forward_s, len(rounds))) for p, r in zip(plans, rounds)]
+        for request, copied in joining:
+            self._prompt(request, request.cache, next(outs) if request.tokens.shape[0] - 1 > request.shared else None, copied)
+        return [(r, None) for r, _ in joining] + [(r, self._finish(r, p, next(outs), forward_s, len(rounds))) for p, r in zip(plans, rounds)]
 
-    def _share(self, joining: list[Request], cached: list[Request]) -> list[Request]:
+    def _share(self, joining: list[Request], cached: list[Request]) -> list[tuple[Request, torch.Tensor | None]]:
         """The prompts that join this step's forward, each holding the prefix it shares with a cached
-        answer's prompt (shared_prefix.py: on specdec's attention op); one that gains by waiting a
-        step for a prompt joining in this one is left out."""
+        answer's prompt (shared_prefix.py: on specdec's attention op), with that answer's prompt features
+        (None: none shared, or no drafter reads them); one that gains by waiting a step for a prompt
+        joining in this one is left out."""
         if not (joining and self.batched.shares_prefixes):
-            return joining
+            return [(r, None) for r in joining]
         found = []
         for request, source, length in plan_sharing(joining, cached, self.batched.rowwise_up_to):
             if length:
                 copy_prefix(source.cache, request.cache, length)
-                request.shared, request.shared_features = length, source.prompt_features
-            found.append(request)
+                request.shared = length
+            found.append((request, source.prompt_features if length else None))
         return found
 
     def _caps(self, rounds: list[Request], decisions: list[Decision], prompt_rows: int) -> list[int | None]:
@@ -232,9 +233,9 @@ class SpeculativeEngine:
         mask = tree_masks(self.target.config, pending.tree, pending.cached, torch.bool)
         return Block(pending.tree.tokens, request.cache, pending.cached + pending.tree.depths(), mask)
 
-    def _prompt(self, request: Request, cache, out) -> None:
+    def _prompt(self, request: Request, cache, out, copied: torch.Tensor | None = None) -> None:
         """The prompt is cached: the drafter reads it (its features, where it needs them: a shared
-        prefix's are its source's, and a batch keeps them for the prompts that share its own)."""
+        prefix's are ``copied``, its source's, and a batch keeps them for the prompts that share its own)."""
         request.cache, request.prompted = cache, True
         rows = request.prompt_length - 1
         if rows == 0 or request.drafter is None:
@@ -242,8 +243,7 @@ class SpeculativeEngine:
         features = None
         if self.needs.features:
             own = [] if out is None else [self._features(out, slice(0, rows - request.shared))]
-            features = torch.cat([request.shared_features[: request.shared], *own]) if request.shared else own[0]
-            request.shared_features = None
+            features = torch.cat([copied[: request.shared], *own]) if request.shared else own[0]
             if self.batched is not None and self.batched.shares_prefixes:  # only what a prefix may copy
                 request.prompt_features = features[: self.batched.rowwise_up_to].clone()
         request.drafter.observe(Verified(request.tokens, request.prompt_length, features=features))

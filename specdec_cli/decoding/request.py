@@ -36,7 +36,6 @@ class Request:
     drafter: Drafter | None = None  # this answer's own (a fork of the engine's, when batched)
     prompted: bool = False  # its prompt is cached
     shared: int = 0  # prompt positions copied from another answer's cache (shared_prefix.py)
-    shared_features: torch.Tensor | None = None  # that answer's prompt features, until the prompt is cached
     prompt_features: torch.Tensor | None = None  # its own of the positions a prefix may share, kept in a batch
 
     @property

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
+from .drafters.base import common_prefix
 
 if TYPE_CHECKING:
     from .request import Request
@@ -24,17 +24,10 @@ if TYPE_CHECKING:
 DEFER_FROM = 32
 
 
-def common_length(a: torch.Tensor, b: torch.Tensor) -> int:
-    """How many leading tokens two id sequences share."""
-    n = min(a.shape[0], b.shape[0])
-    differ = (a[:n] != b[:n]).nonzero()
-    return int(differ[0, 0]) if differ.numel() else n
-
-
 def shared_length(request: Request, source: Request, limit: int) -> int:
     """The prompt positions ``request`` may copy from ``source``'s cache: their prompts' common
     beginning among the positions a prompt caches (all but its last token), at most ``limit``."""
-    return min(common_length(request.tokens[: request.prompt_length - 1], source.tokens[: source.prompt_length - 1]), limit)
+    return min(common_prefix(request.tokens[: request.prompt_length - 1], source.tokens[: source.prompt_length - 1]), limit)
 
 
 def best_source(request: Request, candidates: list[Request], limit: int) -> tuple[Request | None, int]:

@@ -169,7 +169,7 @@ class LeanLlama(LeanDecoder):
         one per kind), else causally, within the kind's window where it slides one."""
         past = cache.get_seq_length() if cache is not None else 0
         keys = rows + past
-        head = max(0, self.rowwise_up_to - past) if prompt and self.cached_op and self.prompt_layers is None else 0
+        head = max(0, self.rowwise_up_to - past) if prompt and self.shares_prefixes else 0
         found = {}
         for kind, window in self.windows.items():
             own = mask.get(kind) if isinstance(mask, dict) else mask
