@@ -77,6 +77,23 @@ def test_every_row_is_bit_identical_alone_in_any_block_and_on_any_thread_count(b
     finally:
         torch.set_num_threads(threads)
 
+@pytest.mark.parametrize("bits", [4, 6, 8])
+def test_a_prompts_long_block_gives_every_row_its_bits_alone(bits):
+    """A long block is quantised by several threads and goes through the tiles a chunk of rows at a
+    time (64 rows at 1,536 inputs): every row, a NaN row among them, is still its own bits alone."""
+    g = torch.Generator().manual_seed(bits)
+    group = 16 if bits == 6 else 32
+    codes = torch.randint(0, 64 if bits == 6 else 2**bits, (48, 1536), generator=g)
+    scale = torch.rand(48, 1536 // group, generator=g) * 0.02 + 0.001
+    packed = native_kernels.pack(codes, scale, -scale * torch.rand(48, 1536 // group, generator=g), bits)
+    x = torch.randn(203, 1536, generator=g)
+    x[130, 700] = float("nan")
+    avx512 = native_kernels.avx512()
+    alone = torch.cat([run_rows(x[i : i + 1], packed, bits, avx512) for i in range(203)])
+    assert alone[130].isnan().all() and not alone[129].isnan().any()
+    for rows in (203, 64, 65, 137):
+        assert torch.equal(run_rows(x[:rows], packed, bits, avx512).nan_to_num(), alone[:rows].nan_to_num()), rows
+
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_the_avx2_and_avx512_paths_give_the_same_bits(bits):

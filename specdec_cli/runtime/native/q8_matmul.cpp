@@ -9,7 +9,9 @@
 // for weights w = d_w * code + m_w. A row never shares a reduction with another row and the work is
 // split over outputs only, so neither the number of rows nor of threads can change a result. The
 // weights of a 16-output tile are read once from memory for every row (later row blocks find them in
-// L1), which is what keeps extra rows cheap.
+// L1), which is what keeps extra rows cheap. A long block (a prompt's) goes through each thread's
+// tiles a chunk of rows at a time, so that the chunk's codes stay in L1/L2 while its tiles' weights
+// stay in L2: one pass over all rows per tile streamed every row's codes again from L3.
 //
 // Weight layout, per tile of 16 outputs and block of 32 inputs: 8 quads of 4 inputs, each quad
 // 64 bytes (output n's 4 codes at bytes 4n..4n+3, the order vpdpbusd multiplies in). 4-bit codes
@@ -45,6 +47,10 @@ namespace {
 
 constexpr int64_t BLOCK = 32;  // inputs per activation scale and per weight scale
 constexpr int64_t TILE = 16;   // outputs per tile
+constexpr int64_t CHUNK_CODES = 96 * 1024;  // activation codes (bytes) a chunk of rows holds: an L2's share beside the weights
+
+// Rows per chunk for K inputs: a multiple of the 8 rows an AVX-512 pass takes, at least one pass.
+constexpr int64_t chunk_rows(int64_t k) { return std::max<int64_t>(8, CHUNK_CODES / k / 8 * 8); }
 
 // Bytes of one tile's weight codes for one block: 16 outputs x 32 inputs at 4 or 8 bits (6-bit codes take a byte).
 constexpr int64_t block_bytes(int64_t bits) { return TILE * BLOCK * (bits == 6 ? 8 : bits) / 8; }
@@ -123,7 +129,7 @@ float block_amax_avx512(const float* v) {
   return _mm512_reduce_max_ps(both);
 }
 
-// Whether a block holds only finite values: v * 0 is NaN for a NaN or an infinity, else 0.
+// Whether a block holds only finite values (no chain of dependent float adds: the compiler vectorises this).
 bool finite_block(const float* v) {
   float probe = 0.f;
   for (int64_t i = 0; i < BLOCK; ++i) probe += v[i] * 0.f;
@@ -132,37 +138,41 @@ bool finite_block(const float* v) {
 
 // Row by row, block by block: a row gets the same codes alone or in a block of rows. A block with a
 // NaN or an infinity gets no codes (converting them to integers is undefined behaviour) and a NaN
-// scale, so its row's outputs are NaN, as a float matmul's would be.
+// scale, so its row's outputs are NaN, as a float matmul's would be. Rows are independent, so the
+// threads share them in tasks of 64 rows (a prompt's thousands of rows on one thread left the others
+// waiting; a verify block stays on one).
 Quantised quantise_rows(const float* x, int64_t rows, int64_t k, bool avx512, bool halves) {
   const int64_t blocks = k / BLOCK;
   Quantised q{std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks), std::vector<float>(rows * blocks),
               std::vector<float>(halves ? 2 * rows * blocks : 0)};
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const float* v = x + r * k + b * BLOCK;
-      if (!finite_block(v)) {  // the codes stay 0
-        q.scale[r * blocks + b] = q.offset[r * blocks + b] = std::numeric_limits<float>::quiet_NaN();
-        if (halves) q.halves[2 * (r * blocks + b)] = q.halves[2 * (r * blocks + b) + 1] = q.scale[r * blocks + b];
-        continue;
-      }
-      float amax = 0.f;
-      if (avx512) {
-        amax = block_amax_avx512(v);
-      } else {
-        for (int64_t i = 0; i < BLOCK; ++i) amax = std::fmax(amax, std::fabs(v[i]));
-      }
-      const float d = amax / 127.f;
-      const float inverse = d != 0.f ? 1.f / d : 0.f;
-      int8_t* out = q.codes.data() + r * k + b * BLOCK;
-      const Sums sums = avx512 ? quantise_block_avx512(v, out, inverse) : quantise_block(v, out, inverse);
-      q.scale[r * blocks + b] = d;
-      q.offset[r * blocks + b] = d * static_cast<float>(sums.low + sums.high);
-      if (halves) {
-        q.halves[2 * (r * blocks + b)] = d * static_cast<float>(sums.low);
-        q.halves[2 * (r * blocks + b) + 1] = d * static_cast<float>(sums.high);
+  at::parallel_for(0, rows, 64, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float* v = x + r * k + b * BLOCK;
+        if (!finite_block(v)) {  // the codes stay 0
+          q.scale[r * blocks + b] = q.offset[r * blocks + b] = std::numeric_limits<float>::quiet_NaN();
+          if (halves) q.halves[2 * (r * blocks + b)] = q.halves[2 * (r * blocks + b) + 1] = q.scale[r * blocks + b];
+          continue;
+        }
+        float amax = 0.f;
+        if (avx512) {
+          amax = block_amax_avx512(v);
+        } else {
+          for (int64_t i = 0; i < BLOCK; ++i) amax = std::fmax(amax, std::fabs(v[i]));
+        }
+        const float d = amax / 127.f;
+        const float inverse = d != 0.f ? 1.f / d : 0.f;
+        int8_t* out = q.codes.data() + r * k + b * BLOCK;
+        const Sums sums = avx512 ? quantise_block_avx512(v, out, inverse) : quantise_block(v, out, inverse);
+        q.scale[r * blocks + b] = d;
+        q.offset[r * blocks + b] = d * static_cast<float>(sums.low + sums.high);
+        if (halves) {
+          q.halves[2 * (r * blocks + b)] = d * static_cast<float>(sums.low);
+          q.halves[2 * (r * blocks + b) + 1] = d * static_cast<float>(sums.high);
+        }
       }
     }
-  }
+  });
   return q;
 }
 
@@ -316,16 +326,17 @@ void pass(bool avx512, const uint8_t* w, const WeightScales& ws, const Quantised
   if constexpr (R <= 8) tile_avx512<BITS, R>(w, ws, q, row, k, y, n, n0);
 }
 
+// Rows [first, last) of one tile.
 template <int BITS>
-void tiles(bool avx512, const uint8_t* w, const WeightScales& ws, const Quantised& q, int64_t rows,
+void tiles(bool avx512, const uint8_t* w, const WeightScales& ws, const Quantised& q, int64_t first, int64_t last,
            int64_t k, float* y, int64_t n, int64_t tile) {
   const int64_t blocks = k / BLOCK;
   const int64_t tile_bytes = blocks * block_bytes(BITS);
   const uint8_t* wt = w + tile * tile_bytes;
   const WeightScales st = ws.at(tile * blocks * scales_per_block(BITS));
   const int64_t most = avx512 ? 8 : 4, n0 = tile * TILE;
-  for (int64_t row = 0; row < rows; row += most) {
-    switch (std::min(most, rows - row)) {
+  for (int64_t row = first; row < last; row += most) {
+    switch (std::min(most, last - row)) {
       case 8: pass<BITS, 8>(avx512, wt, st, q, row, k, y, n, n0); break;
       case 7: pass<BITS, 7>(avx512, wt, st, q, row, k, y, n, n0); break;
       case 6: pass<BITS, 6>(avx512, wt, st, q, row, k, y, n, n0); break;
@@ -364,11 +375,15 @@ at::Tensor q8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   const WeightScales ws{scale.data_ptr(), multiple ? nullptr : offset.data_ptr(), half,
                         multiple ? offset.data_ptr<float>()[0] : 0.f};
   float* out = y.data_ptr<float>();
+  const int64_t chunk = chunk_rows(k);
   at::parallel_for(0, tiles_n, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t tile = begin; tile < end; ++tile) {
-      if (bits == 4) tiles<4>(avx512, w, ws, q, rows, k, out, n, tile);
-      else if (bits == 6) tiles<6>(avx512, w, ws, q, rows, k, out, n, tile);
-      else tiles<8>(avx512, w, ws, q, rows, k, out, n, tile);
+    for (int64_t first = 0; first < rows; first += chunk) {
+      const int64_t last = std::min(rows, first + chunk);
+      for (int64_t tile = begin; tile < end; ++tile) {
+        if (bits == 4) tiles<4>(avx512, w, ws, q, first, last, k, out, n, tile);
+        else if (bits == 6) tiles<6>(avx512, w, ws, q, first, last, k, out, n, tile);
+        else tiles<8>(avx512, w, ws, q, first, last, k, out, n, tile);
+      }
     }
   });
   return y;
