@@ -14,7 +14,8 @@ from exactness import assert_lossless, small_models
 
 from specdec_cli.decoding.acceptance import SamplingParams
 from specdec_cli.decoding.drafters.store import StoreDrafter
-from specdec_cli.decoding.drafters.store_file import build_table, opened_table
+from specdec_cli.decoding.drafters.store_file import MASK, PRIME, build_table, opened_table, suffix_hashes, window_hashes
+from specdec_cli.decoding.drafters.suffix import MAX_MATCH, MIN_MATCH
 from specdec_cli.decoding.drafters.suffix import continuation, count
 from specdec_cli.errors import UserError
 
@@ -31,6 +32,23 @@ def test_the_table_drafts_what_the_memorys_dictionaries_draft():
         for k in (1, 3, 6):
             assert table.continuation(tail, k) == continuation(counts, tail, k), (tail, k)
     assert table.continuation([1, 2, 3], 6) == ([4, 5, 6], 3)  # no further than the match is long
+
+
+def test_a_tails_hashes_are_the_tables_hashes_of_its_n_grams():
+    """A lookup finds what building indexed: each n-gram ending the tail hashed as window_hashes hashes
+    it (and as the hash's definition reads, token by token), for tails shorter and longer than MAX_MATCH."""
+    rng = np.random.default_rng(0)
+    for length in (0, 1, MIN_MATCH, MAX_MATCH - 1, MAX_MATCH, MAX_MATCH + 5):
+        tail = rng.integers(0, 50_000, length).tolist()
+        lengths = range(min(MAX_MATCH, length), MIN_MATCH - 1, -1)
+        built = [int(window_hashes(np.asarray(tail, np.int64), n, np.array([length]))[0]) for n in lengths]
+        defined = []
+        for n in lengths:
+            h = n
+            for token in tail[-n:]:
+                h = (h * PRIME + token + 1) & MASK
+            defined.append(h)
+        assert suffix_hashes(tail) == built == defined, length
 
 
 def test_a_tie_drafts_the_smallest_id_and_a_share_below_a_tenth_stops_the_draft():

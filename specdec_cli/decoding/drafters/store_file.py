@@ -3,7 +3,7 @@
 The table holds, for every n-gram of MIN_MATCH to MAX_MATCH tokens of the answers, a 64-bit hash,
 sorted, with the successor seen most often after it (ties: the smallest id) and that successor's
 share of its count. How n-grams are hashed is the table's format: building (``window_hashes``) and
-looking up (``tail_hash``) are kept together here, beside the kept table's FORMAT.
+looking up (``suffix_hashes``) are kept together here, beside the kept table's FORMAT.
 
 The answers file is JSON lines, gzip-compressed when its name ends in ``.gz``: one object per answer,
 ``{"ids": [token ids…], "start": N}``, where the answer begins at ``ids[N]`` and what comes before is
@@ -53,14 +53,14 @@ class Table:
 
     def longest(self, tail: list[int]) -> tuple[int, int]:
         """(row, n): the longest n-gram ending ``tail`` that the table knows; (-1, 0) for none."""
-        lengths = range(min(MAX_MATCH, len(tail)), MIN_MATCH - 1, -1)
-        hashes = np.array([tail_hash(tail[-n:]) for n in lengths], dtype=np.uint64)
-        if not len(hashes):
+        hashes = suffix_hashes(tail)
+        if not hashes:
             return -1, 0
-        rows = np.searchsorted(self.keys, hashes)
-        for n, h, row in zip(lengths, hashes, rows):
-            if row < len(self.keys) and self.keys[row] == h:
-                return int(row), n
+        rows = np.searchsorted(self.keys, np.array(hashes, dtype=np.uint64)).tolist()
+        keys = len(self.keys)
+        for n, h, row in zip(range(MIN_MATCH + len(hashes) - 1, MIN_MATCH - 1, -1), hashes, rows):
+            if row < keys and int(self.keys[row]) == h:
+                return row, n
         return -1, 0
 
     def continuation(self, tail: list[int], k: int, factor: float = SPEC_FACTOR,
@@ -80,12 +80,18 @@ class Table:
         return found, matched
 
 
-def tail_hash(tokens: list[int]) -> int:
-    """The hash of one n-gram, as window_hashes makes it."""
-    h = len(tokens)
-    for t in tokens:
-        h = (h * PRIME + t + 1) & MASK
-    return h
+def suffix_hashes(tail: list[int]) -> list[int]:
+    """The hash of each n-gram ending ``tail``, as window_hashes makes it, the longest first (MAX_MATCH
+    down to MIN_MATCH tokens, as many as it holds). window_hashes' n-gram hash is n·Pⁿ plus the sum of
+    (token + 1)·Pᵈ over the tokens' distances d from its end, so one pass from the tail's end makes
+    each from the one before and one more term (every drafted token looks a tail up)."""
+    found, total, power = [], 0, 1
+    for n, token in enumerate(reversed(tail[-MAX_MATCH:]), 1):
+        total = (total + (token + 1) * power) & MASK
+        power = (power * PRIME) & MASK
+        if n >= MIN_MATCH:
+            found.append((n * power + total) & MASK)
+    return found[::-1]
 
 
 def window_hashes(tokens: np.ndarray, n: int, ends: np.ndarray) -> np.ndarray:
