@@ -4,9 +4,8 @@ import json
 import math
 import os
 import sys
-import time
-
 import re
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from specdec_cli.decoding.drafters.model import ModelDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.errors import UserError
 from specdec_cli.commands.calibrate import parse_ks
+from specdec_cli.measure import calibration
 from specdec_cli.measure.calibration import summarise_all, sweep
 from specdec_cli.pairs.profile import (
     PairProfile,
@@ -63,15 +63,35 @@ class OracleDrafter(Drafter):
         return Draft.empty()
 
 
-class Slow:
-    """A model whose forward takes as long as a real one's (a fixed cost plus a little per token), so
-    that speeds measured on tiny models mean something even on a busy machine."""
+class Clock:
+    """The clock calibrate's runs are timed by (``time.perf_counter`` in measure/calibration.py, under
+    ``timed_by``), moved only by the Slow models: a run's seconds are its forwards' costs, the same on an
+    idle machine and a busy one (slept costs are not: a stall of a tenth of a second in a busy test run
+    can make K 3 beat K 8 for a draft that is always right)."""
 
-    def __init__(self, model, base_s=0.005, per_token_s=0.0004):
-        self.model, self.base_s, self.per_token_s = model, base_s, per_token_s
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@contextmanager
+def timed_by(clock: Clock):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(calibration, "time", clock)
+        yield
+
+
+class Slow:
+    """A model whose forward costs what a real one's does (a fixed cost plus a little per token) on
+    ``clock``, so that speeds measured on tiny models mean something."""
+
+    def __init__(self, model, clock: Clock, base_s=0.005, per_token_s=0.0004):
+        self.model, self.clock, self.base_s, self.per_token_s = model, clock, base_s, per_token_s
 
     def __call__(self, input_ids, **kwargs):
-        time.sleep(self.base_s + self.per_token_s * input_ids.shape[-1])
+        self.clock.now += self.base_s + self.per_token_s * input_ids.shape[-1]
         return self.model(input_ids, **kwargs)
 
     def __getattr__(self, name):
@@ -85,8 +105,9 @@ def greedy(target, prompt, n):
 @pytest.fixture(scope="module")
 def oracle_calibration(target):
     n = 64
-    oracle = OracleDrafter([ids + greedy(target, ids, n) for _, ids in PROMPTS])
-    measured = sweep(SpeculativeEngine(Slow(target), oracle, {1}), PROMPTS, [0, 1, 3, 8], n)
+    oracle, clock = OracleDrafter([ids + greedy(target, ids, n) for _, ids in PROMPTS]), Clock()
+    with timed_by(clock):
+        measured = sweep(SpeculativeEngine(Slow(target, clock), oracle, {1}), PROMPTS, [0, 1, 3, 8], n)
     return measured, summarise_all(measured)
 
 
@@ -108,8 +129,10 @@ def test_draft_equal_to_target_accepts_everything_and_picks_the_largest_k(target
 
 
 def test_a_disagreeing_draft_is_rarely_accepted_and_speculation_is_off(target, draft):
-    engine = SpeculativeEngine(Slow(target), ModelDrafter(Slow(draft), target.config.vocab_size), {1})
-    scenarios, overall = summarise_all(sweep(engine, PROMPTS[:2], [0, 2, 4], 32))
+    clock = Clock()
+    engine = SpeculativeEngine(Slow(target, clock), ModelDrafter(Slow(draft, clock), target.config.vocab_size), {1})
+    with timed_by(clock):
+        scenarios, overall = summarise_all(sweep(engine, PROMPTS[:2], [0, 2, 4], 32))
     result = scenarios["code"]
     assert result.alpha < 0.3
     assert all(f.speedup < 1.0 for f in result.per_k if f.k)
