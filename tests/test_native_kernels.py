@@ -177,6 +177,30 @@ def test_attention_rows_are_the_exact_softmax_and_bit_identical_alone_in_a_block
                                             gathered, attend(q[4:7], other_keys, other_values, torch.arange(38, 41), None, 0.3, avx512)]))
 
 
+@pytest.mark.parametrize("dim", [16, 64, 128])
+def test_scores_far_below_the_best_weigh_nothing_and_a_nan_row_stays_nan_alone(dim):
+    # sharp queries put most scores past exp's cut-off (87 below the best), in the 16-wide body and the
+    # tail of each row's keys; a NaN query row attends to NaN, and the rows beside it keep their bits
+    g = torch.Generator().manual_seed(11)
+    keys, values = torch.randn(3, 100, dim, generator=g), torch.randn(3, 100, dim, generator=g)
+    q = 320 / dim**0.5 * torch.randn(6, 9, dim, generator=g)  # scores of spread ~40
+    counts = torch.tensor([100, 99, 37, 16, 17, 3])
+    attend = native_kernels.op("attend_rows")
+    avx512 = native_kernels.avx512()
+    got = attend([q], [keys], [values], [counts], [None], 0.125, avx512)
+    for row, count in enumerate(counts.tolist()):
+        k, v = keys.repeat_interleave(3, 0)[:, :count].double(), values.repeat_interleave(3, 0)[:, :count].double()
+        scores = torch.einsum("hd,hkd->hk", q[row].double(), k) * 0.125
+        assert (scores < scores.amax(-1, keepdim=True) - 87).any() or count < 4
+        # scores of ~100 carry float32's rounding into the weights: a lane mixed up would be off by ~1
+        torch.testing.assert_close(got[row].double(), torch.einsum("hk,hkd->hd", scores.softmax(-1), v), rtol=1e-4, atol=1e-5)
+    poisoned = q.clone()
+    poisoned[2, 0, 0] = float("nan")
+    with_nan = attend([poisoned], [keys], [values], [counts], [None], 0.125, avx512)
+    assert with_nan[2, 0].isnan().all() and not with_nan[2, 1:].isnan().any()
+    assert torch.equal(with_nan[:2], got[:2]) and torch.equal(with_nan[3:], got[3:])
+
+
 def lean_native(kind):
     model = quantise_model(tiny_llama(seed=3, hidden=256, layers=2), kind, native=True)  # head_dim 64
     assert any(isinstance(m, Q8Linear) for m in model.modules())

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -77,6 +78,43 @@ inline __m512 sum16x16(const __m512 (&dots)[4][4]) {
                        _mm512_shuffle_ps(y01, y23, _MM_SHUFFLE(3, 1, 3, 1)));  // i + 1
 }
 
+// exponentiate's values, sixteen at a time: each lane is exp_nonpositive's float ops on its score (a
+// NaN clamped by the maximum as by the comparison, the integer part converted exactly), and their sum
+// is added in order, one score after another, as the scalar loop adds it: the same bits (a NaN sum is
+// NaN either way, its sign not kept), without a branch a score (the compiler keeps that loop scalar).
+__attribute__((target("avx512f,avx512dq,fma")))
+float exponentiate_wide(float* scores, int64_t count, float best) {
+  const __m512 floor_at = _mm512_set1_ps(-87.f), by = _mm512_set1_ps(best);
+  float total = 0.f;
+  int64_t j = 0;
+  for (; j + 16 <= count; j += 16) {
+    const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(scores + j), by);
+    const __m512 clamped = _mm512_max_ps(x, floor_at);  // a NaN x gives the second operand, -87
+    const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(clamped, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), clamped);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 e = x;  // a NaN stays NaN
+    e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, floor_at, _CMP_LT_OQ), _mm512_setzero_ps());
+    e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, floor_at, _CMP_GE_OQ), _mm512_mul_ps(p, _mm512_castsi512_ps(bits)));
+    _mm512_storeu_ps(scores + j, e);
+    for (int i = 0; i < 16; ++i) total += scores[j + i];
+  }
+  for (; j < count; ++j) {
+    scores[j] = path_avx512::exp_nonpositive(scores[j] - best);
+    total += scores[j];
+  }
+  return total;
+}
+
 // head_dim 64 or 128 on AVX-512: the same three passes as attend_one, with each score's dot product
 // as D / 16 vector products summed in order and then across lanes, and the output in registers.
 template <int D>
@@ -108,7 +146,7 @@ void attend_one_wide(const float* q, const float* k, const float* v, int64_t key
     scores[j] = sum16(dot) * scale;
     best = scores[j] > best ? scores[j] : best;
   }
-  const float total = path_avx512::exponentiate(scores, count, best);
+  const float total = exponentiate_wide(scores, count, best);
   __m512 acc[C];
   for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t j = 0; j < count; ++j) {
@@ -122,9 +160,11 @@ void attend_one_wide(const float* q, const float* k, const float* v, int64_t key
 
 // Many queries of one kv head (several rows, several heads of its group) in one stream over its keys
 // and values, which come from memory once and from L1 for the queries after the first four: scores
-// four keys by four queries at a time (sum16x16), the rest key by key (sum16x4), and the values in
-// blocks of 64 keys, each query's sum carried from block to block in memory (exactly). Each query's
-// arithmetic is attend_one_wide's, op for op, so its result is the same bits as alone.
+// four keys by four queries at a time (sum16x16) over the keys all four queries see, the rest key by key
+// (sum16x4), and the values in blocks of 64 keys, each query's sum carried from block to block in
+// memory (exactly). A causal block's four queries skip the keys none of them sees, so its rows cost a
+// triangle, not a square. Each query's arithmetic is attend_one_wide's, op for op, so its result is the
+// same bits as alone.
 constexpr int64_t VALUE_BLOCK = 64;
 
 template <int D>
@@ -135,14 +175,21 @@ void attend_shared_wide(const float* const* qs, float* const* outs, const int64_
   constexpr int C = D / 16;
   const int groups4 = (n + 3) / 4;  // queries in fours; the last four padded with the first query, unused
   auto query = [&](int i) { return qs[i < n ? i : 0]; };
-  int64_t widest = 0, common = counts[0];
-  for (int i = 0; i < n; ++i) widest = std::max(widest, counts[i]), common = std::min(common, counts[i]);
+  // Per four queries, the keys all of them see, in whole fours (``common``), and the most any sees.
+  std::vector<int64_t> common(groups4), most(groups4);
+  int64_t widest = 0, common_most = 0, common_least = std::numeric_limits<int64_t>::max();
+  for (int g = 0; g < groups4; ++g) {
+    int64_t low = counts[4 * g], high = counts[4 * g];
+    for (int i = 1; i < 4 && 4 * g + i < n; ++i) low = std::min(low, counts[4 * g + i]), high = std::max(high, counts[4 * g + i]);
+    common[g] = low / 4 * 4, most[g] = high;
+    widest = std::max(widest, high), common_most = std::max(common_most, common[g]), common_least = std::min(common_least, common[g]);
+  }
   std::vector<float> best(4 * groups4, -INFINITY);
   const __m512 scale_v = _mm512_set1_ps(scale);
   std::vector<float> top(16 * groups4, -INFINITY);  // per four queries, the running maxima of their lanes
-  int64_t j = 0;
-  for (; j + 4 <= common; j += 4) {  // keys every query sees, four at a time
+  for (int64_t j = 0; j < common_most; j += 4) {  // keys all four queries see, four at a time
     for (int g = 0; g < groups4; ++g) {
+      if (j >= common[g]) continue;
       __m512 dots[4][4];
       for (int m = 0; m < 4; ++m) {
         const float* kj = k + (j + m) * key_stride;
@@ -165,9 +212,10 @@ void attend_shared_wide(const float* const* qs, float* const* outs, const int64_
   for (int g = 0; g < groups4; ++g)
     for (int i = 0; i < 4; ++i)
       for (int m = 0; m < 4; ++m) best[4 * g + i] = std::max(best[4 * g + i], top[16 * g + 4 * i + m]);
-  for (; j < widest; ++j) {  // the last keys, which some rows do not see
+  for (int64_t j = common_least; j < widest; ++j) {  // the keys some of a four's queries do not see
     const float* kj = k + j * key_stride;
     for (int g = 0; g < groups4; ++g) {
+      if (j < common[g] || j >= most[g]) continue;
       __m512 dots[4];
       for (int i = 0; i < 4; ++i) {
         const float* qi = query(4 * g + i);
@@ -186,16 +234,18 @@ void attend_shared_wide(const float* const* qs, float* const* outs, const int64_
     }
   }
   std::vector<float> total(n);
-  for (int i = 0; i < n; ++i) total[i] = path_avx512::exponentiate(scores + i * width, counts[i], best[i]);
+  for (int i = 0; i < n; ++i) total[i] = exponentiate_wide(scores + i * width, counts[i], best[i]);
   std::fill(sums_out, sums_out + n * D, 0.f);
   for (int64_t start = 0; start < widest; start += VALUE_BLOCK) {
     const int64_t stop = std::min(widest, start + VALUE_BLOCK);
     for (int g = 0; g < groups4; ++g) {
+      const int64_t last = std::min(stop, most[g]);  // the four's queries see no key from here
+      if (last <= start) continue;
       const int in_group = std::min(4, n - 4 * g);
       __m512 acc[4][C];
       for (int i = 0; i < in_group; ++i)
         for (int c = 0; c < C; ++c) acc[i][c] = _mm512_loadu_ps(sums_out + (4 * g + i) * D + 16 * c);
-      for (int64_t jj = start; jj < stop; ++jj) {
+      for (int64_t jj = start; jj < last; ++jj) {
         const float* vj = v + jj * value_stride;
         __m512 value[C];
         for (int c = 0; c < C; ++c) value[c] = _mm512_loadu_ps(vj + 16 * c);
