@@ -78,43 +78,6 @@ inline __m512 sum16x16(const __m512 (&dots)[4][4]) {
                        _mm512_shuffle_ps(y01, y23, _MM_SHUFFLE(3, 1, 3, 1)));  // i + 1
 }
 
-// exponentiate's values, sixteen at a time: each lane is exp_nonpositive's float ops on its score (a
-// NaN clamped by the maximum as by the comparison, the integer part converted exactly), and their sum
-// is added in order, one score after another, as the scalar loop adds it: the same bits (a NaN sum is
-// NaN either way, its sign not kept), without a branch a score (the compiler keeps that loop scalar).
-__attribute__((target("avx512f,avx512dq,fma")))
-float exponentiate_wide(float* scores, int64_t count, float best) {
-  const __m512 floor_at = _mm512_set1_ps(-87.f), by = _mm512_set1_ps(best);
-  float total = 0.f;
-  int64_t j = 0;
-  for (; j + 16 <= count; j += 16) {
-    const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(scores + j), by);
-    const __m512 clamped = _mm512_max_ps(x, floor_at);  // a NaN x gives the second operand, -87
-    const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(clamped, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), clamped);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-    __m512 e = x;  // a NaN stays NaN
-    e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, floor_at, _CMP_LT_OQ), _mm512_setzero_ps());
-    e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, floor_at, _CMP_GE_OQ), _mm512_mul_ps(p, _mm512_castsi512_ps(bits)));
-    _mm512_storeu_ps(scores + j, e);
-    for (int i = 0; i < 16; ++i) total += scores[j + i];
-  }
-  for (; j < count; ++j) {
-    scores[j] = path_avx512::exp_nonpositive(scores[j] - best);
-    total += scores[j];
-  }
-  return total;
-}
-
 // head_dim 64 or 128 on AVX-512: the same three passes as attend_one, with each score's dot product
 // as D / 16 vector products summed in order and then across lanes, and the output in registers.
 template <int D>
@@ -146,7 +109,7 @@ void attend_one_wide(const float* q, const float* k, const float* v, int64_t key
     scores[j] = sum16(dot) * scale;
     best = scores[j] > best ? scores[j] : best;
   }
-  const float total = exponentiate_wide(scores, count, best);
+  const float total = path_avx512::exponentiate(scores, count, best);
   __m512 acc[C];
   for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t j = 0; j < count; ++j) {
@@ -234,7 +197,7 @@ void attend_shared_wide(const float* const* qs, float* const* outs, const int64_
     }
   }
   std::vector<float> total(n);
-  for (int i = 0; i < n; ++i) total[i] = exponentiate_wide(scores + i * width, counts[i], best[i]);
+  for (int i = 0; i < n; ++i) total[i] = path_avx512::exponentiate(scores + i * width, counts[i], best[i]);
   std::fill(sums_out, sums_out + n * D, 0.f);
   for (int64_t start = 0; start < widest; start += VALUE_BLOCK) {
     const int64_t stop = std::min(widest, start + VALUE_BLOCK);
