@@ -130,3 +130,18 @@ def test_the_librarys_parallel_loops_run_on_torchs_pool_of_threads(kernels):
         assert after == pool and gomp == 1, done.stdout
         counts[threads] = pool
     assert counts[3] - counts[1] >= 2  # at least the two more OpenMP workers that 3 threads need
+
+
+def test_every_source_the_library_is_built_from_is_installed_with_the_package():
+    # an install from a wheel compiles from the package's own copy of native/: a header left out of
+    # the package data fails that compile, and the target runs on torch's kernels
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    config = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["specdec_cli"]
+    package = Path(native_kernels.__file__).parents[1]
+    named = [str(p.relative_to(package)) for p in native_kernels.sources()]
+    assert {"runtime/native/cpu_features.h", "runtime/native/attention_wide.inc"} <= set(named)
+    assert [n for n in named if not any(fnmatch.fnmatch(n, g) for g in globs)] == []

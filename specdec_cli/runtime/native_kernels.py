@@ -35,7 +35,7 @@ import torch
 from ..notices import log
 from . import kernel_checksum, staging
 
-SOURCE_DIR = Path(__file__).with_name("native")  # library.cpp (the ops), q8_matmul.cpp, attention_rows.cpp and its body, cpu_features.h
+SOURCE_DIR = Path(__file__).with_name("native")  # library.cpp (the ops), q8_matmul.cpp, attention_rows.cpp and its two bodies, cpu_features.h
 BLOCK = 32  # inputs per scale, activations and weights alike
 TILE = 16  # outputs per weight tile
 FLAGS = ["-O3", "-std=c++20", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-Wall"]
