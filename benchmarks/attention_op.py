@@ -28,10 +28,17 @@ CASES = {  # name: (answers, rows an answer, cached positions, layers of buffers
 }
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"{text} is not between 1 and 1000")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=20, help="calls a round (each layer's buffers once a call)")
+    parser.add_argument("--rounds", type=positive, default=5)
+    parser.add_argument("--calls", type=positive, default=20, help="calls a round (each layer's buffers once a call)")
     args = parser.parse_args()
 
     import torch

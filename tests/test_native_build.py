@@ -5,8 +5,11 @@ would otherwise be undefined (a CPU without the instructions, a key outside the 
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import subprocess
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,10 +138,6 @@ def test_the_librarys_parallel_loops_run_on_torchs_pool_of_threads(kernels):
 def test_every_source_the_library_is_built_from_is_installed_with_the_package():
     # an install from a wheel compiles from the package's own copy of native/: a header left out of
     # the package data fails that compile, and the target runs on torch's kernels
-    import fnmatch
-    import tomllib
-    from pathlib import Path
-
     config = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     globs = config["tool"]["setuptools"]["package-data"]["specdec_cli"]
     package = Path(native_kernels.__file__).parents[1]
