@@ -95,6 +95,8 @@ def test_an_adaptive_schedule_per_answer_and_a_batch_larger_than_the_prompts(tar
     got, widths = batched(engine, None, 16, SamplingParams(), seeds, schedule)
     assert got == [alone(target, ids, n, SamplingParams(), 0) for ids, n in zip(prompts(), budgets())]
     assert max(widths) == len(prompts())
+    # Some steps weighed drafts and some decoded plainly (control/batch_rows.Weighing), the answers the same.
+    assert {weighed for _, weighed in engine.weighing.seen} == {True, False}
 
 
 def test_a_target_on_transformers_forward_is_refused_a_batch_and_runs_one_at_a_time():
