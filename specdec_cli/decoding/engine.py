@@ -203,7 +203,7 @@ class SpeculativeEngine:
         outs = iter(outs)
         for request, copied in joining:
             self._prompt(request, request.cache, next(outs) if request.tokens.shape[0] - 1 > request.shared else None, copied)
-        found = [(r, self._finish(r, p, next(outs), forward_s, len(rounds))) for p, r in zip(plans, rounds)]
+        found = [(r, self._finish(r, p, next(outs), forward_s, len(rounds), not plainly)) for p, r in zip(plans, rounds)]
         if weighs and not joining:
             self.weighing.observe(len(rounds), not plainly, time.perf_counter() - step_started,
                                   sum(len(e.emitted) for _, e in found))
@@ -272,7 +272,7 @@ class SpeculativeEngine:
         tree = None if draft.parents is None else Tree(block, (-1, *draft.parents))
         return Pending(want, draft, decision.offer_s, draft_s, block, tree, cached)
 
-    def _finish(self, request: Request, pending: Pending, out, forward_s: float, batch: int = 1) -> RoundEvent:
+    def _finish(self, request: Request, pending: Pending, out, forward_s: float, batch: int = 1, weighed: bool = True) -> RoundEvent:
         """A round after its verify forward: accept, commit the kept path (cache and tokens), show the
         drafters what the target said, and the event."""
         draft, tree, block = pending.draft, pending.tree, pending.block
@@ -305,6 +305,7 @@ class SpeculativeEngine:
             logits=logits[rows_kept].cpu() if request.record_logits else None,
             stop=EOS if eos else (request.limit if finished else None),
             batch=batch,
+            weighed=weighed,
             cached=pending.cached,
             fallback_forwards=fallbacks,
             parents=None if tree is None else tuple(draft.parents),
