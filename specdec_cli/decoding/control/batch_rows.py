@@ -89,11 +89,12 @@ class Weighing:
     cost: per size, the seconds an emitted token took in the steps that weighed (deciding, drafting,
     the forward with its draft rows, accepting) and in those that decoded plainly, smoothed. Until
     each choice has been seen ``least`` times the two alternate; then a step takes the cheaper (a tie
-    weighs), and every ``explore``-th step the other, so that a batch whose answers start to repeat
-    themselves, or whose forward grows cheaper, turns back. Only steps without prompts joining are
-    timed: a prompt's rows would be charged to whichever choice met them."""
+    weighs), and every ``explore``-th step the other. Such a probe counts alone, not smoothed: one
+    step that pays turns the size over at once, as when answers that repeat their prompts join a
+    batch that had stopped drafting. Only steps without prompts joining are timed: a prompt's rows
+    would be charged to whichever choice met them."""
 
-    def __init__(self, least: int = 3, explore: int = 16, smoothing: float = 0.2):
+    def __init__(self, least: int = 3, explore: int = 8, smoothing: float = 0.2):
         self.least, self.explore, self.smoothing = least, explore, smoothing
         self.seconds: dict[tuple[int, bool], float] = {}  # (size, weighed) -> smoothed seconds a token
         self.seen: dict[tuple[int, bool], int] = {}
@@ -109,6 +110,7 @@ class Weighing:
 
     def observe(self, size: int, weighed: bool, seconds: float, tokens: int) -> None:
         """A step of ``size`` answers that took ``seconds`` and emitted ``tokens``."""
-        key = (size, weighed)
+        key, other = (size, weighed), (size, not weighed)
         self.seen[key] = self.seen.get(key, 0) + 1
-        self.seconds[key] = smooth(self.seconds.get(key), seconds / tokens, self.smoothing)
+        probe = self.seen.get(other, 0) >= self.least and self.seconds.get(key, 0.0) > self.seconds[other]
+        self.seconds[key] = seconds / tokens if probe else smooth(self.seconds.get(key), seconds / tokens, self.smoothing)
