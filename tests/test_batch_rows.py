@@ -3,7 +3,7 @@ tokens per second, so a lone answer drafts as planned and a full compute-bound b
 
 import pytest
 
-from specdec_cli.decoding.control.batch_rows import RowCosts, Weighing, batch_lengths
+from specdec_cli.decoding.control.batch_rows import RowCosts, batch_lengths
 
 
 def gains(*rates):
@@ -60,32 +60,3 @@ def test_a_drafter_that_costs_a_forward_a_token_drafts_less_than_a_free_one():
     assert batch_lengths([likely, likely], 2, memory_bound, [0.0, 0.0]) == [3, 3]
     assert batch_lengths([likely, likely], 2, memory_bound, [0.0, 2.0]) == [3, 1]  # its drafts cost more than rows
     assert batch_lengths([likely, likely], 2, memory_bound, [0.0, 40.0]) == [3, 0]
-
-
-def steps(weighing, size, count, seconds):
-    """``count`` steps of ``size`` answers, each timed by ``seconds[weighed]`` for one token; the choices."""
-    choices = []
-    for _ in range(count):
-        weighed = weighing.weighs(size)
-        weighing.observe(size, weighed, seconds[weighed], 1)
-        choices.append(weighed)
-    return choices
-
-
-def test_a_batch_size_weighs_drafts_while_its_steps_cost_less_a_token_that_way_and_tries_the_other_now_and_then():
-    weighing = Weighing(least=2, explore=4, smoothing=1.0)
-    # Alternating until each choice is seen twice (weighing first), then the cheaper, the other every 4th step.
-    assert steps(weighing, 16, 12, {True: 3.0, False: 2.0}) == [True, False, True, False] + [False, False, False, True] * 2
-    # A size keeps its own figures: a small batch, where drafts pay, weighs.
-    assert steps(weighing, 2, 8, {True: 1.0, False: 2.0}) == [True, False, True, False, True, True, True, False]
-    # Once weighing costs less at 16 (the answers began to repeat themselves) the explored step turns it back.
-    assert steps(weighing, 16, 8, {True: 1.5, False: 2.0}) == [False, False, False, True, True, True, True, False]
-
-
-def test_a_tie_weighs_and_a_token_is_priced_by_the_tokens_a_step_emitted():
-    weighing = Weighing(least=1, explore=100, smoothing=1.0)
-    weighing.observe(8, True, 4.0, 2)  # 2.0 a token
-    weighing.observe(8, False, 2.0, 1)
-    assert weighing.weighs(8)
-    weighing.observe(8, True, 4.0, 1)
-    assert not weighing.weighs(8)

@@ -55,7 +55,6 @@ class Job:
     stats: RunStats
     emitted: list[int] = field(default_factory=list)
     batched: list[int] = field(default_factory=list)  # per round: answers in the same forward
-    plain_rounds: int = 0  # rounds whose batch decoded plainly, asking no drafter
     shared: int = 0  # prompt tokens whose cache it copied from another answer's (decoding/shared_prefix.py)
     view: LiveView | None = None
 
@@ -147,7 +146,6 @@ def answer(settings: Settings, prompts: Iterable[Prompt | BadPrompt], console) -
                 job.stats.add(event)
                 job.emitted += event.emitted
                 job.batched.append(event.batch)
-                job.plain_rounds += not event.weighed
                 job.shared = request.shared
                 if job.view is not None:
                     job.view.update(event, job.stats, job.k.describe() if _adaptive(job) else None)
@@ -236,7 +234,7 @@ def _result(settings: Settings, job: Job) -> dict:
     if settings.batch > 1:  # how many answers shared its rounds' forwards
         rounds = job.batched or [1]
         stats["batch"] = {"size": settings.batch, "mean": round(sum(rounds) / len(rounds), 2), "max": max(rounds),
-                          "prompt_shared": job.shared, "plain_rounds": job.plain_rounds}
+                          "prompt_shared": job.shared}
     result = {
         "id": job.item.id,
         "prompt": job.item.text,

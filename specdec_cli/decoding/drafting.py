@@ -52,18 +52,6 @@ def decide(request: Request, drafts_trees: bool) -> Decision:
     return Decision(plan, want, tree, offers, learned, offer_s, time.perf_counter() - started)
 
 
-def plain() -> Decision:
-    """A round that drafts nothing, decided by its batch before any drafter or schedule was asked
-    (a batch size that does not weigh drafts: control/batch_rows.Weighing)."""
-    return Decision(Plan.nothing(), 0, False, {}, None, 0.0, 0.0)
-
-
-def weighed(request: Request) -> bool:
-    """Whether a batch weighs this answer's chains against their rows (its schedule's ``gains``):
-    an adaptive controller's plans are; a fixed K is kept as given."""
-    return request.schedule.gains(Plan.nothing()) is not None
-
-
 def gains(request: Request, decision: Decision) -> tuple[list[float], float] | None:
     """A chain's expected tokens by its drafts up to the decided K, and its drafter's seconds a token
     (``KSchedule.gains``); None where the plan is kept as it is (a tree, or a fixed K)."""

@@ -28,9 +28,9 @@ from ..runtime.lean_forward import Block, fallback_forwards, forward_many
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept
 from .blocks import padded_chain, padded_tree
 from .coupling import PositionNoise, race_scores
-from .control.batch_rows import RowCosts, Weighing, batch_lengths
+from .control.batch_rows import RowCosts, batch_lengths
 from .drafters.base import Draft, Drafter, Needs, TreeDrafting, Verified, drafts_trees, parts, top_ids
-from .drafting import Decision, decide, gains, plain, propose, weighed
+from .drafting import Decision, decide, gains, propose
 from .request import Request
 from .shared_prefix import copy_prefix, plan_sharing
 from .events import CONTEXT, EOS, MAX_NEW_TOKENS, RoundEvent
@@ -85,7 +85,6 @@ class SpeculativeEngine:
         # Several answers' blocks in one forward (``run``'s batches) where the target runs the lean forward.
         self.batched = forward_many(target)
         self.row_costs = RowCosts()  # a batched forward's seconds by its rows: what a batch's draft rows cost
-        self.weighing = Weighing()  # per batch size, whether its steps weigh drafts at all
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], *, k: int | KSchedule, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
@@ -184,16 +183,11 @@ class SpeculativeEngine:
         rounds = [r for r in running if r.prompted]
         joining = self._share([r for r in running if not r.prompted], rounds)
         blocks = [Block(r.tokens[r.shared : -1], r.cache, keep=1) for r, _ in joining if r.tokens.shape[0] - 1 > r.shared]
-        prompt_rows = sum(b.ids.shape[0] for b in blocks)
-        # Whether the step weighs drafts: a batch size whose steps cost less a token without is plain (Weighing).
-        weighs = len(rounds) > 1 and self.row_costs.known() and all(weighed(r) for r in rounds)
-        plainly = weighs and not self.weighing.weighs(len(rounds))
-        step_started = time.perf_counter()
         decisions = []
         for request in rounds:
             request.schedule.context(request.tokens.shape[0] - 1)
-            decisions.append(plain() if plainly else decide(request, self.drafts_trees))
-        caps = self._caps(rounds, decisions, prompt_rows)
+            decisions.append(decide(request, self.drafts_trees))
+        caps = self._caps(rounds, decisions, sum(b.ids.shape[0] for b in blocks))
         plans = [self._plan(r, d, c) for r, d, c in zip(rounds, decisions, caps)]
         blocks += [self._block(p, r) for p, r in zip(plans, rounds)]
         started = time.perf_counter()
@@ -203,11 +197,7 @@ class SpeculativeEngine:
         outs = iter(outs)
         for request, copied in joining:
             self._prompt(request, request.cache, next(outs) if request.tokens.shape[0] - 1 > request.shared else None, copied)
-        found = [(r, self._finish(r, p, next(outs), forward_s, len(rounds), not plainly)) for p, r in zip(plans, rounds)]
-        if weighs and not joining:
-            self.weighing.observe(len(rounds), not plainly, time.perf_counter() - step_started,
-                                  sum(len(e.emitted) for _, e in found))
-        return [(r, None) for r, _ in joining] + found
+        return [(r, None) for r, _ in joining] + [(r, self._finish(r, p, next(outs), forward_s, len(rounds))) for p, r in zip(plans, rounds)]
 
     def _share(self, joining: list[Request], cached: list[Request]) -> list[tuple[Request, torch.Tensor | None]]:
         """The prompts that join this step's forward, each holding the prefix it shares with a cached
@@ -272,7 +262,7 @@ class SpeculativeEngine:
         tree = None if draft.parents is None else Tree(block, (-1, *draft.parents))
         return Pending(want, draft, decision.offer_s, draft_s, block, tree, cached)
 
-    def _finish(self, request: Request, pending: Pending, out, forward_s: float, batch: int = 1, weighed: bool = True) -> RoundEvent:
+    def _finish(self, request: Request, pending: Pending, out, forward_s: float, batch: int = 1) -> RoundEvent:
         """A round after its verify forward: accept, commit the kept path (cache and tokens), show the
         drafters what the target said, and the event."""
         draft, tree, block = pending.draft, pending.tree, pending.block
@@ -305,7 +295,6 @@ class SpeculativeEngine:
             logits=logits[rows_kept].cpu() if request.record_logits else None,
             stop=EOS if eos else (request.limit if finished else None),
             batch=batch,
-            weighed=weighed,
             cached=pending.cached,
             fallback_forwards=fallbacks,
             parents=None if tree is None else tuple(draft.parents),

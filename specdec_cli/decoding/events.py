@@ -47,7 +47,6 @@ class RoundEvent:
     cached: int = 0  # tokens in the target's cache when it verified the block: the context it attended over
     stop: str | None = None  # the last round's: why the run ended (EOS, MAX_NEW_TOKENS or CONTEXT); None before
     batch: int = 1  # answers whose rounds the same target forward verified (1: this one alone)
-    weighed: bool = True  # False: its batch decoded the step plainly, asking no drafter (control/batch_rows.Weighing)
 
     @property
     def nodes(self) -> int:

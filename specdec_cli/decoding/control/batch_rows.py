@@ -8,11 +8,6 @@ whole: starting from one row per answer, the next draft row goes to the answer w
 most worth its cost (a learned drafter's forward, on top of the row), as long as the step's
 expected tokens per second still rise. A full batch drafts
 little or nothing by itself; a batch of one drafts as its schedule plans.
-
-Weighing is not free: every answer's free drafters look for a match and its controller plans, each
-step, and the rows granted are priced by a model of the forward's cost. So each batch size also
-keeps what its steps were seen to cost a token when they weighed and when they did not, and takes
-the cheaper, trying the other now and then (``Weighing``).
 """
 
 from __future__ import annotations
@@ -50,7 +45,6 @@ def batch_lengths(gains: Sequence[Sequence[float] | None], base_rows: int, cost:
         rows += 1
 
 
-
 class RowCosts:
     """Seconds of a forward by its rows, learned from the batched forwards seen: smoothed per row
     count, interpolated between counts, extrapolated past the largest by the slope of the last two.
@@ -82,35 +76,3 @@ class RowCosts:
             return self.seconds[a]
         slope = max((self.seconds[b] - self.seconds[a]) / (b - a), 0.0)  # noise must not make rows free
         return max(self.seconds[a] + slope * (rows - a), min(self.seconds.values()))
-
-
-class Weighing:
-    """Whether a batched step of ``size`` answers weighs drafts at all, by what each choice was seen to
-    cost: per size, the seconds an emitted token took in the steps that weighed (deciding, drafting,
-    the forward with its draft rows, accepting) and in those that decoded plainly, smoothed. Until
-    each choice has been seen ``least`` times the two alternate; then a step takes the cheaper (a tie
-    weighs), and every ``explore``-th step the other. Such a probe counts alone, not smoothed: one
-    step that pays turns the size over at once, as when answers that repeat their prompts join a
-    batch that had stopped drafting. Only steps without prompts joining are timed: a prompt's rows
-    would be charged to whichever choice met them."""
-
-    def __init__(self, least: int = 3, explore: int = 8, smoothing: float = 0.2):
-        self.least, self.explore, self.smoothing = least, explore, smoothing
-        self.seconds: dict[tuple[int, bool], float] = {}  # (size, weighed) -> smoothed seconds a token
-        self.seen: dict[tuple[int, bool], int] = {}
-        self.steps: dict[int, int] = {}
-
-    def weighs(self, size: int) -> bool:
-        """Whether this step of ``size`` answers weighs drafts."""
-        steps = self.steps[size] = self.steps.get(size, 0) + 1
-        if min(self.seen.get((size, True), 0), self.seen.get((size, False), 0)) < self.least:
-            return self.seen.get((size, True), 0) <= self.seen.get((size, False), 0)
-        cheaper = self.seconds[size, True] <= self.seconds[size, False]
-        return cheaper if steps % self.explore else not cheaper
-
-    def observe(self, size: int, weighed: bool, seconds: float, tokens: int) -> None:
-        """A step of ``size`` answers that took ``seconds`` and emitted ``tokens``."""
-        key, other = (size, weighed), (size, not weighed)
-        self.seen[key] = self.seen.get(key, 0) + 1
-        probe = self.seen.get(other, 0) >= self.least and self.seconds.get(key, 0.0) > self.seconds[other]
-        self.seconds[key] = seconds / tokens if probe else smooth(self.seconds.get(key), seconds / tokens, self.smoothing)
