@@ -13,10 +13,10 @@ from specdec_cli.decoding.drafters.lookup import NgramDrafter
 from specdec_cli.decoding.engine import SpeculativeEngine
 from specdec_cli.decoding.head_network import DraftHead, head_config
 from specdec_cli.decoding.kv import reserved_cache
-from specdec_cli.decoding.shared_prefix import DEFER_FROM, plan_sharing
+from specdec_cli.decoding.shared_prefix import DEFER_FROM, copy_prefix, plan_sharing
 from specdec_cli.pairs.cache_dir import cache_root
 from specdec_cli.runtime import native_kernels
-from specdec_cli.runtime.lean_forward import forward_many
+from specdec_cli.runtime.lean_forward import Block, forward_many
 from specdec_cli.runtime.lean_install import use_lean_forward
 from specdec_cli.runtime.quantize import quantise_model
 from specdec_cli.runtime.rowwise_attention import NATIVE_ROWWISE_UP_TO, use_rowwise_attention
@@ -93,6 +93,34 @@ def test_batched_prompts_that_share_a_beginning_are_each_their_own_plain_decodin
     for request, event in engine.run(iter(requests), batch=3):
         answers.setdefault(request.key, []).extend(event.emitted)
     assert [answers[i] for i in range(len(prompts))] == [alone(target, p, n) for p, n in zip(prompts, budgets)]
-    # the second and third wait a step for the first (60 positions), the fourth copies the third's first
-    # rowwise_up_to, the fifth all its prompt caches, the sixth nothing, the seventh 30
-    assert [r.shared for r in requests] == [0, 60, 60, NATIVE_ROWWISE_UP_TO, 60, 0, 30]
+    # the second and third wait a step for the first (60 positions), the fourth copies the third's
+    # positions below rowwise_up_to, the fifth all its prompt caches, the sixth nothing, the seventh 30
+    assert [r.shared for r in requests] == [0, 60, 60, NATIVE_ROWWISE_UP_TO - 1, 60, 0, 30]
+
+
+@pytest.mark.cpu_kernels
+@pytest.mark.parametrize("shared", [NATIVE_ROWWISE_UP_TO - 1, NATIVE_ROWWISE_UP_TO])
+def test_a_prompts_rest_after_a_copied_beginning_caches_what_its_own_forward_does_below_the_limit(target, shared):
+    """Copied up to rowwise_up_to, a prompt's rest is no longer a prompt's forward (lean_forward.is_prompt):
+    its rows attend row by row, where its own forward attends them in one causal call, and the
+    positions after the copy round differently. One position less, and the rest is a prompt's again."""
+    tokens = torch.tensor(ids(9, 240))
+    own, _ = SpeculativeEngine(target, None, EOS).prompt_cache(tokens)
+    copied = reserved_cache(target.config)
+    copy_prefix(own, copied, shared)
+    forward_many(target).forward_many([Block(tokens[shared:-1], copied, keep=1)])
+    same = all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) for a, b in zip(own.layers, copied.layers))
+    assert same == (shared < NATIVE_ROWWISE_UP_TO)
+
+
+@pytest.mark.cpu_kernels
+def test_the_same_long_prompt_twice_in_a_batch_is_each_time_its_own_plain_decoding(target):
+    long, shorter = ids(9, 240), ids(10, 180)
+    prompts = [long, long, shorter, shorter]
+    engine = SpeculativeEngine(target, None, EOS)
+    requests = [engine.request(p, k=0, max_new_tokens=6, key=i) for i, p in enumerate(prompts)]
+    answers = {}
+    for request, event in engine.run(iter(requests), batch=4):
+        answers.setdefault(request.key, []).extend(event.emitted)
+    assert [answers[i] for i in range(len(prompts))] == [alone(target, p, 6) for p in prompts]
+    assert [r.shared for r in requests] == [0, NATIVE_ROWWISE_UP_TO - 1, 0, NATIVE_ROWWISE_UP_TO - 1]

@@ -207,7 +207,9 @@ class SpeculativeEngine:
         if not (joining and self.batched.shares_prefixes):
             return [(r, None) for r in joining]
         found = []
-        for request, source, length in plan_sharing(joining, cached, self.batched.rowwise_up_to):
+        # Below rowwise_up_to: a prompt cached up to it would compute its rest as answers' rows, where its
+        # own forward attends that rest in one causal call (lean_forward.is_prompt).
+        for request, source, length in plan_sharing(joining, cached, self.batched.rowwise_up_to - 1):
             if length:
                 copy_prefix(source.cache, request.cache, length)
                 request.shared = length
