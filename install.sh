@@ -36,12 +36,9 @@ import importlib.metadata as m, sys
 name, _, version = sys.argv[1].partition('==')
 sys.exit(0 if not version or m.version(name) == version else 1)"
   if [ -x "$env/bin/python" ] && "$env/bin/python" -c "$version_check" "$want" >/dev/null 2>&1; then
-    if [ "$(cat "$env/specdec-imported" 2>/dev/null)" = "$want" ]; then
-      echo "vLLM environment ready at $env" >&2
-      return 0
-    fi
-    if "$env/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1; then
-      mark_imported "$env" "$want"
+    # A matching marker is only read; one is written only after an import passed.
+    if [ "$(cat "$env/specdec-imported" 2>/dev/null)" = "$want" ] \
+       || { "$env/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1 && mark_imported "$env" "$want"; }; then
       echo "vLLM environment ready at $env" >&2
       return 0
     fi

@@ -207,9 +207,7 @@ class SpeculativeEngine:
         if not (joining and self.batched.shares_prefixes):
             return [(r, None) for r in joining]
         found = []
-        # Below rowwise_up_to: a prompt cached up to it would compute its rest as answers' rows, where its
-        # own forward attends that rest in one causal call (lean_forward.is_prompt).
-        for request, source, length in plan_sharing(joining, cached, self.batched.rowwise_up_to - 1):
+        for request, source, length in plan_sharing(joining, cached, self.batched.prefix_up_to):
             if length:
                 copy_prefix(source.cache, request.cache, length)
                 request.shared = length
@@ -247,7 +245,7 @@ class SpeculativeEngine:
             own = [] if out is None else [self._features(out, slice(0, rows - request.shared))]
             features = torch.cat([copied[: request.shared], *own]) if request.shared else own[0]
             if self.batched is not None and self.batched.shares_prefixes:  # only what a prefix may copy
-                request.prompt_features = features[: self.batched.rowwise_up_to].clone()
+                request.prompt_features = features[: self.batched.prefix_up_to].clone()
         request.drafter.observe(Verified(request.tokens, request.prompt_length, features=features))
 
     def _plan(self, request: Request, decision: Decision | None = None, cap: int | None = None) -> Pending:

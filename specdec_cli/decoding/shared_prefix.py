@@ -5,11 +5,9 @@ caching, within the batch), and its forward computes only the rest.
 This keeps every answer its own plain decoding's, bit for bit, because a copied position holds what
 the joining prompt's own forward would have put there: on specdec's kernels a position's keys and
 values depend only on the tokens up to it, as long as every forward attends it row by row. A prompt's
-positions below the lean forward's ``rowwise_up_to`` always are (lean_forward.is_prompt), so a prefix
-is shared up to the position before it: the joining prompt's forward then still holds a row below it
-and is a prompt's, whose rows from ``rowwise_up_to`` on attend in one causal call as in its own
-forward. A drafter that reads the target's features gets the source's for the copied positions,
-which are the same bits.
+positions below the lean forward's ``rowwise_up_to`` always are (lean_forward.is_prompt), and a
+prefix is shared up to the position before it (``prefix_up_to``, which says why). A drafter that
+reads the target's features gets the source's for the copied positions, which are the same bits.
 """
 
 from __future__ import annotations

@@ -228,6 +228,14 @@ class LeanLlama(LeanDecoder):
         return NATIVE_ROWWISE_UP_TO if self.cached_op else ROWWISE_UP_TO
 
     @property
+    def prefix_up_to(self) -> int:
+        """The most prompt positions a batch may copy from another answer's cache (``shares_prefixes``):
+        those below ``rowwise_up_to`` but the last, so that the joining prompt's forward still holds a
+        row below it and is a prompt's (``is_prompt``), its rows from ``rowwise_up_to`` on attending in
+        one causal call as in its own forward; as answers' rows they would round otherwise."""
+        return self.rowwise_up_to - 1
+
+    @property
     def shares_prefixes(self) -> bool:
         """Whether a prompt's first ``rowwise_up_to`` positions are what any forward computes there, so
         that a batch may copy them from one answer's cache to another's (decoding/shared_prefix.py):
