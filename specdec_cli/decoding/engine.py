@@ -28,7 +28,7 @@ from ..runtime.lean_forward import Block, fallback_forwards, forward_many
 from .acceptance import AcceptRule, SamplingParams, distribution, greedy_accept, relaxed_accept
 from .blocks import padded_chain, padded_tree
 from .coupling import PositionNoise, race_scores
-from .control.batch_rows import RowCosts, batch_lengths
+from .control.batch_rows import StepCosts, batch_lengths
 from .drafters.base import Draft, Drafter, Needs, TreeDrafting, Verified, drafts_trees, parts, top_ids
 from .drafting import Decision, decide, gains, propose
 from .request import Request
@@ -84,7 +84,7 @@ class SpeculativeEngine:
         self._trees = isinstance(learned, TreeDrafting)
         # Several answers' blocks in one forward (``run``'s batches) where the target runs the lean forward.
         self.batched = forward_many(target)
-        self.row_costs = RowCosts()  # a batched forward's seconds by its rows: what a batch's draft rows cost
+        self.step_costs = StepCosts()  # a batched forward's seconds by what it holds: what a batch's draft rows cost
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], *, k: int | KSchedule, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
@@ -182,21 +182,23 @@ class SpeculativeEngine:
                 return [(request, self._finish(request, pending, out, time.perf_counter() - started))]
         rounds = [r for r in running if r.prompted]
         joining = self._share([r for r in running if not r.prompted], rounds)
-        blocks = [Block(r.tokens[r.shared : -1], r.cache, keep=1) for r, _ in joining if r.tokens.shape[0] - 1 > r.shared]
+        prompts = [(r.unshared, r.shared) for r, _ in joining if r.unshared]
+        blocks = [Block(r.tokens[r.shared : -1], r.cache, keep=1) for r, _ in joining if r.unshared]
         decisions = []
         for request in rounds:
-            request.schedule.context(request.tokens.shape[0] - 1)
+            request.schedule.context(request.cached)
             decisions.append(decide(request, self.drafts_trees))
-        caps = self._caps(rounds, decisions, sum(b.ids.shape[0] for b in blocks))
+        caps = self._caps(rounds, decisions, prompts)
         plans = [self._plan(r, d, c) for r, d, c in zip(rounds, decisions, caps)]
         blocks += [self._block(p, r) for p, r in zip(plans, rounds)]
         started = time.perf_counter()
         outs = self.batched.forward_many(blocks, **self._extra) if blocks else []
         forward_s = time.perf_counter() - started
-        self.row_costs.observe(sum(b.ids.shape[0] for b in blocks), forward_s)
+        if rounds and not prompts:  # a prompt's rows run another attention: its steps would mislead
+            self.step_costs.observe([(p.block.shape[0], p.cached) for p in plans], forward_s)
         outs = iter(outs)
         for request, copied in joining:
-            self._prompt(request, request.cache, next(outs) if request.tokens.shape[0] - 1 > request.shared else None, copied)
+            self._prompt(request, request.cache, next(outs) if request.unshared else None, copied)
         return [(r, None) for r, _ in joining] + [(r, self._finish(r, p, next(outs), forward_s, len(rounds))) for p, r in zip(plans, rounds)]
 
     def _share(self, joining: list[Request], cached: list[Request]) -> list[tuple[Request, torch.Tensor | None]]:
@@ -214,17 +216,18 @@ class SpeculativeEngine:
             found.append((request, source.prompt_features if length else None))
         return found
 
-    def _caps(self, rounds: list[Request], decisions: list[Decision], prompt_rows: int) -> list[int | None]:
+    def _caps(self, rounds: list[Request], decisions: list[Decision], prompts: list[tuple[int, int]]) -> list[int | None]:
         """Each round's longest chain in this step, chosen for the batch as a whole by what its rows
-        cost (control/batch_rows.py); None: as decided (a fixed K, a tree, or costs not known yet)."""
-        if len(rounds) < 2 or not self.row_costs.known():
+        cost (control/batch_rows.py) beside the prompts' blocks, (rows, cached positions); None: as
+        decided (a fixed K, a tree, or costs not known yet)."""
+        if len(rounds) < 2 or not self.step_costs.known():
             return [None] * len(rounds)
         found = [gains(r, d) for r, d in zip(rounds, decisions)]
         if all(g is None for g in found):
             return [None] * len(rounds)
-        kept_rows = sum(1 + (d.want if g is None else 0) for d, g in zip(decisions, found))
-        return batch_lengths([g and g[0] for g in found], prompt_rows + kept_rows, self.row_costs.cost,
-                             [g[1] if g else 0.0 for g in found])
+        kept = [(1 + (d.want if g is None else 0), r.cached) for r, d, g in zip(rounds, decisions, found)]
+        return batch_lengths([g and g[0] for g in found], self.step_costs.seconds(prompts + kept),
+                             [self.step_costs.row_s(r.cached + 1) for r in rounds], [g[1] if g else 0.0 for g in found])
 
     def _block(self, pending: Pending, request: Request) -> Block:
         """A round's block in a forward of several: a chain causally, a tree under its ancestor mask."""
@@ -251,7 +254,7 @@ class SpeculativeEngine:
     def _plan(self, request: Request, decision: Decision | None = None, cap: int | None = None) -> Pending:
         """A round up to its verify forward: decide and draft (a chain, at most ``cap`` long where a
         batch caps it, or a tree), and the block to verify."""
-        cached = request.tokens.shape[0] - 1
+        cached = request.cached
         if decision is None:
             request.schedule.context(cached)
             decision = decide(request, self.drafts_trees)
@@ -308,7 +311,7 @@ class SpeculativeEngine:
         """Keep the accepted path: its block rows stay in the cache (the root and the kept nodes; the
         rest, padding included, go), the emitted tokens join the request's. Returns the rows kept."""
         rows = [0, *path][: len(emitted)]
-        keep_rows(request.cache, request.tokens.shape[0] - 1, rows)
+        keep_rows(request.cache, request.cached, rows)
         request.tokens = torch.cat([request.tokens, torch.tensor(emitted, dtype=torch.long)])
         request.produced += len(emitted)
         return rows

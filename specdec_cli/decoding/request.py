@@ -41,3 +41,13 @@ class Request:
     @property
     def left(self) -> int:
         return self.budget - self.produced
+
+    @property
+    def cached(self) -> int:
+        """Positions its cache holds once its prompt is cached and after every round: all but the last token."""
+        return self.tokens.shape[0] - 1
+
+    @property
+    def unshared(self) -> int:
+        """Prompt rows its own forward computes: those past a shared prefix (none: all of it was copied)."""
+        return self.cached - self.shared
