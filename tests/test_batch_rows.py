@@ -81,7 +81,7 @@ def test_step_costs_tell_answers_further_rows_and_context_apart():
     assert costs.row_s(600) == pytest.approx(0.5 + 1.5 * 0.601)
 
 
-def test_step_costs_are_unknown_until_steps_with_and_without_draft_rows_are_seen():
+def test_step_costs_are_unknown_until_two_counts_of_further_rows_are_seen():
     costs = StepCosts()
     for _ in range(2 * MIN_STEPS):
         costs.observe([(1, 50)] * 4, 0.02)

@@ -97,6 +97,42 @@ def test_an_adaptive_schedule_per_answer_and_a_batch_larger_than_the_prompts(tar
     assert max(widths) == len(prompts())
 
 
+class Priced:
+    """Step costs as known: a step of one row an answer takes a second, a draft row ``row`` seconds more."""
+
+    def __init__(self, row: float):
+        self.row, self.observed = row, 0
+
+    def observe(self, blocks, seconds):
+        self.observed += 1
+
+    def known(self):
+        return True
+
+    def seconds(self, blocks):
+        return 1.0
+
+    def row_s(self, past):
+        return self.row
+
+
+@pytest.mark.parametrize("row_s, drafts", [(0.0, True), (10.0, False)], ids=["rows-cheap", "rows-dear"])
+def test_a_batch_drafts_where_its_step_costs_say_a_row_pays_and_nowhere_else(target, row_s, drafts):
+    engine = SpeculativeEngine(target, NgramDrafter(), EOS)
+    engine.step_costs = Priced(row_s)
+    schedule = lambda: AdaptiveK(Prior(3, 0.6, 0.05))  # noqa: E731
+    requests = (engine.request(ids, k=schedule(), max_new_tokens=n, key=i) for i, (ids, n) in enumerate(zip(prompts(), budgets())))
+    shared, answers = [], {}
+    for request, event in engine.run(requests, 4):
+        answers.setdefault(request.key, []).extend(event.emitted)
+        if event.batch > 1:
+            shared.append(len(event.drafted))
+    assert [answers[i] for i in range(len(prompts()))] == [alone(target, ids, n, SamplingParams(), 0)
+                                                          for ids, n in zip(prompts(), budgets())]
+    assert shared and (sum(shared) > 0) == drafts  # a round alone in its forward drafts as planned either way
+    assert engine.step_costs.observed > 0  # the batch's forwards of rounds alone are shown to the costs
+
+
 def test_a_target_on_transformers_forward_is_refused_a_batch_and_runs_one_at_a_time():
     model = tiny_llama(seed=21)
     engine = SpeculativeEngine(model, NgramDrafter(), EOS)

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-MIN_STEPS = 8  # steps seen, some with draft rows and some without, before a step's costs are trusted
+MIN_STEPS = 8  # steps seen, with two counts of further rows among them, before a step's costs are trusted
 
 
 def batch_lengths(gains: Sequence[Sequence[float] | None], base_s: float, row_s: Sequence[float],
