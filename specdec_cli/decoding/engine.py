@@ -182,8 +182,9 @@ class SpeculativeEngine:
                 return [(request, self._finish(request, pending, out, time.perf_counter() - started))]
         rounds = [r for r in running if r.prompted]
         joining = self._share([r for r in running if not r.prompted], rounds)
-        prompts = [(r.unshared, r.shared) for r, _ in joining if r.unshared]
-        blocks = [Block(r.tokens[r.shared : -1], r.cache, keep=1) for r, _ in joining if r.unshared]
+        computed = [r for r, _ in joining if r.unshared]  # the joining prompts not wholly copied
+        prompts = [(r.unshared, r.shared) for r in computed]
+        blocks = [Block(r.tokens[r.shared : -1], r.cache, keep=1) for r in computed]
         decisions = []
         for request in rounds:
             request.schedule.context(request.cached)

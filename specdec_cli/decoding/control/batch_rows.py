@@ -73,7 +73,6 @@ class StepCosts:
         self.gram = np.zeros((4, 4))
         self.moment = np.zeros(4)
         self.steps = 0
-        self.extra_rows: set[int] = set()  # the counts of further rows seen: two tell their cost apart
         self._fit: np.ndarray | None = None
 
     def observe(self, blocks: Sequence[tuple[int, int]], seconds: float) -> None:
@@ -81,12 +80,12 @@ class StepCosts:
         self.gram += np.outer(x, x)
         self.moment += x * seconds
         self.steps += 1
-        if len(self.extra_rows) < 2:
-            self.extra_rows.add(int(x[2]))
         self._fit = None
 
     def known(self) -> bool:
-        return self.steps >= MIN_STEPS and len(self.extra_rows) >= 2
+        """Enough steps, and two counts of further rows among them (their sums of counts and squares say
+        so exactly: integers in float64), without which a further row's cost cannot be told apart."""
+        return self.steps >= MIN_STEPS and self.gram[2, 2] * self.gram[0, 0] > self.gram[0, 2] ** 2
 
     def seconds(self, blocks: Sequence[tuple[int, int]]) -> float:
         """A step of these blocks' (rows, cached positions)."""
