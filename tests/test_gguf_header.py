@@ -59,6 +59,22 @@ def test_the_header_describes_every_tensor_as_gguf_reader_does(tmp_path, alignme
     assert_described_as_gguf_reader(mixed_gguf(tmp_path / "mixed.gguf", alignment))
 
 
+def test_the_conversions_reader_parses_as_gguf_reader_over_a_plain_array(tmp_path):
+    """The conversion's metadata read (conversion.plain_reader): every field and tensor as gguf's own
+    reader gives them, sliced from a plain array rather than the slower ``np.memmap``."""
+    path = mixed_gguf(tmp_path / "mixed.gguf")
+    mine, theirs = conversion.plain_reader(gguf.GGUFReader)(path), gguf.GGUFReader(path)
+    assert type(mine.data) is np.ndarray and isinstance(theirs.data, np.memmap)
+    assert list(mine.fields) == list(theirs.fields)
+    for name, field in theirs.fields.items():
+        found = mine.fields[name]
+        assert (found.offset, found.types, found.data) == (field.offset, field.types, field.data), name
+        assert [p.tobytes() for p in found.parts] == [p.tobytes() for p in field.parts], name
+        assert found.contents() == field.contents(), name
+    assert [(t.name, t.tensor_type, t.data.shape, t.data.dtype, t.data.tobytes()) for t in mine.tensors] == \
+           [(t.name, t.tensor_type, t.data.shape, t.data.dtype, t.data.tobytes()) for t in theirs.tensors]
+
+
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_each_architectures_file_is_described_as_gguf_reader_does(tmp_path, arch):
     assert_described_as_gguf_reader(write_gguf(tmp_path / f"{arch}.gguf", arch, tied=arch == "llama"))
