@@ -161,7 +161,7 @@ def _convert(source: ModelSource, directory: str, gguf_file: str, into: Path) ->
 
 @contextmanager
 def metadata_read_once():
-    """Within the block, transformers reads a GGUF's metadata once, through ``PlainReader``. Its config
+    """Within the block, transformers reads a GGUF's metadata once, through ``plain_reader``'s class. Its config
     and AutoTokenizer (for the tokenizer's class) each read all of it through gguf's reader, every
     vocabulary string included: most of a first run on a 262,144-token vocabulary (docs/notebook.md).
     Each reader gets its own copy, as it got its own parse; a read of the tensors is not kept."""

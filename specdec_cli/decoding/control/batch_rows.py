@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 
 MIN_STEPS = 8  # steps seen, with two counts of further rows among them, before a step's costs are trusted
+FEATURES = 4  # step_features' entries
 
 
 def batch_lengths(gains: Sequence[Sequence[float] | None], base_s: float, row_s: Sequence[float],
@@ -70,8 +71,8 @@ class StepCosts:
     make a row, an answer or a context pay time back)."""
 
     def __init__(self):
-        self.gram = np.zeros((4, 4))
-        self.moment = np.zeros(4)
+        self.gram = np.zeros((FEATURES, FEATURES))
+        self.moment = np.zeros(FEATURES)
         self.steps = 0
         self._fit: np.ndarray | None = None
 
@@ -99,8 +100,8 @@ class StepCosts:
     def coefficients(self) -> np.ndarray:
         """The fit, each coefficient ≥ 0: a negative one is held at 0 and the rest fitted again."""
         if self._fit is None:
-            free = list(range(4))
-            fit = np.zeros(4)
+            free = list(range(FEATURES))
+            fit = np.zeros(FEATURES)
             while free:
                 sub = np.linalg.lstsq(self.gram[np.ix_(free, free)], self.moment[free], rcond=None)[0]
                 if (sub >= 0).all():
