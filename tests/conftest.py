@@ -7,14 +7,17 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec_cli.pairs.cache_dir import cache_root
 from specdec_cli.runtime import kernel_checksum, native_kernels
 from specdec_cli.serving import environment
+
+if TYPE_CHECKING:  # transformers is imported where a model is built: xdist's controller process builds none
+    from transformers import LlamaForCausalLM
 
 TEST_CACHE = "SPECDEC_TEST_CACHE"  # where the tests keep their cache; the project's .test-cache/ if unset
 PROJECT_CACHE = Path(__file__).resolve().parent.parent / ".test-cache"  # ignored by git
@@ -79,6 +82,8 @@ def pytest_runtest_setup(item):
 
 
 def tiny_llama(seed: int, vocab_size: int = 98, hidden: int = 32, layers: int = 2, **overrides) -> LlamaForCausalLM:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -196,6 +201,8 @@ def char_tokenizer(swap: tuple[str, str] | None = None):
 
 def similar_draft(target: LlamaForCausalLM, seed: int, noise: float) -> LlamaForCausalLM:
     """The target with noise on its weights: a draft that agrees often, but not always."""
+    from transformers import LlamaForCausalLM
+
     draft = LlamaForCausalLM(target.config).eval()
     draft.load_state_dict(target.state_dict())
     generator = torch.Generator().manual_seed(seed)

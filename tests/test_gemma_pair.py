@@ -28,13 +28,14 @@ def generate(*options: str) -> dict:
     return json.loads(result.stdout)
 
 
-def test_past_the_sliding_window_every_mode_gives_plain_decodings_tokens():
+def test_past_the_sliding_window_the_default_mode_gives_plain_decodings_tokens():
+    """`-k auto` against `-k 0` (a fixed K is verify-equivalence's below: each load of the pair is
+    some seconds, most of them its 262,144-token tokenizer)."""
     plain = generate("-k", "0")
     assert plain["stats"]["new_tokens"] == 40 and "Day 31" in plain["text"]  # real text, continuing the list
-    for options in (("-k", "3"), ("-k", "auto")):
-        spoken = generate(*options)
-        assert spoken["token_ids"] == plain["token_ids"], options
-        assert spoken["stats"]["computed_by"] == plain["stats"]["computed_by"]
+    spoken = generate("-k", "auto")
+    assert spoken["token_ids"] == plain["token_ids"]
+    assert spoken["stats"]["computed_by"] == plain["stats"]["computed_by"]
     assert spoken["stats"]["accepted"] > 0  # prompt lookup drafts the list's pattern
 
 
@@ -46,3 +47,5 @@ def test_verify_equivalence_passes_on_the_pair(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["equivalent"] is True, report
+    k3 = report["totals"]["3"]
+    assert k3["drafted"] > k3["accepted"] > 0, k3  # drafts kept, and rejected ones rolled back past the window
