@@ -9,7 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
-from specdec_cli.pairs.registry import PACKAGED_REGISTRY
+from specdec_cli.pairs import conversion, loading
+from specdec_cli.pairs.lean_tokenizer import LeanTokenizer
+from specdec_cli.pairs.registry import PACKAGED_REGISTRY, load_registry
+from specdec_cli.pairs.tokenization import Detokenizer, encode_prompt
 
 pytestmark = [
     pytest.mark.slow,
@@ -49,3 +52,24 @@ def test_verify_equivalence_passes_on_the_pair(tmp_path):
     assert report["equivalent"] is True, report
     k3 = report["totals"]["3"]
     assert k3["drafted"] > k3["accepted"] > 0, k3  # drafts kept, and rejected ones rolled back past the window
+
+
+def test_generate_reads_its_262144_token_vocabulary_without_transformers_tokenizer_and_the_same_ids_and_text():
+    """GemmaTokenizer rebuilds the Tokenizer from tokenizer.json in Python (seconds at every start);
+    its parts are the file's, so `generate` reads the file with the `tokenizers` library instead."""
+    from test_lean_tokenizer import prompts
+
+    source = load_registry(PACKAGED_REGISTRY).pair("gemma-3-270m").target.source
+    gguf = source.local_path()
+    directory = conversion.converted(source, str(gguf.parent), gguf.name, weights=False)  # as `generate` reads it
+    lean = loading.target_tokenizer(directory, lean=True, without_transformers=False)
+    theirs = loading.load_tokenizer(directory)
+    assert isinstance(lean, LeanTokenizer) and type(theirs).__name__ == "GemmaTokenizer"
+    assert lean.special_tokens_map == theirs.special_tokens_map
+    for text in [PROMPT, *prompts()]:
+        ids = encode_prompt(theirs, text, raw=True)
+        assert encode_prompt(lean, text, raw=True) == ids, text
+        assert lean.decode(ids) == theirs.decode(ids) and lean.decode(ids, skip_special_tokens=True) == theirs.decode(
+            ids, skip_special_tokens=True), text
+        ours, reference = Detokenizer(lean), Detokenizer(theirs)
+        assert [ours.push([i]) for i in ids] == [reference.push([i]) for i in ids], text

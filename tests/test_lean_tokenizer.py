@@ -162,6 +162,7 @@ def changed_copy(tmp_path, config_change: dict | None = None, added: dict | None
     (dict(config_change={"added_tokens_decoder": {}}), "sets 'added_tokens_decoder'"),
     (dict(config_change={"additional_special_tokens": ["<|im_start|>"]}), "sets 'additional_special_tokens'"),
     (dict(config_change={"add_bos_token": True}), "sets 'add_bos_token'"),
+    (dict(config_change={"fix_mistral_regex": True}), "sets 'fix_mistral_regex'"),
     (dict(config_change={"clean_up_tokenization_spaces": True}), "sets clean_up_tokenization_spaces"),
     (dict(config_change={"eos_token": "<|not_there|>"}), "eos_token '<|not_there|>' is not one of"),
     (dict(config_change={"eos_token": {"content": "<|im_end|>", "lstrip": True}}), "eos_token has properties"),
@@ -177,10 +178,59 @@ def test_files_that_ask_transformers_for_more_are_refused_at_load(tmp_path, chan
 def test_a_lean_target_whose_tokenizer_needs_transformers_loads_transformers_and_says_so(tmp_path, caplog):
     directory = changed_copy(tmp_path, config_change={"add_bos_token": True})
     with caplog.at_level(logging.INFO, logger="specdec"):
-        tokenizer = loading.target_tokenizer(str(directory), lean=True)
-        plain = loading.target_tokenizer(str(SMOLLM2), lean=False)
+        tokenizer = loading.target_tokenizer(str(directory), lean=True, without_transformers=True)
+        plain = loading.target_tokenizer(str(SMOLLM2), lean=False, without_transformers=True)
+        loading.target_tokenizer(str(directory), lean=True, without_transformers=False)  # transformers' model: nothing to say
     assert isinstance(tokenizer, TokenizersBackend) and isinstance(plain, TokenizersBackend)
     told = [r.getMessage() for r in caplog.records]
     assert told == ["the tokenizer loads through transformers, about a second more at every start: "
                     "tokenizer_config.json sets 'add_bos_token'"]
-    assert isinstance(loading.target_tokenizer(str(SMOLLM2), lean=True), LeanTokenizer)
+    assert isinstance(loading.target_tokenizer(str(SMOLLM2), lean=True, without_transformers=True), LeanTokenizer)
+
+
+def gemma_style(directory: Path) -> Path:
+    """A small tokenizer as transformers' GemmaTokenizer saves one: byte fallback, spaces as "▁", and a
+    tokenizer_config.json that names the class, which rebuilds the Tokenizer from the file's vocabulary."""
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4} | {f"<0x{b:02X}>": 5 + b for b in range(256)}
+    for piece in ("▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "he", "ll", "▁he", "lo", "▁w", "or", "▁wor", "ld", "▁world"):
+        vocab.setdefault(piece, len(vocab))
+    merges = [("▁", "h"), ("h", "e"), ("l", "l"), ("▁", "he"), ("l", "o"), ("▁", "w"), ("o", "r"), ("▁w", "or"),
+              ("l", "d"), ("▁wor", "ld")]
+    GemmaTokenizer(vocab=vocab, merges=merges).save_pretrained(directory)
+    return directory
+
+
+def test_a_class_that_rebuilds_the_tokenizer_gives_transformers_ids_and_text_where_its_parts_are_the_files(tmp_path):
+    directory = gemma_style(tmp_path / "gemma")
+    lean, theirs = LeanTokenizer.from_directory(directory), loading.load_tokenizer(str(directory))
+    assert type(theirs).__name__ == "GemmaTokenizer"
+    assert lean.special_tokens_map == theirs.special_tokens_map and lean.get_vocab() == theirs.get_vocab()
+    for text in EDGES:
+        ids = encode_prompt(theirs, text, raw=True)
+        assert encode_prompt(lean, text, raw=True) == ids, text
+        for skip in (True, False):
+            assert lean.decode(ids + [1, 2], skip_special_tokens=skip) == theirs.decode(ids + [1, 2], skip_special_tokens=skip)
+
+
+@pytest.mark.parametrize("part, changed, reason", [
+    ("decoder", {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                                                  {"type": "Fuse"}]}, "tokenizer.json's decoder is not the one"),
+    ("normalizer", None, "tokenizer.json's normalizer is not the one"),
+    ("byte_fallback", False, "tokenizer.json's model sets byte_fallback otherwise"),
+])
+def test_a_rebuilding_class_whose_parts_are_not_the_files_is_refused(tmp_path, part, changed, reason):
+    """transformers builds the class's own parts, so tokenizer.json's would give other ids or text."""
+    from tokenizers import Tokenizer
+
+    directory = gemma_style(tmp_path / "gemma")
+    backend = json.loads((directory / "tokenizer.json").read_text())
+    (backend["model"] if part == "byte_fallback" else backend)[part] = changed
+    (directory / "tokenizer.json").write_text(json.dumps(backend))
+    with pytest.raises(NotLean, match=f"{reason}.* its GemmaTokenizer"):
+        LeanTokenizer.from_directory(directory)
+    theirs, files = loading.load_tokenizer(str(directory)), Tokenizer.from_file(str(directory / "tokenizer.json"))
+    text = "Hello é"  # an upper-case letter and an accent: not in the vocabulary, so byte fallback
+    ids = theirs(text, add_special_tokens=False)["input_ids"]
+    assert (files.encode(text, add_special_tokens=False).ids, files.decode(ids)) != (ids, theirs.decode(ids))

@@ -5,11 +5,17 @@ and a target loaded for the lean forward needs nothing else of it (runtime/lean_
 tokenizer, transformers' TokenizersBackend, is a ``tokenizers.Tokenizer`` read from tokenizer.json
 with transformers' work on top: special tokens added or changed from tokenizer_config.json, a
 post-processor rebuilt for add_bos_token / add_eos_token, truncation and padding, a regex patch
-for some large vocabularies, spaces cleaned after decoding, several chat templates. Where the files
-ask for none of that — the form transformers 5 writes, as for a converted GGUF — the Tokenizer alone
-gives the same ids and text, and the chat template renders the same (chat_template.py); held equal
-by tests/test_lean_tokenizer.py. Otherwise ``NotLean`` says why, when the tokenizer is loaded, and
-the command loads transformers' (pairs/loading.py): one tokenizer a run, chosen at load.
+for Mistral's pre-tokenizer (only where tokenizer_config.json sets fix_mistral_regex), spaces
+cleaned after decoding, several chat templates. Where the files ask for none of that — the form
+transformers 5 writes, as for a converted GGUF — the Tokenizer alone gives the same ids and text,
+and the chat template renders the same (chat_template.py); held equal by tests/test_lean_tokenizer.py.
+Otherwise ``NotLean`` says why, when the tokenizer is loaded, and the command loads transformers'
+(pairs/loading.py): one tokenizer a run, chosen at load.
+
+Some classes (``REBUILT``: Gemma's) build their Tokenizer from tokenizer.json's vocabulary and merges
+with parts of their own. Where tokenizer.json's parts are those, transformers ends with the file's
+Tokenizer too, after parsing it in Python: seconds for a 262,144-token vocabulary, which the
+`tokenizers` library reads in one.
 """
 
 from __future__ import annotations
@@ -26,18 +32,39 @@ PLAIN_KEYS = {"tokenizer_class", "backend", *SPECIAL, "chat_template", "clean_up
               "split_special_tokens", "model_max_length", "padding_side", "truncation_side", "model_input_names",
               "is_local", "local_files_only"}
 LEGACY_FILES = ("added_tokens.json", "special_tokens_map.json", "additional_chat_templates")
-PATCHED_FROM = 100_000  # vocabulary size from which transformers may patch a pre-tokenizer's regex (Mistral's)
+BPE_FLAGS = ("fuse_unk", "byte_fallback", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+             "ignore_merges")
 
 
 class NotLean(ValueError):
     """These tokenizer files need transformers' tokenizer; the message says why."""
 
 
+def gemma_parts(unk_token: str):
+    """What transformers 5's GemmaTokenizer builds whatever tokenizer.json says (its ``__init__``), on
+    an empty vocabulary."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+
+    built = Tokenizer(BPE(vocab={unk_token: 0}, merges=[], fuse_unk=True, unk_token=unk_token, dropout=None,
+                          byte_fallback=True))
+    built.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+    built.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    built.normalizer = normalizers.Replace(" ", "▁")
+    return built
+
+
+# A class that rebuilds the Tokenizer: its special tokens where tokenizer_config.json names none, its parts.
+REBUILT = {"GemmaTokenizer": ({"unk_token": "<unk>", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+                               "mask_token": "<mask>"}, gemma_parts)}
+
+
 def config_refusal(config: dict, files: set[str]) -> str | None:
     """Why transformers would make more of tokenizer_config.json (and the files beside it) than the
     Tokenizer in tokenizer.json, or None."""
-    if config.get("tokenizer_class") != "TokenizersBackend":
-        return f"its tokenizer_class is {shown(config.get('tokenizer_class'))}, not TokenizersBackend"
+    if config.get("tokenizer_class") not in ("TokenizersBackend", *REBUILT):
+        return (f"its tokenizer_class is {shown(config.get('tokenizer_class'))}, not TokenizersBackend "
+                f"or one that rebuilds to it ({', '.join(REBUILT)})")
     extra = sorted(set(config) - PLAIN_KEYS)
     if extra:
         return f"tokenizer_config.json sets {shown(extra[0])}"
@@ -58,7 +85,7 @@ def config_refusal(config: dict, files: set[str]) -> str | None:
 def backend_refusal(backend, special: dict[str, str]) -> str | None:
     """Why transformers would change the Tokenizer ``backend`` itself, or None: each named special
     token already added as transformers adds one (special, not normalised, no stripping), no
-    truncation or padding, a post-processor of its own, a vocabulary transformers leaves unpatched."""
+    truncation or padding, a post-processor of its own."""
     added = {token.content: token for token in backend.get_added_tokens_decoder().values()}
     for name, content in special.items():
         token = added.get(content)
@@ -68,9 +95,26 @@ def backend_refusal(backend, special: dict[str, str]) -> str | None:
         return "tokenizer.json truncates or pads"
     if backend.post_processor is None:
         return "tokenizer.json has no post-processor (transformers makes one)"
-    if backend.get_vocab_size() > PATCHED_FROM and backend.pre_tokenizer is not None:
-        return f"its vocabulary is over {PATCHED_FROM:,} (transformers may patch the pre-tokenizer)"
     return None
+
+
+def rebuilt_refusal(backend, built, name: str) -> str | None:
+    """Why class ``name``, rebuilding ``backend`` with its own parts (``built``), would end with another
+    Tokenizer, or None."""
+    ours, theirs = type(backend.model).__name__, type(built.model).__name__
+    if ours != theirs:
+        return f"its {name} builds a {theirs} model, and tokenizer.json holds a {ours}"
+    for part in ("normalizer", "pre_tokenizer", "decoder"):
+        if _state(getattr(backend, part)) != _state(getattr(built, part)):
+            return f"tokenizer.json's {part} is not the one its {name} builds"
+    for flag in BPE_FLAGS:
+        if getattr(backend.model, flag) != getattr(built.model, flag):
+            return f"tokenizer.json's model sets {flag} otherwise than its {name}"
+    return None
+
+
+def _state(part) -> bytes | None:
+    return None if part is None else part.__getstate__()  # the part as JSON, as `tokenizers` pickles it
 
 
 def chat_template(directory: Path, config: dict) -> str | None:
@@ -105,8 +149,13 @@ class LeanTokenizer:
         from tokenizers import Tokenizer
 
         backend = Tokenizer.from_file(str(root / "tokenizer.json"))
-        special = {name: config[name] for name in SPECIAL if config.get(name) is not None}
+        name = config["tokenizer_class"]
+        defaults, parts = REBUILT.get(name, ({}, None))
+        named = defaults | {key: config[key] for key in SPECIAL if key in config}
+        special = {key: value for key, value in named.items() if value is not None}
         reason = backend_refusal(backend, special)
+        if reason is None and parts is not None:
+            reason = rebuilt_refusal(backend, parts(str(named.get("unk_token"))), name)
         if reason:
             raise NotLean(reason)
         backend.encode_special_tokens = False  # transformers' split_special_tokens, False

@@ -81,7 +81,7 @@ def load(spec: ModelSpec, lean: bool = False, accept: Callable | None = None) ->
             model = quiet_transformers().AutoModelForCausalLM.from_pretrained(directory, dtype=_dtype(spec.dtype),
                                                                               device_map=spec.device_map)
         if tokenizer is None:
-            tokenizer = target_tokenizer(directory, isinstance(model, LeanCausalLM))
+            tokenizer = target_tokenizer(directory, lean, isinstance(model, LeanCausalLM))
     except (OSError, ValueError) as exc:
         raise UserError(f"could not load {spec.source}: {first_line(exc)}") from None
     files = Path(directory) if spec.source.kind != "hub" else None
@@ -109,15 +109,18 @@ def gguf_file(source: ModelSource, why: str) -> Path:
     return Path(directory) / name
 
 
-def target_tokenizer(directory: str, lean: bool) -> LeanTokenizer | PreTrainedTokenizerBase:
-    """A target loaded without transformers (``lean``) gets its tokenizer without it too, where the
-    files allow (pairs/lean_tokenizer.py: the same ids and text); where they do not, transformers'
-    is loaded and a notice says why, since that import is then about a second of every start."""
+def target_tokenizer(directory: str, lean: bool, without_transformers: bool) -> LeanTokenizer | PreTrainedTokenizerBase:
+    """A command that only decodes (``lean``) reads the tokenizer with the `tokenizers` library alone
+    where the files allow (pairs/lean_tokenizer.py: the same ids and text): a target loaded without
+    transformers then starts without it, and a large vocabulary loads in a second, not in several.
+    Where the files do not allow it, transformers' is loaded, and for a target ``without_transformers``
+    a notice says why, since that import is then about a second of every start."""
     if lean:
         try:
             return LeanTokenizer.from_directory(directory)
         except NotLean as exc:
-            log.info(f"the tokenizer loads through transformers, about a second more at every start: {exc}")
+            if without_transformers:
+                log.info(f"the tokenizer loads through transformers, about a second more at every start: {exc}")
     return load_tokenizer(directory)
 
 
