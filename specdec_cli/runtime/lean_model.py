@@ -1,5 +1,5 @@
-"""A prepared Llama target without transformers: the module tree its prepared file is mapped into,
-for a command that only decodes.
+"""A prepared Llama or Gemma target without transformers: the module tree its prepared file is mapped
+into, for a command that only decodes.
 
 Importing transformers' modeling code (``modeling_utils``, the model registry, the masking
 functions, and through them torch.distributed, torch._dynamo and scipy) takes longer than loading
@@ -8,8 +8,8 @@ every model's files); a command that only decodes never runs any of it, because 
 (lean_forward.py) is all the engine calls. So the skeleton here has transformers' module
 names (``model.layers.N.self_attn``, ``lm_head``, ...) and nothing else: prepared_file.assemble fills it
 as it fills transformers' own skeleton, and the lean forward reads the same kernels and norms from
-it. The rotary module computes what transformers' default rope computes, op for op (tested bit
-for bit). A call the lean forward does not handle is refused here, not handed to a transformers
+it. The rotary modules compute what transformers' compute from the frequencies the prepared file
+holds, op for op (tested bit for bit), for the ropes whose cos and sin are unscaled. A call the lean forward does not handle is refused here, not handed to a transformers
 model built on demand: that build imports the modeling code mid-decode (a second or more), and a
 command that may need transformers' model loads it at the start (pairs/loading.py, ``lean=False``).
 """
@@ -36,18 +36,38 @@ class LeanConfig(SimpleNamespace):
         return self
 
 
+GEMMA_TYPES = ("gemma3_text", "gemma2")
+GEMMA_ROPES = {"default", "linear"}  # cos and sin of the file's frequencies, unscaled
+GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
 def lean_config(directory: str | Path) -> LeanConfig | None:
     """The directory's config.json, or None when the lean skeleton cannot stand for the model: not a
-    Llama, or a rope that is not the default one."""
+    Llama with the default rope nor a Gemma 2 or 3 as transformers 5 writes its config (``gemma_form``)."""
     path = Path(directory) / "config.json"
     try:
         values = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     rope = values.get("rope_parameters") or {}
-    if values.get("model_type") != "llama" or rope.get("rope_type") != "default" or values.get("rope_scaling"):
+    if values.get("model_type") == "llama":
+        if rope.get("rope_type") != "default" or values.get("rope_scaling"):
+            return None
+    elif values.get("model_type") not in GEMMA_TYPES or not gemma_form(values):
         return None
     return LeanConfig(**({"use_cache": True} | values))  # LlamaConfig's own default, where the file has none
+
+
+def gemma_form(values: dict) -> bool:
+    """A Gemma config.json that says every layer's kind and every kind's rope (transformers 5's form:
+    an older one leaves them to the config class's defaults, which only transformers knows), each rope
+    one whose cos and sin are unscaled. Gemma 3 has a rope per kind of layer, Gemma 2 one for all."""
+    kinds, rope = values.get("layer_types"), values.get("rope_parameters")
+    if (not isinstance(kinds, list) or len(kinds) != values.get("num_hidden_layers") or not isinstance(rope, dict)
+            or values.get("rope_scaling")):
+        return False
+    ropes = [rope.get(kind) for kind in set(kinds)] if values["model_type"] == "gemma3_text" else [rope]
+    return all(isinstance(r, dict) and r.get("rope_type") in GEMMA_ROPES for r in ropes)
 
 
 GENERATION_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -88,6 +108,34 @@ class Rotary(nn.Module):
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
+class GemmaNorm(nn.Module):
+    """A Gemma RMSNorm's weight and epsilon (lean_gemma.norm_of reads them)."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+
+
+class KindRotary(nn.Module):
+    """transformers' Gemma 3 rotary module (Gemma3RotaryEmbedding.forward): per kind of layer its own
+    saved frequencies, cos and sin unscaled."""
+
+    def __init__(self, kinds: list[str]):
+        super().__init__()
+        self.attention_scaling = 1.0
+        for kind in dict.fromkeys(kinds):
+            self.register_buffer(f"{kind}_inv_freq", torch.empty(0, device="meta"), persistent=False)
+            self.register_buffer(f"{kind}_original_inv_freq", torch.empty(0, device="meta"), persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = getattr(self, f"{layer_type}_inv_freq")
+        freqs = position_ids[..., None].float() * inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
 def uninitialised_linear(width_in: int, width_out: int, bias: bool = False) -> nn.Linear:
     """An nn.Linear whose parameters are empty meta tensors, for weights assigned later: initialising
     one, even on the meta device (as torch's ``skip_init`` does), goes through torch._refs, which
@@ -107,21 +155,35 @@ def _container(**children: nn.Module) -> nn.Module:
     return module
 
 
+def _decoder_layer(config) -> nn.Module:
+    """One decoder layer's modules that are not linears (prepared_file.assemble puts those in)."""
+    eps = config.rms_norm_eps
+    if config.model_type not in GEMMA_TYPES:
+        return _container(self_attn=nn.Module(), mlp=nn.Module(), input_layernorm=Norm(eps),
+                          post_attention_layernorm=Norm(eps))
+    attention = nn.Module()
+    if config.model_type == "gemma3_text":  # q and k normed per head (lean_weights.qkv_kernel)
+        attention = _container(q_norm=GemmaNorm(eps), k_norm=GemmaNorm(eps))
+        attention.head_dim = config.head_dim
+    return _container(self_attn=attention, mlp=nn.Module(), **{name: GemmaNorm(eps) for name in GEMMA_NORMS})
+
+
 class LeanCausalLM(nn.Module):
-    """transformers' LlamaForCausalLM module tree, empty (prepared_file.assemble fills it), with the
-    attributes the decoding engine reads."""
+    """transformers' LlamaForCausalLM, Gemma3ForCausalLM or Gemma2ForCausalLM module tree, empty
+    (prepared_file.assemble fills it), with the attributes the decoding engine reads."""
 
     def __init__(self, config, generation_config):
         super().__init__()
         self.config, self.generation_config = config, generation_config
-        eps = config.rms_norm_eps
-        layers = [_container(self_attn=nn.Module(), mlp=nn.Module(), input_layernorm=Norm(eps),
-                             post_attention_layernorm=Norm(eps)) for _ in range(config.num_hidden_layers)]
+        eps, gemma = config.rms_norm_eps, config.model_type in GEMMA_TYPES
+        layers = [_decoder_layer(config) for _ in range(config.num_hidden_layers)]
         # A drafter looks tokens up in it; a weight given is not initialised (see uninitialised_linear).
+        # Gemma's embed_scale buffer comes with the prepared tensors.
         embed = nn.Embedding(config.vocab_size, config.hidden_size,
                              _weight=torch.empty(config.vocab_size, config.hidden_size, device="meta"))
-        self.model = _container(embed_tokens=embed, layers=nn.ModuleList(layers), norm=Norm(eps),
-                                rotary_emb=Rotary())
+        rotary = KindRotary(config.layer_types) if config.model_type == "gemma3_text" else Rotary()
+        self.model = _container(embed_tokens=embed, layers=nn.ModuleList(layers),
+                                norm=GemmaNorm(eps) if gemma else Norm(eps), rotary_emb=rotary)
         self.lm_head = nn.Module()
 
     @property
