@@ -9,9 +9,10 @@ every model's files); a command that only decodes never runs any of it, because 
 names (``model.layers.N.self_attn``, ``lm_head``, ...) and nothing else: prepared_file.assemble fills it
 as it fills transformers' own skeleton, and the lean forward reads the same kernels and norms from
 it. The rotary modules compute what transformers' compute from the frequencies the prepared file
-holds, op for op (tested bit for bit), for the ropes whose cos and sin are unscaled. A call the lean forward does not handle is refused here, not handed to a transformers
-model built on demand: that build imports the modeling code mid-decode (a second or more), and a
-command that may need transformers' model loads it at the start (pairs/loading.py, ``lean=False``).
+holds, op for op (tested bit for bit), for the ropes whose cos and sin are unscaled. A call the lean
+forward does not handle is refused here, not handed to a transformers model built on demand: that
+build imports the modeling code mid-decode (a second or more), and a command that may need
+transformers' model loads it at the start (pairs/loading.py, ``lean=False``).
 """
 
 from __future__ import annotations
