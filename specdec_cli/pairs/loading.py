@@ -109,7 +109,8 @@ def gguf_file(source: ModelSource, why: str) -> Path:
     return Path(directory) / name
 
 
-def target_tokenizer(directory: str, lean: bool, without_transformers: bool) -> LeanTokenizer | PreTrainedTokenizerBase:
+def target_tokenizer(directory: str, lean: bool,
+                     without_transformers: bool) -> LeanTokenizer | PreTrainedTokenizerBase:
     """A command that only decodes (``lean``) reads the tokenizer with the `tokenizers` library alone
     where the files allow (pairs/lean_tokenizer.py: the same ids and text): a target loaded without
     transformers then starts without it, and a large vocabulary loads in a second, not in several.
@@ -191,10 +192,9 @@ def _mapped(path: Path, key: str, directory: str, lean: bool, lean_model: bool) 
         tensors, layout = prepared_file.read(path, key)
         dense = prepared_file.dense_copies(tensors, layout)
         config = lean_config(directory) if lean and lean_model else None
-        if config is not None:
-            model = _lean_skeleton(config, directory, tensors, layout)
-            if use_lean_forward(model, dense):
-                return model
+        model = _lean_skeleton(config, directory, tensors, layout) if config is not None else None
+        if model is not None and use_lean_forward(model, dense):
+            return model
         return _finish(prepared_file.assemble(_skeleton(directory), tensors, layout), dense, lean)
     except prepared_file.Unusable as exc:
         log.warning(f"the prepared target is unusable ({first_line(exc)}); preparing it again")
@@ -267,9 +267,15 @@ def _prepared_key(spec: ModelSpec, directory: str, gguf_path: Path | None, dense
                      transformers_version()])
 
 
-def _lean_skeleton(config, directory: str, tensors: dict, layout: dict) -> LeanCausalLM:
-    """runtime/lean_model.py's skeleton filled with the prepared tensors."""
-    return prepared_file.assemble(LeanCausalLM(config, lean_generation_config(directory, config)), tensors, layout).eval()
+def _lean_skeleton(config, directory: str, tensors: dict, layout: dict) -> LeanCausalLM | None:
+    """runtime/lean_model.py's skeleton filled with the prepared tensors; None where they do not fit it
+    (a linear the file keeps in floats, which the lean forward does not run either): transformers'
+    skeleton takes them, and the load says which forward runs (a damaged file fits neither)."""
+    try:
+        return prepared_file.assemble(LeanCausalLM(config, lean_generation_config(directory, config)), tensors,
+                                      layout).eval()
+    except prepared_file.Unusable:
+        return None
 
 
 def _generation_config(directory: str, config):

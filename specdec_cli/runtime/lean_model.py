@@ -1,5 +1,5 @@
-"""A prepared Llama or Gemma target without transformers: the module tree its prepared file is mapped
-into, for a command that only decodes.
+"""A prepared target without transformers: the module tree its prepared file is mapped into, for a
+command that only decodes (Llama and the architectures of its layer, Gemma 2 and 3).
 
 Importing transformers' modeling code (``modeling_utils``, the model registry, the masking
 functions, and through them torch.distributed, torch._dynamo and scipy) takes longer than loading
@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .block_embedding import embedding_device, embedding_dtype
+from .lean_architectures import LLAMA_LAYERS
 
 
 class LeanConfig(SimpleNamespace):
@@ -38,37 +39,40 @@ class LeanConfig(SimpleNamespace):
 
 
 GEMMA_TYPES = ("gemma3_text", "gemma2")
-GEMMA_ROPES = {"default", "linear"}  # cos and sin of the file's frequencies, unscaled
-GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+SKELETON_TYPES = LLAMA_LAYERS | set(GEMMA_TYPES)
+# Ropes whose frequencies the prepared file holds and whose cos and sin are unscaled (an attention
+# factor of 1), so that the rotary modules below compute transformers' from the file alone.
+UNSCALED_ROPES = {"default", "linear", "llama3"}
+LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
+# Gemma norms each block's input and its output
+GEMMA_NORMS = (*LLAMA_NORMS, "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
 def lean_config(directory: str | Path) -> LeanConfig | None:
-    """The directory's config.json, or None when the lean skeleton cannot stand for the model: not a
-    Llama with the default rope nor a Gemma 2 or 3 as transformers 5 writes its config (``gemma_form``)."""
+    """The directory's config.json, or None when the lean skeleton cannot stand for the model: another
+    architecture, or a configuration the file does not state whole (``stated``)."""
     path = Path(directory) / "config.json"
     try:
         values = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    rope = values.get("rope_parameters") or {}
-    if values.get("model_type") == "llama":
-        if rope.get("rope_type") != "default" or values.get("rope_scaling"):
-            return None
-    elif values.get("model_type") not in GEMMA_TYPES or not gemma_form(values):
+    if values.get("model_type") not in SKELETON_TYPES or not stated(values):
         return None
     return LeanConfig(**({"use_cache": True} | values))  # LlamaConfig's own default, where the file has none
 
 
-def gemma_form(values: dict) -> bool:
-    """A Gemma config.json that says every layer's kind and every kind's rope (transformers 5's form:
-    an older one leaves them to the config class's defaults, which only transformers knows), each rope
-    one whose cos and sin are unscaled. Gemma 3 has a rope per kind of layer, Gemma 2 one for all."""
-    kinds, rope = values.get("layer_types"), values.get("rope_parameters")
-    if (not isinstance(kinds, list) or len(kinds) != values.get("num_hidden_layers") or not isinstance(rope, dict)
-            or values.get("rope_scaling")):
+def stated(values: dict) -> bool:
+    """config.json in transformers 5's form, which states its ropes (``rope_parameters``) and Gemma's
+    layer kinds (an older one leaves them to the configuration class, which only transformers knows),
+    each rope an unscaled one. Gemma 3 has a rope per kind of layer, the others one for all."""
+    rope, kinds = values.get("rope_parameters"), values.get("layer_types")
+    if not isinstance(rope, dict) or values.get("rope_scaling"):
+        return False
+    kinds_stated = isinstance(kinds, list) and len(kinds) == values.get("num_hidden_layers")
+    if values["model_type"] in GEMMA_TYPES and not kinds_stated:
         return False
     ropes = [rope.get(kind) for kind in set(kinds)] if values["model_type"] == "gemma3_text" else [rope]
-    return all(isinstance(r, dict) and r.get("rope_type") in GEMMA_ROPES for r in ropes)
+    return all(isinstance(r, dict) and r.get("rope_type") in UNSCALED_ROPES for r in ropes)
 
 
 GENERATION_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -93,7 +97,8 @@ class Norm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """transformers' default rope (LlamaRotaryEmbedding.forward), on the saved ``inv_freq``."""
+    """transformers' rotary module of Llama's kin and Gemma 2 (LlamaRotaryEmbedding.forward) for an
+    unscaled rope, on the saved ``inv_freq``."""
 
     def __init__(self):
         super().__init__()
@@ -128,7 +133,7 @@ class KindRotary(nn.Module):
             self.register_buffer(f"{kind}_inv_freq", torch.empty(0, device="meta"), persistent=False)
             self.register_buffer(f"{kind}_original_inv_freq", torch.empty(0, device="meta"), persistent=False)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):
         inv_freq = getattr(self, f"{layer_type}_inv_freq")
         freqs = position_ids[..., None].float() * inv_freq.to(device=x.device, dtype=torch.float)
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -158,20 +163,21 @@ def _container(**children: nn.Module) -> nn.Module:
 
 def _decoder_layer(config) -> nn.Module:
     """One decoder layer's modules that are not linears (prepared_file.assemble puts those in)."""
-    eps = config.rms_norm_eps
-    if config.model_type not in GEMMA_TYPES:
-        return _container(self_attn=nn.Module(), mlp=nn.Module(), input_layernorm=Norm(eps),
-                          post_attention_layernorm=Norm(eps))
+    eps, gemma = config.rms_norm_eps, config.model_type in GEMMA_TYPES
+    norm = GemmaNorm if gemma else Norm
     attention = nn.Module()
-    if config.model_type == "gemma3_text":  # q and k normed per head (lean_weights.qkv_kernel)
-        attention = _container(q_norm=GemmaNorm(eps), k_norm=GemmaNorm(eps))
-        attention.head_dim = config.head_dim
-    return _container(self_attn=attention, mlp=nn.Module(), **{name: GemmaNorm(eps) for name in GEMMA_NORMS})
+    if config.model_type in ("qwen3", "gemma3_text"):  # q and k normed per head (lean_weights.qkv_kernel)
+        attention = _container(q_norm=norm(eps), k_norm=norm(eps))
+        attention.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    norms = GEMMA_NORMS if gemma else LLAMA_NORMS
+    return _container(self_attn=attention, mlp=nn.Module(), **{name: norm(eps) for name in norms})
 
 
 class LeanCausalLM(nn.Module):
-    """transformers' LlamaForCausalLM, Gemma3ForCausalLM or Gemma2ForCausalLM module tree, empty
-    (prepared_file.assemble fills it), with the attributes the decoding engine reads."""
+    """transformers' module tree of a model of ``SKELETON_TYPES`` (LlamaForCausalLM's, Qwen3's with
+    q/k norms, Gemma's with their four norms a layer), empty (prepared_file.assemble fills it; Phi-3's
+    fused projections and Qwen 2's biases come with the linears), with the attributes the decoding
+    engine reads."""
 
     def __init__(self, config, generation_config):
         super().__init__()
