@@ -1,6 +1,7 @@
 """The second offline pair end to end: gemma-3-270m (a Q4_K_M GGUF joined from its chunk packages),
 whose layers mix a 512-token sliding window with global attention. Its answers here run past the
-window, where a rejected draft must still roll back, and speculation stays plain decoding's tokens."""
+window, where a rejected draft must still roll back, and speculation stays plain decoding's tokens.
+A warm `generate` runs it without importing transformers (model and tokenizer)."""
 
 import importlib.util
 import json
@@ -34,7 +35,7 @@ def generate(*options: str) -> dict:
 
 
 ALONE = r"""
-import json, sys
+import sys
 from specdec_cli.cli import app  # not main(): it leaves without the teardown, before this could look
 
 try:
