@@ -52,9 +52,9 @@ def test_past_the_sliding_window_the_default_mode_gives_plain_decodings_tokens()
     some seconds). `-k auto` first, which prepares the target where no run has; then `-k 0`, a warm
     start in a process of its own, which never imports transformers: the lean skeleton stands for
     Gemma 3's model and the `tokenizers` library reads its tokenizer."""
-    spoken = generate("-k", "auto")
+    spoken = generate("-k", "auto", "--threads", "1")  # one thread each: the two record the threads they ran on
     done = subprocess.run([sys.executable, "-c", ALONE, "generate", *PAIR, "--json", "--max-new-tokens", "40", "-k", "0",
-                           PROMPT], capture_output=True, text=True, timeout=600)
+                           "--threads", "1", PROMPT], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "HEAVY []" in done.stderr, done.stderr
     plain = json.loads(done.stdout)
     assert plain["stats"]["new_tokens"] == 40 and "Day 31" in plain["text"]  # real text, continuing the list
