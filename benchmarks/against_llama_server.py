@@ -52,7 +52,7 @@ def decode_speed(stats: dict) -> float | None:
 
 def llama_run(gguf: str, prompt_ids: list[list[int]], tokens: int, threads: int) -> list[dict]:
     """A fresh llama-server on ``gguf``, greedy, no prompt cache: per prompt its answer ids and decode tok/s."""
-    config = LlamaConfig("llama-plain", Path(gguf), "target", threads=threads)
+    config = LlamaConfig("llama-plain", Path(gguf).resolve(), "target", threads=threads)
     found = []
     with ManagedServer(config) as server:
         for ids in prompt_ids:
@@ -73,7 +73,8 @@ def prompt_ids(gguf: str, prompts: list[str]) -> list[list[int]]:
 
     source = ModelSource.parse(gguf)
     path = source.local_path()
-    tokenizer = target_tokenizer(converted(source, str(path.parent), path.name, weights=False), lean=True)
+    tokenizer = target_tokenizer(converted(source, str(path.parent), path.name, weights=False), lean=True,
+                                 without_transformers=False)
     return [encode_prompt(tokenizer, prompt, raw=True) for prompt in prompts]
 
 
