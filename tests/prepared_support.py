@@ -1,5 +1,6 @@
-"""A tiny tied-embedding Llama saved as a model directory, and the forwards that compare two loads of it
-(a prompt on the dense copies, one-token forwards, a verify block, hidden states, a block without a cache)."""
+"""A tiny tied-embedding Llama saved as a model directory, the forwards that compare two loads of it
+(a prompt on the dense copies, one-token forwards, a verify block, hidden states, a block without a cache),
+and a command run that says which heavy modules it imported."""
 
 import torch
 from conftest import char_tokenizer
@@ -41,3 +42,17 @@ def forwards(model, prompt: int = 30) -> list[torch.Tensor]:
         hidden = model(ids[:, prompt + 8 :], cache=cache, use_cache=True, logits_to_keep=2, output_hidden_states=[-1])
         out += [hidden.logits, hidden.hidden_states[-1], model(ids[:, :8]).logits]
     return out
+
+
+# `python3 -c HEAVY_IMPORTS ARGS...`: the CLI on ARGS, then "HEAVY [...]" on stderr, the heavy modules it imported.
+HEAVY_IMPORTS = r"""
+import sys
+from specdec_cli.cli import app  # not main(): it leaves without the teardown, before this could look
+
+try:
+    app()
+except SystemExit as exit:
+    assert not exit.code, exit.code
+heavy = sorted(m for m in sys.modules if m in ("transformers", "torch._dynamo", "jinja2") or m.startswith("transformers."))
+print("HEAVY", heavy, file=sys.stderr)
+"""

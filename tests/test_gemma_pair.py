@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from prepared_support import HEAVY_IMPORTS
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
@@ -34,26 +35,13 @@ def generate(*options: str) -> dict:
     return json.loads(result.stdout)
 
 
-ALONE = r"""
-import sys
-from specdec_cli.cli import app  # not main(): it leaves without the teardown, before this could look
-
-try:
-    app()
-except SystemExit as exit:
-    assert not exit.code, exit.code
-heavy = sorted(m for m in sys.modules if m == "transformers" or m.startswith("transformers."))
-print("HEAVY", heavy, file=sys.stderr)
-"""
-
-
 def test_past_the_sliding_window_the_default_mode_gives_plain_decodings_tokens():
     """`-k auto` against `-k 0` (a fixed K is verify-equivalence's below: each load of the pair is
     some seconds). `-k auto` first, which prepares the target where no run has; then `-k 0`, a warm
     start in a process of its own, which never imports transformers: the lean skeleton stands for
     Gemma 3's model and the `tokenizers` library reads its tokenizer."""
     spoken = generate("-k", "auto", "--threads", "1")  # one thread each: the two record the threads they ran on
-    done = subprocess.run([sys.executable, "-c", ALONE, "generate", *PAIR, "--json", "--max-new-tokens", "40", "-k", "0",
+    done = subprocess.run([sys.executable, "-c", HEAVY_IMPORTS, "generate", *PAIR, "--json", "--max-new-tokens", "40", "-k", "0",
                            "--threads", "1", PROMPT], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "HEAVY []" in done.stderr, done.stderr
     plain = json.loads(done.stdout)

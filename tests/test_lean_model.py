@@ -15,7 +15,7 @@ import pytest
 import torch
 from architecture_models import ARCHITECTURES, WINDOW, kept_gguf
 from conftest import save_random_head
-from prepared_support import forwards, spec, tied_target
+from prepared_support import HEAVY_IMPORTS, forwards, spec, tied_target
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -139,7 +139,10 @@ def test_only_a_configuration_stated_whole_with_unscaled_ropes_comes_lean(model_
             (llama, {"rope_parameters": None, "rope_theta": 1e4}, False),  # transformers 4's form
             (llama, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, False), (llama, {"model_type": "olmo2"}, False),
             (gemma3, {}, True), (gemma3, {"model_type": "gemma2", "rope_parameters": ropes["full_attention"]}, True),
+            (llama, {"layer_types": ["full_attention"] * 2}, True), (llama, {"layer_types": ["chunked_attention"] * 2}, False),
+            (llama, {"layer_types": [{"kind": 1}] * 2}, False),
             (gemma3, {"layer_types": None}, False), (gemma3, {"layer_types": kinds[:1]}, False),
+            (gemma3, {"layer_types": ["sliding.attention", "full_attention"]}, False),
             (gemma3, {"rope_parameters": {"full_attention": ropes["full_attention"]}}, False),
             (gemma3, {"rope_parameters": ropes | {"full_attention": {"rope_type": "yarn", "factor": 8.0}}}, False),
             (gemma3, {"model_type": "gemma2"}, False)):
@@ -216,29 +219,17 @@ def test_a_long_catch_up_after_cached_positions_is_one_causal_call_as_in_transfo
     assert torch.allclose(outputs[0], outputs[1], atol=1e-4), (outputs[0] - outputs[1]).abs().max()
 
 
-DECODE_ONLY = r"""
-import sys
-from specdec_cli.cli import app  # not main(): it leaves without the teardown, before this could look
-
-sys.argv = ["specdec", "generate", "--json", "--max-new-tokens", "3", *sys.argv[1:]]
-try:
-    app()
-except SystemExit as exit:
-    assert not exit.code, exit.code
-heavy = sorted(m for m in sys.modules if m in ("transformers", "torch._dynamo", "jinja2") or m.startswith("transformers."))
-print("HEAVY", heavy, file=sys.stderr)
-"""
-
-
 LONG = "".join(chr(40 + (i * 7) % 80) for i in range(100))  # the head's first catch-up: more rows than a block
 
 
 def decode_only(pair_dir, cache: Path, *args: str) -> subprocess.CompletedProcess:
-    """DECODE_ONLY on the tiny pair's ``tiny-alt`` at int4, in a process of its own whose cache is ``cache``."""
-    args = ["--models", str(pair_dir / "models.yaml"), "--pair", "tiny-alt", "--dtype", "int4", *args]
+    """`generate` (prepared_support.HEAVY_IMPORTS) on the tiny pair's ``tiny-alt`` at int4, in a process of
+    its own whose cache is ``cache``."""
+    args = ["generate", "--json", "--max-new-tokens", "3", "--models", str(pair_dir / "models.yaml"), "--pair",
+            "tiny-alt", "--dtype", "int4", *args]
     env = {"SPECDEC_CACHE": str(cache), "PATH": "/usr/bin:/bin", "HOME": str(cache.parent),
            "SPECDEC_KERNELS": os.environ["SPECDEC_KERNELS"]}  # the kernels this test run compiled
-    done = subprocess.run([sys.executable, "-c", DECODE_ONLY, *args], capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, "-c", HEAVY_IMPORTS, *args], capture_output=True, text=True, timeout=300,
                           cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["stats"]["new_tokens"] == 3

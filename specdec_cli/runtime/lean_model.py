@@ -43,6 +43,7 @@ SKELETON_TYPES = LLAMA_LAYERS | set(GEMMA_TYPES)
 # Ropes whose frequencies the prepared file holds and whose cos and sin are unscaled (an attention
 # factor of 1), so that the rotary modules below compute transformers' from the file alone.
 UNSCALED_ROPES = {"default", "linear", "llama3"}
+LAYER_KINDS = {"sliding_attention", "full_attention"}  # the kinds the lean layers attend as (lean_weights.layer_kinds)
 LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
 # Gemma norms each block's input and its output
 GEMMA_NORMS = (*LLAMA_NORMS, "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -64,12 +65,14 @@ def lean_config(directory: str | Path) -> LeanConfig | None:
 def stated(values: dict) -> bool:
     """config.json in transformers 5's form, which states its ropes (``rope_parameters``) and Gemma's
     layer kinds (an older one leaves them to the configuration class, which only transformers knows),
-    each rope an unscaled one. Gemma 3 has a rope per kind of layer, the others one for all."""
+    each rope an unscaled one and each layer's kind, where given, one the lean layers know. Gemma 3 has
+    a rope per kind of layer, the others one for all."""
     rope, kinds = values.get("rope_parameters"), values.get("layer_types")
     if not isinstance(rope, dict) or values.get("rope_scaling"):
         return False
-    kinds_stated = isinstance(kinds, list) and len(kinds) == values.get("num_hidden_layers")
-    if values["model_type"] in GEMMA_TYPES and not kinds_stated:
+    kinds_stated = (isinstance(kinds, list) and len(kinds) == values.get("num_hidden_layers")
+                    and all(isinstance(kind, str) and kind in LAYER_KINDS for kind in kinds))
+    if not kinds_stated and (kinds is not None or values["model_type"] in GEMMA_TYPES):
         return False
     ropes = [rope.get(kind) for kind in set(kinds)] if values["model_type"] == "gemma3_text" else [rope]
     return all(isinstance(r, dict) and r.get("rope_type") in UNSCALED_ROPES for r in ropes)
@@ -96,6 +99,16 @@ class Norm(nn.Module):
         self.variance_epsilon = eps
 
 
+def rotary_cos_sin(x: torch.Tensor, position_ids: torch.Tensor, inv_freq: torch.Tensor,
+                   scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """What transformers' rotary modules compute from their frequencies, op for op."""
+    freqs = position_ids[..., None].float() * inv_freq.to(device=x.device, dtype=torch.float)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos() * scaling
+    sin = emb.sin() * scaling
+    return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
 class Rotary(nn.Module):
     """transformers' rotary module of Llama's kin and Gemma 2 (LlamaRotaryEmbedding.forward) for an
     unscaled rope, on the saved ``inv_freq``."""
@@ -107,11 +120,7 @@ class Rotary(nn.Module):
         self.register_buffer("original_inv_freq", torch.empty(0, device="meta"), persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = emb.cos() * self.attention_scaling
-        sin = emb.sin() * self.attention_scaling
-        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+        return rotary_cos_sin(x, position_ids, self.inv_freq, self.attention_scaling)
 
 
 class GemmaNorm(nn.Module):
@@ -134,12 +143,7 @@ class KindRotary(nn.Module):
             self.register_buffer(f"{kind}_original_inv_freq", torch.empty(0, device="meta"), persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str):
-        inv_freq = getattr(self, f"{layer_type}_inv_freq")
-        freqs = position_ids[..., None].float() * inv_freq.to(device=x.device, dtype=torch.float)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = emb.cos() * self.attention_scaling
-        sin = emb.sin() * self.attention_scaling
-        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+        return rotary_cos_sin(x, position_ids, getattr(self, f"{layer_type}_inv_freq"), self.attention_scaling)
 
 
 def uninitialised_linear(width_in: int, width_out: int, bias: bool = False) -> nn.Linear:
