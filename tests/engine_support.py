@@ -109,17 +109,21 @@ def assert_killed_run(code: int, lines: list[str], out: str, groups: dict, kille
     return result
 
 
-def assert_port_refused(done: subprocess.CompletedProcess, label: str, port: int) -> None:
+def port_logs(port: int) -> set[Path]:
+    """The server logs named for ``port``: an earlier server of the test run may have had the port."""
+    return set(log_directory().glob(f"*-{port}.log")) if log_directory().is_dir() else set()
+
+
+def assert_port_refused(done: subprocess.CompletedProcess, label: str, port: int, before: set[Path]) -> None:
     """A port the user chose that something listens on: exit 2 and one error line naming the port, said
-    before the engine was started (no log of it is written)."""
+    before the engine was started (no log of it is written beside ``before``, ``port_logs`` before the run)."""
     assert done.returncode == 2, done.stderr
     errors = error_lines(done.stderr)
     assert len(errors) == 1 and "Traceback" not in done.stderr
     line = errors[0].removeprefix("specdec: error: ")
     assert line.startswith(f"the server for {label} cannot start: port {port} of 127.0.0.1 is in use ("), line
     assert line.endswith("); give another --port, or none for a free one")
-    logs = log_directory().glob(f"*-{port}.log") if log_directory().is_dir() else []
-    assert not list(logs), "the engine was started on a busy port"
+    assert port_logs(port) == before, "the engine was started on a busy port"
 
 
 def llama_servers() -> list[int]:

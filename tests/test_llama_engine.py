@@ -21,8 +21,8 @@ from specdec_cli.serving.llama_server import LlamaConfig, speculative_flags
 from specdec_cli.serving.server import ManagedServer, free_port
 
 from engine_support import (LLAMA_SERVERS, PROMPTS, SERVER_THREADS, assert_killed_run, assert_port_refused, busy_port,
-                            error_lines, group_alive, kill_mid_bench, llama_servers, require_llama, specdec,
-                            write_prompts)
+                            error_lines, group_alive, kill_mid_bench, llama_servers, port_logs, require_llama,
+                            specdec, write_prompts)
 
 pytestmark = LLAMA_SERVERS
 
@@ -202,9 +202,10 @@ def test_a_server_killed_mid_bench_keeps_the_levels_done_and_exits_3(prompts):
 
 def test_a_busy_port_is_one_error_line_and_exit_2_before_a_server_starts(prompts):
     with busy_port() as port:
+        before = port_logs(port)
         done = specdec(*bench_args(prompts, "--modes", "llama-plain", "--concurrency", "1", "--port", str(port)),
                        timeout=TIMEOUT)
-    assert_port_refused(done, "llama-plain", port)
+    assert_port_refused(done, "llama-plain", port, before)
 
 
 def test_a_missing_server_is_one_line_that_says_how_to_build_it(prompts, monkeypatch):

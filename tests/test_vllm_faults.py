@@ -19,7 +19,7 @@ from specdec_cli.pairs.registry import load_registry
 from specdec_cli.serving.server import free_port
 
 from engine_support import (SERVER_THREADS, VLLM_SERVERS, assert_killed_run, assert_port_refused, busy_port, error_lines,
-                            require_vllm, servers_on_port, specdec, write_prompts)
+                            port_logs, require_vllm, servers_on_port, specdec, write_prompts)
 
 pytestmark = VLLM_SERVERS
 
@@ -51,9 +51,10 @@ def test_a_config_file_servers_death_mid_bench_writes_the_levels_done_and_exits_
 
 def test_busy_port_is_one_error_line_before_a_server_starts(tmp_path):
     with busy_port() as port:
+        before = port_logs(port)
         done = subprocess.run(_bench(write_prompts(tmp_path), port, "--modes", "vllm-plain", "--concurrency", "1"),
                               capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
-    assert_port_refused(done, "vllm-plain", port)
+    assert_port_refused(done, "vllm-plain", port, before)
     assert servers_on_port(port) == []
 
 
