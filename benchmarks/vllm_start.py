@@ -1,6 +1,7 @@
 """What a vLLM server's start costs, in vLLM's default process layout and with its model run in the
-engine's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as the tests' servers run): seconds to ready
-and the CPU seconds of the server's whole process group at that moment, the layouts alternating.
+engine's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; tried for the tests' servers, not kept:
+docs/testing.md): seconds to ready and the CPU seconds of the server's whole process group at that
+moment, the layouts alternating.
 Needs `bash install.sh test` (vLLM's environment; the default pair is converted on first use):
 
     python3 benchmarks/vllm_start.py --rounds 2
@@ -12,7 +13,7 @@ import argparse
 import os
 from pathlib import Path
 
-LAYOUTS = {"three processes (vLLM's default)": "1", "two processes (the tests')": "0"}
+LAYOUTS = {"three processes (vLLM's default)": "1", "two processes (the model in the engine's)": "0"}
 
 
 def group_cpu_s(pgid: int) -> float:

@@ -21,7 +21,6 @@ if TYPE_CHECKING:  # transformers is imported where a model is built: xdist's co
 
 TEST_CACHE = "SPECDEC_TEST_CACHE"  # where the tests keep their cache; the project's .test-cache/ if unset
 PROJECT_CACHE = Path(__file__).resolve().parent.parent / ".test-cache"  # ignored by git
-VLLM_PROCESSES = "VLLM_ENABLE_V1_MULTIPROCESSING"  # vLLM's switch; "0" lets its CPU build run the model in the engine's process
 
 
 def pytest_configure(config):
@@ -41,11 +40,6 @@ def pytest_configure(config):
         copy_kernels(users, native_kernels.library_path(Path(root)))
     for variable, name in (("XDG_CACHE_HOME", ".xdg-cache"), ("XDG_CONFIG_HOME", ".xdg-config")):
         os.environ[variable] = os.path.join(root, name)
-    # The tests' vLLM servers (every start inherits this environment) run the model in their engine's
-    # process, not in a worker process of its own (vLLM's CPU build allows its one-process executor only
-    # with this switch off): a start imports vLLM twice, not three times (docs/testing.md). A user's
-    # bench keeps vLLM's default, whose binding of OpenMP threads to cores its figures rely on.
-    os.environ.setdefault(VLLM_PROCESSES, "0")
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         # Workers share the cores: a torch thread waiting at a barrier for a descheduled one stalls
         # every small forward, so each worker computes on one thread.

@@ -6,9 +6,12 @@ from __future__ import annotations
 import hashlib
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
+from specdec_cli.atomic import updating
 from specdec_cli.errors import UserError
 from specdec_cli.pairs.sources import ModelSource
 
@@ -58,6 +61,25 @@ def test_a_chunked_file_is_joined_once_into_the_cache(chunked_package, tmp_path)
     (chunked_package / "part1").unlink()  # joined already: the parts are not read again
     assert source.local_path() == path and path.read_bytes() == CONTENT
     assert [p.name for p in path.parent.iterdir()] == ["model.gguf"]  # no staging left behind
+
+
+def test_a_run_that_needs_the_file_while_another_joins_it_waits_and_reads_that_file(chunked_package, tmp_path):
+    """Two first runs at once (two tests' processes on a clean cache did this) join the file once: a
+    second join would move a newer file into place, and the first run's conversion, keyed by the file's
+    time, would be removed as an earlier copy's while that run read it."""
+    source = ModelSource.parse("package:chunky/model.gguf")
+    target = tmp_path / "cache" / "packages" / "chunky" / "model.gguf"
+    found = []
+    with updating(target):  # the other run, joining: it holds the lock a join holds
+        reader = threading.Thread(target=lambda: found.append(source.local_path()))
+        reader.start()
+        time.sleep(0.5)  # not a timing: long enough for the reader to have joined, had it not waited
+        assert reader.is_alive() and not target.exists()
+        target.write_bytes(CONTENT)  # the other run's file
+        written = target.stat().st_mtime_ns
+        (chunked_package / "part1").unlink()  # a second join would now fail
+    reader.join(30)
+    assert found == [target] and target.stat().st_mtime_ns == written
 
 
 def test_a_missing_chunk_package_is_one_line(chunked_package):

