@@ -4,6 +4,7 @@ The tests have a specdec cache of their own, so that no test writes into the use
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 from pathlib import Path
@@ -44,6 +45,13 @@ def pytest_configure(config):
         # Workers share the cores: a torch thread waiting at a barrier for a descheduled one stalls
         # every small forward, so each worker computes on one thread.
         torch.set_num_threads(1)
+
+
+def pytest_collection_finish():
+    """What is imported and collected by now (torch, transformers, the test modules: some 480,000
+    objects) lives until the run ends; frozen, the garbage collector's full collections stop walking it
+    (docs/testing.md)."""
+    gc.freeze()
 
 
 def copy_kernels(built: Path, kept: Path) -> None:
