@@ -64,7 +64,7 @@ def test_a_chunked_file_is_joined_once_into_the_cache(chunked_package, tmp_path)
 
 
 def test_a_run_that_needs_the_file_while_another_joins_it_waits_and_reads_that_file(chunked_package, tmp_path):
-    """Two first runs at once (two tests' processes on a clean cache did this) join the file once: a
+    """Two first runs at once (as two test workers on a clean cache are) join the file once: a
     second join would move a newer file into place, and the first run's conversion, keyed by the file's
     time, would be removed as an earlier copy's while that run read it."""
     source = ModelSource.parse("package:chunky/model.gguf")
