@@ -34,7 +34,7 @@ class Recorded(AdaptiveK):
         if plan.take in (Take.OFFER, Take.LEARNED) and plan.k:  # a chain: what round() predicts
             self.predicted = (plan.source, plan.k, *self.round(plan.source, plan.k))
         else:
-            self.predicted = ("-", 0, 1.0, self.verify_s(0) + self.overhead_s())
+            self.predicted = ("-", 0, 1.0, self.costs.verify_s(0) + self.costs.overhead_s())
         return plan
 
 

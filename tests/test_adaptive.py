@@ -311,7 +311,7 @@ def test_finding_the_free_drafters_drafts_is_charged_to_every_round_not_to_the_d
                         finished=False, source="head", other_s=0.001, offer_s=0.003)
     schedule.observe(round_)
     assert schedule.standings["head"].draft_s_per_token == pytest.approx(0.001)  # (5 ms − 3 ms) / 2 drafts
-    assert schedule.other_s == pytest.approx(0.004)
+    assert schedule.costs.other_s == pytest.approx(0.004)
 
 
 def test_a_shared_forward_that_drafted_nothing_leaves_the_standings_as_they_were():

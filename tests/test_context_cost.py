@@ -90,7 +90,7 @@ def test_rounds_over_a_long_context_teach_the_cost_of_a_short_one():
             schedule.observe(event(k, 1 if k else 0, cached=1500))
     for cached in (0, 40, 3000):
         schedule.context(cached)
-        assert [schedule.verify_s(k) for k in range(4)] == pytest.approx([seconds(k, cached) for k in range(4)])
+        assert [schedule.costs.verify_s(k) for k in range(4)] == pytest.approx([seconds(k, cached) for k in range(4)])
 
 
 def test_drafting_that_pays_over_a_short_context_is_declined_over_a_long_one():

@@ -3,11 +3,11 @@
 For one scenario (controller.py keeps one per scenario) it keeps, for every drafter it has seen
 (prompt lookup on a match of two or more tokens, on a one-token match, and the learned drafter:
 estimates.py), acceptance by draft position and draft cost, and for the target the verify seconds
-of each block size and a round's bookkeeping; all measured round by round (greedy or sampling: the
-transform and the race are part of the verify time), seeded from the calibration profile. A verify
-block's seconds are kept as they would be over an empty cache, and every estimate adds what the
-round's context costs (``context_cost``, measured per block size: blocks.context_slopes), so what
-a long prompt's rounds teach does not mislead the short prompt after it, and the other way round.
+of each block size and a round's bookkeeping (target_costs.py); all measured round by round (greedy
+or sampling: the transform and the race are part of the verify time), seeded from the calibration
+profile. A verify block's seconds are kept as they would be over an empty cache, and every estimate
+adds what the round's context costs, so what a long prompt's rounds teach does not mislead the short
+prompt after it, and the other way round.
 Before each round it is shown lookup's match (free to find) and picks whichever of that match (K
 capped by its length), the learned drafter, or plain decoding promises the most tokens per second.
 A drafter predicted slower than plain decoding is off — it costs nothing then: no draft forward,
@@ -29,13 +29,13 @@ from ...pairs.registry import MODEL
 from ..events import RoundCounts, RoundEvent
 from ..schedule import KSchedule, Plan, Take
 from ..tree import TreeShape, best_first, judgements, shape_of
-from .estimates import Acceptance, Calibration, Siblings, per_cached_token, probe_wait, smooth
+from .estimates import Acceptance, Calibration, Siblings, probe_wait, smooth
 from .gate import DraftGate, gated_rounds
 from .priors import Prior
+from .target_costs import TargetCosts
 
 DEFAULT_K_MAX = 8
 TREE_MAX = 12  # the largest tree budget weighed: verify blocks of 13 tokens, past which a CPU's cost climbs
-UNKNOWN = object()  # a derived figure not yet computed since the last observe (None is a value)
 TREE_LEVEL_COST = 1.15  # a tree level's head forward (width rows) against a chain step's, until measured
 
 
@@ -78,14 +78,7 @@ class AdaptiveK(KSchedule):
         self.prior, self.main = prior, main
         self.trees, self.tree_max, self.shape = trees, tree_max, shape  # trees: the main drafter's, weighed too
         self.probe_k, self.margin, self.smoothing = min(probe_k, self.k_max), margin, smoothing
-        self.block_s: dict[int, float] = {}  # block size → smoothed verify seconds, less what its context cost
-        self.context_cost = dict(context_cost or {})  # K → seconds a cached token adds to its verify block
-        self.cached = 0  # tokens cached when the next round verifies (``context``)
-        self.other_s: float | None = None  # a round's bookkeeping outside draft and verify
-        # Verify seconds by K and the one-token forward, derived from block_s (and the prior) and
-        # read hundreds of times a round; only observe changes block_s, and it clears them.
-        self._verify: dict[int, float] = {}
-        self._one: float | None | object = UNKNOWN  # one_token_s, once derived this round
+        self.costs = TargetCosts(prior, smoothing, context_cost)
         self.standings: dict[str, Standing] = {}
         self.probing: str | None = None
         self.rounds_seen = 0
@@ -126,28 +119,19 @@ class AdaptiveK(KSchedule):
         return best
 
     def context(self, cached: int) -> None:
-        """The next round verifies over ``cached`` tokens: every verify estimate is made for that."""
-        if cached != self.cached:
-            self.cached, self._verify = cached, {}
+        self.costs.context(cached)
 
     def gate(self, name: str, k: int) -> DraftGate | None:
         """This round's gate for a chain of at most ``k`` drafts from ``name`` (None: draft all k)."""
         if not self.gating or self.prior.free_rates(name) is not None or k < 1:
             return None
         standing = self._standing(name)
-        return DraftGate(tuple(self.verify_s(d) for d in range(k + 1)), self.draft_s(name, 1), self.overhead_s(),
-                         standing.calibration.ratio)
+        return DraftGate(tuple(self.costs.verify_s(d) for d in range(k + 1)), self.draft_s(name, 1),
+                         self.costs.overhead_s(), standing.calibration.ratio)
 
     def observe(self, event: RoundEvent) -> None:
         drafted = len(event.drafted)
-        if event.batch == 1:  # a forward shared with other answers costs what their rows cost (batch_rows.py)
-            # Less what the context cost; at least a quarter of what was seen, should a slope measured
-            # on a busy minute overstate it, so that no block ever looks free.
-            base = max(event.verify_s - self.context_s(drafted, event.cached), event.verify_s / 4)
-            self.block_s[drafted + 1] = smooth(self.block_s.get(drafted + 1), base, self.smoothing)
-        # Finding the free drafters' drafts is paid every round, whoever drafts: bookkeeping, not drafting.
-        self.other_s = smooth(self.other_s, event.other_s + event.offer_s, self.smoothing)
-        self._verify, self._one = {}, UNKNOWN
+        self.costs.observe(event)
         if event.asked:
             name = event.source or self.main
             standing = self._standing(name)
@@ -208,43 +192,12 @@ class AdaptiveK(KSchedule):
 
     # --- estimates (seconds once measured; one-token forwards before) ------------------------------
 
-    def one_token_s(self) -> float | None:
-        """Seconds of a 1-token forward: observed, or inferred from another block and the prior."""
-        if self._one is UNKNOWN:
-            if 1 in self.block_s:
-                self._one = self.block_s[1]
-            else:
-                inferred = sorted(s / self.prior.cost(size - 1) for size, s in self.block_s.items())
-                self._one = inferred[len(inferred) // 2] if inferred else None
-        return self._one
-
-    def verify_s(self, k: int) -> float:
-        """Seconds of verifying K drafts over the next round's context."""
-        seconds = self._verify.get(k)
-        if seconds is None:
-            one = self.one_token_s()
-            if k + 1 in self.block_s:
-                seconds = self.block_s[k + 1]
-            else:
-                seconds = (one or 1.0) * (self.prior.cost(k) if k else 1.0)
-            if one is not None:  # in seconds (before any round, in one-token forwards, the prior's)
-                seconds += self.context_s(k, self.cached)
-            self._verify[k] = seconds
-        return seconds
-
-    def context_s(self, k: int, cached: int) -> float:
-        """What ``cached`` tokens add to the verify seconds of K drafts."""
-        return per_cached_token(self.context_cost, k) * cached if self.context_cost else 0.0
-
     def draft_s(self, name: str, k: int) -> float:
         standing = self._standing(name)
-        one = self.one_token_s()
+        one = self.costs.one_token_s()
         if one is not None and standing.draft_s_per_token is not None:
             return k * standing.draft_s_per_token
         return k * standing.c * (one or 1.0)
-
-    def overhead_s(self) -> float:
-        return self.other_s if self.other_s is not None and self.one_token_s() is not None else 0.0
 
     def round(self, name: str, k: int) -> tuple[float, float]:
         """Expected tokens and seconds of a round of at most K drafts from ``name``: K in full, or
@@ -259,7 +212,7 @@ class AdaptiveK(KSchedule):
         return tokens / seconds
 
     def plain_rate(self) -> float:
-        return 1.0 / (self.verify_s(0) + self.overhead_s())
+        return 1.0 / (self.costs.verify_s(0) + self.costs.overhead_s())
 
     def predicted(self, k: int, name: str | None = None) -> float:
         """Predicted speed-up over plain decoding of K drafts a round from one drafter."""
@@ -281,8 +234,8 @@ class AdaptiveK(KSchedule):
         docstrings")."""
         standing = self._standing(name)
         accepts = standing.acceptance.rates(cap)
-        verify = [self.verify_s(d) for d in range(cap + 1)]
-        step, overhead = self.draft_s(name, 1), self.overhead_s()
+        verify = [self.costs.verify_s(d) for d in range(cap + 1)]
+        step, overhead = self.draft_s(name, 1), self.costs.overhead_s()
         if standing.gated and self.gating:
             passes = standing.passes.rates(cap)
             return gated_rounds(passes, accepts, verify, step, overhead)
@@ -305,7 +258,7 @@ class AdaptiveK(KSchedule):
     def tree_draft_s(self, name: str, levels: int) -> float:
         """A tree draft of this many levels: measured per level, else a chain step's cost a little raised."""
         standing = self._standing(name)
-        if standing.level_s is not None and self.one_token_s() is not None:
+        if standing.level_s is not None and self.costs.one_token_s() is not None:
             return levels * standing.level_s
         return TREE_LEVEL_COST * self.draft_s(name, levels)
 
@@ -317,13 +270,13 @@ class AdaptiveK(KSchedule):
         draft time of its levels and a round's bookkeeping.
         """
         taken = best_first(self.tree_rates(name), min(cap, self.tree_max), self.shape.width, self.shape.depth)
-        overhead, best = self.overhead_s(), (0, float("-inf"))
+        overhead, best = self.costs.overhead_s(), (0, float("-inf"))
         total, levels = 1.0, 0
         for nodes, (value, _, depth) in enumerate(taken, start=1):
             total, levels = total + value, max(levels, depth)
             if nodes < 2:
                 continue  # a one-node tree is the chain of one
-            rate = total / (self.verify_s(nodes) + self.tree_draft_s(name, levels) + overhead)
+            rate = total / (self.costs.verify_s(nodes) + self.tree_draft_s(name, levels) + overhead)
             if rate > best[1]:
                 best = (nodes, rate)
         return best
