@@ -103,26 +103,40 @@ def test_a_quantised_targets_conversion_has_no_float_weights_until_one_is_loaded
     assert torch.equal(float_model.model.embed_tokens.weight, model.model.embed_tokens.weight)
 
 
-def test_the_conversion_reads_the_files_metadata_once_and_leaves_transformers_as_it_was(tiny_gguf, tmp_path, monkeypatch):
-    """transformers' config and AutoTokenizer each parse the whole metadata (gguf's reader); one parse serves both."""
+def test_the_conversion_reads_the_files_metadata_once_and_leaves_transformers_and_gguf_as_they_were(tiny_gguf, tmp_path,
+                                                                                                    monkeypatch):
+    """transformers' config, AutoTokenizer and float model each parse the whole metadata (gguf's reader),
+    and the model's weights build gguf's tensor-name map again for every module: within
+    conversion.gguf_read_once one parse serves the three (the tensors' read is its own) and one map
+    serves every module."""
     import gguf
     from transformers import AutoConfig, modeling_gguf_pytorch_utils
 
-    parsed = []
+    parsed, maps = [], []
 
     class Counted(gguf.GGUFReader):
         def __init__(self, path, *args, **kwargs):
             parsed.append(Path(path).name)
             super().__init__(path, *args, **kwargs)
 
+    names = gguf.get_tensor_name_map
+
+    def counted_names(*args):
+        maps.append(args)
+        return names(*args)
+
     monkeypatch.setattr(gguf, "GGUFReader", Counted)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counted_names)
     read = modeling_gguf_pytorch_utils.load_gguf_checkpoint
-    conversion._convert(ModelSource.parse(str(tiny_gguf)), str(tiny_gguf.parent), tiny_gguf.name, tmp_path)
-    assert parsed == [tiny_gguf.name]
-    assert (tmp_path / "config.json").exists() and (tmp_path / "tokenizer.json").exists()
-    assert modeling_gguf_pytorch_utils.load_gguf_checkpoint is read
-    AutoConfig.from_pretrained(str(tiny_gguf.parent), gguf_file=tiny_gguf.name)  # outside the block: its own parse
-    assert parsed == [tiny_gguf.name] * 2
+    source, directory = ModelSource.parse(str(tiny_gguf)), str(tiny_gguf.parent)
+    with conversion.gguf_read_once():
+        conversion._convert(source, directory, tiny_gguf.name, tmp_path)
+        conversion._float_weights(source, directory, tiny_gguf.name, tmp_path)
+    assert parsed == [tiny_gguf.name] * 2 and len(maps) == 1
+    assert all((tmp_path / name).exists() for name in ("config.json", "tokenizer.json", "model.safetensors"))
+    assert modeling_gguf_pytorch_utils.load_gguf_checkpoint is read and gguf.get_tensor_name_map is counted_names
+    AutoConfig.from_pretrained(directory, gguf_file=tiny_gguf.name)  # outside the block: its own parse
+    assert parsed == [tiny_gguf.name] * 3
 
 
 def test_progress_says_layers_done_and_the_time_left_at_the_rate_since_the_first(caplog):

@@ -15,6 +15,7 @@ made again. A conversion written before the digests existed has none, and is rea
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import io
 import json
@@ -82,9 +83,10 @@ def _convert_once(source: ModelSource, directory: str, gguf_file: str, target: P
         if target.exists():
             raise PermissionError(13, "a damaged conversion could not be removed", str(target))
         log.info(f"converting {gguf_file} once (later runs read {target})")
-        _convert(source, directory, gguf_file, scratch)
-        if weights and not has_weights(scratch):
-            _float_weights(source, directory, gguf_file, scratch)
+        with gguf_read_once():
+            _convert(source, directory, gguf_file, scratch)
+            if weights and not has_weights(scratch):
+                _float_weights(source, directory, gguf_file, scratch)
         superseded.mark(scratch, identity)
         record(scratch)
         os.replace(scratch, target)  # atomic: a half-written conversion is never found
@@ -100,7 +102,7 @@ def _add_weights(source: ModelSource, directory: str, gguf_file: str, target: Pa
     the digests written again with theirs (a reader between the two reads a whole file, unchecked)."""
     log.info(f"converting {gguf_file}'s weights to float32 once, for a model loaded unquantised "
              f"(later runs read {target})")
-    with staging.staging(target.parent) as scratch:
+    with staging.staging(target.parent) as scratch, gguf_read_once():
         _float_weights(source, directory, gguf_file, scratch)
         for path in sorted(scratch.iterdir()):
             os.replace(path, target / path.name)
@@ -146,7 +148,7 @@ def _convert(source: ModelSource, directory: str, gguf_file: str, into: Path) ->
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
-        with redirect_stderr(io.StringIO()), metadata_read_once():
+        with redirect_stderr(io.StringIO()):
             tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
             config = AutoConfig.from_pretrained(directory, gguf_file=gguf_file)
     except (OSError, ValueError) as exc:
@@ -160,15 +162,18 @@ def _convert(source: ModelSource, directory: str, gguf_file: str, into: Path) ->
 
 
 @contextmanager
-def metadata_read_once():
-    """Within the block, transformers reads a GGUF's metadata once, through ``plain_reader``'s class. Its config
-    and AutoTokenizer (for the tokenizer's class) each read all of it through gguf's reader, every
-    vocabulary string included: most of a first run on a 262,144-token vocabulary (docs/notebook.md).
-    Each reader gets its own copy, as it got its own parse; a read of the tensors is not kept."""
+def gguf_read_once():
+    """Within the block, transformers reads a GGUF's metadata once, through ``plain_reader``'s class,
+    and gguf's map of tensor names once per architecture. Its config, AutoTokenizer (for the
+    tokenizer's class) and the float weights' model each read all the metadata through gguf's reader,
+    every vocabulary string included: most of a first run on a 262,144-token vocabulary
+    (docs/notebook.md); and the weights' read builds the same name map again for each of the model's
+    modules (some 400). Each metadata reader gets its own copy, as it got its own parse; a read of
+    the tensors is not kept. The name map is only read."""
     import gguf
     from transformers import modeling_gguf_pytorch_utils as gguf_loading
 
-    read, kept, reader = gguf_loading.load_gguf_checkpoint, {}, gguf.GGUFReader
+    read, kept, reader, names = gguf_loading.load_gguf_checkpoint, {}, gguf.GGUFReader, gguf.get_tensor_name_map
 
     def once(path, return_tensors=False, **kwargs):
         if return_tensors or kwargs:
@@ -178,10 +183,11 @@ def metadata_read_once():
         return copy.deepcopy(kept[path])
 
     gguf_loading.load_gguf_checkpoint, gguf.GGUFReader = once, plain_reader(reader)
+    gguf.get_tensor_name_map = functools.cache(names)
     try:
         yield
     finally:
-        gguf_loading.load_gguf_checkpoint, gguf.GGUFReader = read, reader
+        gguf_loading.load_gguf_checkpoint, gguf.GGUFReader, gguf.get_tensor_name_map = read, reader, names
 
 
 def plain_reader(reader: type) -> type:
