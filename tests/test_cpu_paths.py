@@ -2,7 +2,7 @@
 
 torch picks its CPU kernels by the CPU's capability, and the paths differ in more than speed: on
 AVX-512 the int8 kernel faults on rows that are not 16-byte aligned, where AVX2's reads them. On a
-machine above AVX2 this runs the marked tests again in a pytest of their own under
+machine above AVX2 this runs the test run's marked tests again in a pytest of their own under
 ``ATEN_CPU_CAPABILITY=avx2``, so that neither path breaks unnoticed on a machine that has the other.
 """
 
@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from conftest import MARKED_FILES
 
 VARIABLE = "ATEN_CPU_CAPABILITY"
 
@@ -34,14 +36,15 @@ def nested_environment() -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_the_kernel_tests_pass_on_avx2_kernels_too():
+def test_the_kernel_tests_pass_on_avx2_kernels_too(request):
     if os.environ.get(VARIABLE):
         pytest.skip(f"this run chose its kernels ({VARIABLE}={os.environ[VARIABLE]})")
     capability = torch.backends.cpu.get_cpu_capability()
     if not capability.startswith("AVX512"):
         pytest.skip(f"this CPU runs {capability} kernels: the marked tests ran on them already")
+    files = request.config.stash[MARKED_FILES] or [str(Path(__file__).parent)]  # chosen alone (-k): every marked test
     run = subprocess.run([sys.executable, "-m", "pytest", "-m", "cpu_kernels", "-q", "-n", "0", "-p", "no:cacheprovider",
-                          str(Path(__file__).parent)], env=nested_environment(),
+                          *files], env=nested_environment(),
                          capture_output=True, text=True, timeout=1800)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
     assert run.returncode == 0, f"on AVX2's kernels: {summary}\n{run.stdout[-6000:]}\n{run.stderr[-2000:]}"

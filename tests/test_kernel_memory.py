@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 PROBE = Path(__file__).with_name("kernel_memory_probe.py")
-pytestmark = pytest.mark.cpu_kernels
+# One worker runs the module: its cases run in one process (``batch``), once a test run, not once a worker.
+pytestmark = [pytest.mark.cpu_kernels, pytest.mark.xdist_group("kernel-memory")]
 
 
 def probe(*args) -> subprocess.CompletedProcess:

@@ -249,6 +249,7 @@ def warm_cache(pair_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("lean-warm-cache")  # one worker: the warm cache's first run once a test run
 @pytest.mark.parametrize("drafting, prompt", [(["-k", "0"], "abcabc"), (["--drafter", "head", "-k", "2"], "abcabc"),
                                               (["--drafter", "head", "-k", "2"], LONG), (["--drafter", "head", "--tree", "4"], LONG)],
                          ids=["plain", "head", "head-long-prompt", "tree-long-prompt"])
