@@ -119,7 +119,9 @@ def test_equivalence_with_the_draft_model_drafts_and_places_every_divergence(pro
 def test_the_heads_eagle3_export_drafts_inside_llama_cpp(prompts):
     """llama-eagle3:K: the head exported for llama.cpp's layer (no attention biases: a biased export is
     refused at load) and converted by the same sources' converter loads and drafts, K at most a round."""
-    done = specdec(*bench_args(prompts, "--modes", "llama-eagle3:3", "--concurrency", "1", "--json"), timeout=TIMEOUT)
+    # 48 tokens: the head drafts from the first (no 24-token match to wait for, as ngram-mod's)
+    done = specdec(*bench_args(prompts, "--modes", "llama-eagle3:3", "--concurrency", "1", "--json", tokens="48"),
+                   timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     acceptance = result["modes"]["llama-eagle3:3"]["1"]["acceptance"]
