@@ -119,6 +119,7 @@ class AdaptiveK(KSchedule):
         return best
 
     def context(self, cached: int) -> None:
+        """The next round verifies over ``cached`` tokens: every verify estimate is made for that."""
         self.costs.context(cached)
 
     def gate(self, name: str, k: int) -> DraftGate | None:
